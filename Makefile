@@ -1,0 +1,72 @@
+# gpufleet: `make demo` and `make test` do all set-up on a fresh machine (Python 3.11+, Node 20).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_WORKERS ?= 2
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help install demo test lint typecheck unit integration infra synth bench package lock clean
+
+help:
+	@echo "make demo       run sample jobs end to end on the embedded AWS account"
+	@echo "make test       lint, type-check and run every test"
+	@echo "make synth      synthesize the CDK stack into cdk.out/"
+	@echo "make bench      print selection timings"
+	@echo "make package    build the Lambda bundle into build/lambda for cdk deploy"
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpufleet demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/integration
+
+infra: $(STAMP)
+	$(BIN)/pytest -q tests/infrastructure
+
+synth: $(STAMP)
+	$(BIN)/python infra/app.py
+	@echo "template: cdk.out/GpuFleetStack.template.json"
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_selection.py
+
+# The Lambda code asset: the gpufleet package plus the one dependency the Powertools layer
+# does not carry (PyYAML), built for the Lambda runtime (Python 3.12, x86_64).
+package: $(STAMP)
+	rm -rf build/lambda
+	mkdir -p build/lambda
+	$(BIN)/python -m pip install --quiet --target build/lambda --platform manylinux2014_x86_64 \
+		--python-version 3.12 --only-binary=:all: -c requirements.lock pyyaml
+	cp -r functions/gpufleet build/lambda/gpufleet
+	find build/lambda -name '__pycache__' -prune -exec rm -rf {} +
+	@echo "deploy with: cdk deploy -c lambda_asset=build/lambda ..."
+
+lock:
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpufleet' > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf $(VENV) cdk.out build .mypy_cache .ruff_cache .pytest_cache .hypothesis

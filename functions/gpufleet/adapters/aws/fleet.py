@@ -1,0 +1,168 @@
+"""Launching and releasing a job's instances with EC2 CreateFleet (type `instant`)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from gpufleet.domain.launch import (
+    CapacityType,
+    LaunchError,
+    LaunchRequest,
+    LaunchResult,
+)
+from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
+
+_LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+
+
+class Ec2Fleet:
+    def __init__(self, client: Any, launch_template_id: str, subnet_ids: list[str]) -> None:
+        self._client = client
+        self._launch_template_id = launch_template_id
+        self._subnet_ids = subnet_ids
+
+    @cached_property
+    def _subnet_by_zone(self) -> dict[str, str]:
+        response = self._client.describe_subnets(SubnetIds=self._subnet_ids)
+        # Offerings name a zone by name (us-east-1a) or, in per-AZ price data, by its id
+        # (use1-az6), which is the same physical zone in every account: accept both.
+        by_zone: dict[str, str] = {}
+        for subnet in response["Subnets"]:
+            by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
+            if subnet.get("AvailabilityZoneId"):
+                by_zone.setdefault(subnet["AvailabilityZoneId"], subnet["SubnetId"])
+        return by_zone
+
+    @cached_property
+    def _zone_names(self) -> list[str]:
+        response = self._client.describe_subnets(SubnetIds=self._subnet_ids)
+        return sorted({subnet["AvailabilityZone"] for subnet in response["Subnets"]})
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        # (instance type, subnet) -> the zone as the plan named it, to price what EC2 chose.
+        planned_zone: dict[tuple[str, str], str | None] = {}
+        overrides: list[dict[str, Any]] = []
+        for override in request.overrides:
+            zones = [override.zone] if override.zone else self._zone_names
+            for zone in zones:
+                subnet = self._subnet_by_zone.get(zone or "")
+                if subnet is None or (override.instance_type, subnet) in planned_zone:
+                    continue
+                planned_zone[(override.instance_type, subnet)] = override.zone
+                overrides.append({"InstanceType": override.instance_type, "SubnetId": subnet})
+        if not overrides:
+            return LaunchResult(
+                capacity_type=request.capacity_type,
+                errors=[
+                    LaunchError(
+                        code="NoSubnetInZone",
+                        message="no configured subnet lies in a zone the offerings name",
+                    )
+                ],
+            )
+        response = self._client.create_fleet(**self._fleet_parameters(request, overrides))
+        launched = [
+            (group, instance_id)
+            for group in response.get("Instances", [])
+            for instance_id in group.get("InstanceIds", [])
+        ]
+        errors = [
+            LaunchError(
+                code=str(error.get("ErrorCode", "Unknown")),
+                message=str(error.get("ErrorMessage", "")),
+                instance_type=error.get("LaunchTemplateAndOverrides", {})
+                .get("Overrides", {})
+                .get("InstanceType"),
+                zone=_zone_of(error.get("LaunchTemplateAndOverrides", {}), planned_zone),
+            )
+            for error in response.get("Errors", [])
+        ]
+        instance_ids = [instance_id for _, instance_id in launched]
+        if len(instance_ids) < request.nodes:
+            # All or nothing: a partial multi-node launch is useless and costs money.
+            if instance_ids:
+                self._client.terminate_instances(InstanceIds=instance_ids)
+            return LaunchResult(
+                capacity_type=request.capacity_type,
+                errors=errors
+                or [LaunchError(code="UnfulfillableCapacity", message="partial launch")],
+            )
+        first_group = launched[0][0]
+        return LaunchResult(
+            instance_ids=instance_ids,
+            instance_type=first_group.get("InstanceType"),
+            zone=_zone_of(first_group.get("LaunchTemplateAndOverrides", {}), planned_zone),
+            capacity_type=request.capacity_type,
+            errors=errors,
+        )
+
+    def _fleet_parameters(
+        self, request: LaunchRequest, overrides: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        tags = [
+            {"Key": TAG_MANAGED, "Value": "true"},
+            {"Key": TAG_JOB_ID, "Value": request.job_id},
+        ]
+        # One type in one zone for every node: a multi-node job must share a network.
+        all_or_nothing = {
+            "SingleInstanceType": True,
+            "SingleAvailabilityZone": True,
+            "MinTargetCapacity": request.nodes,
+        }
+        parameters: dict[str, Any] = {
+            "Type": "instant",
+            # Same job, attempt and capacity type -> same token: a retried call after a crash
+            # returns the first call's fleet instead of launching a second one.
+            "ClientToken": f"{request.job_id}-{request.attempt}-{request.capacity_type.value}",
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": {
+                        "LaunchTemplateId": self._launch_template_id,
+                        "Version": "$Latest",
+                    },
+                    "Overrides": overrides,
+                }
+            ],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": request.nodes,
+                "DefaultTargetCapacityType": request.capacity_type.value,
+            },
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "fleet", "Tags": tags},
+            ],
+        }
+        if request.capacity_type is CapacityType.SPOT:
+            parameters["SpotOptions"] = {
+                "AllocationStrategy": "price-capacity-optimized",
+                **all_or_nothing,
+            }
+        else:
+            parameters["OnDemandOptions"] = {"AllocationStrategy": "lowest-price", **all_or_nothing}
+        return parameters
+
+    def terminate_job_instances(self, job_id: str) -> list[str]:
+        paginator = self._client.get_paginator("describe_instances")
+        instance_ids = [
+            instance["InstanceId"]
+            for page in paginator.paginate(
+                Filters=[
+                    {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+                    {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                    {"Name": "instance-state-name", "Values": _LIVE_STATES},
+                ]
+            )
+            for reservation in page["Reservations"]
+            for instance in reservation["Instances"]
+        ]
+        if instance_ids:
+            self._client.terminate_instances(InstanceIds=instance_ids)
+        return instance_ids
+
+
+def _zone_of(
+    template_and_overrides: dict[str, Any], planned_zone: dict[tuple[str, str], str | None]
+) -> str | None:
+    overrides = template_and_overrides.get("Overrides", {})
+    return planned_zone.get((overrides.get("InstanceType", ""), overrides.get("SubnetId", "")))

@@ -1,0 +1,220 @@
+"""The job store on DynamoDB: one item per job, status changes as conditional writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from gpufleet.domain.job import (
+    ALLOWED_SOURCES,
+    IllegalTransition,
+    Job,
+    JobNotFound,
+    JobStatus,
+    Placement,
+)
+from gpufleet.domain.spec import JobSpec
+
+# Job field -> (DynamoDB attribute, kind). "json" fields are stored as JSON strings: they are
+# read whole and never queried, and strings avoid DynamoDB's Decimal round-trip.
+_FIELDS: dict[str, tuple[str, str]] = {
+    "job_id": ("job_id", "str"),
+    "status": ("status", "str"),
+    "source": ("source", "str"),
+    "created_at": ("created_ts", "num"),
+    "updated_at": ("updated_ts", "num"),
+    "spec": ("spec", "json"),
+    "placement": ("placement", "json"),
+    "released_at": ("released_ts", "num"),
+    "cost_usd": ("cost_usd", "num"),
+    "failure_reason": ("failure_reason", "str"),
+    "exit_code": ("exit_code", "num"),
+    "attempts": ("attempts", "num"),
+    "task_token": ("task_token", "str"),
+    "run_result": ("run_result", "json"),
+}
+
+
+def iso_timestamp(epoch: float) -> str:
+    """Sortable UTC timestamp for index sort keys."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _encode(kind: str, value: Any) -> dict[str, str]:
+    if kind == "str":
+        return {"S": str(value)}
+    if kind == "num":
+        return {"N": repr(value) if isinstance(value, float) else str(int(value))}
+    if isinstance(value, JobSpec):
+        return {"S": json.dumps(value.to_document(), sort_keys=True)}
+    if isinstance(value, Placement):
+        return {"S": value.model_dump_json()}
+    return {"S": json.dumps(value, sort_keys=True)}
+
+
+def _decode(kind: str, attribute: Mapping[str, str]) -> Any:
+    if kind == "str":
+        return attribute["S"]
+    if kind == "num":
+        text = attribute["N"]
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    return json.loads(attribute["S"])
+
+
+def job_to_item(job: Job) -> dict[str, dict[str, str]]:
+    item: dict[str, dict[str, str]] = {}
+    for field_name, (attribute, kind) in _FIELDS.items():
+        value = getattr(job, field_name)
+        if value is not None:
+            item[attribute] = _encode(kind, value)
+    # Index keys: status and team partitions sorted by submission time.
+    item["team"] = {"S": job.spec.team}
+    item["created_at"] = {"S": iso_timestamp(job.created_at)}
+    return item
+
+
+def item_to_job(item: Mapping[str, Mapping[str, str]]) -> Job:
+    values: dict[str, Any] = {}
+    for field_name, (attribute, kind) in _FIELDS.items():
+        if attribute in item:
+            values[field_name] = _decode(kind, item[attribute])
+    values["spec"] = JobSpec.model_validate(values["spec"])
+    if "placement" in values:
+        values["placement"] = Placement.model_validate(values["placement"])
+    return Job.model_validate(values)
+
+
+class DynamoJobStore:
+    def __init__(self, client: Any, table_name: str) -> None:
+        self._client = client
+        self._table = table_name
+
+    def put_new(self, job: Job) -> bool:
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item=job_to_item(job),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def get(self, job_id: str) -> Job:
+        response = self._client.get_item(
+            TableName=self._table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+        )
+        if "Item" not in response:
+            raise JobNotFound(job_id)
+        return item_to_job(response["Item"])
+
+    def transition(
+        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+    ) -> Job:
+        sources = sorted(ALLOWED_SOURCES[target])
+        if not sources:
+            raise IllegalTransition(job_id, None, target)
+        updates = {"status": target.value, "updated_at": now, **(changes or {})}
+        names, values, expression = _update_expression(updates)
+        names["#status"] = "status"
+        placeholders = []
+        for index, source in enumerate(sources):
+            values[f":from{index}"] = {"S": source.value}
+            placeholders.append(f":from{index}")
+        try:
+            response = self._client.update_item(
+                TableName=self._table,
+                Key={"job_id": {"S": job_id}},
+                UpdateExpression=expression,
+                ConditionExpression=(
+                    f"attribute_exists(job_id) AND #status IN ({', '.join(placeholders)})"
+                ),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            old = exc.response.get("Item")
+            if not old:
+                raise JobNotFound(job_id) from None
+            raise IllegalTransition(job_id, JobStatus(old["status"]["S"]), target) from None
+        return item_to_job(response["Attributes"])
+
+    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
+        names, values, expression = _update_expression({**changes, "updated_at": now})
+        try:
+            response = self._client.update_item(
+                TableName=self._table,
+                Key={"job_id": {"S": job_id}},
+                UpdateExpression=expression,
+                ConditionExpression="attribute_exists(job_id)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                raise JobNotFound(job_id) from None
+            raise
+        return item_to_job(response["Attributes"])
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
+        jobs: list[Job] = []
+        kwargs: dict[str, Any]
+        if status is None:
+            kwargs = {"TableName": self._table}
+            operation = self._client.scan
+        else:
+            kwargs = {
+                "TableName": self._table,
+                "IndexName": "by_status",
+                "KeyConditionExpression": "#status = :status",
+                "ExpressionAttributeNames": {"#status": "status"},
+                "ExpressionAttributeValues": {":status": {"S": status.value}},
+                "ScanIndexForward": False,
+            }
+            operation = self._client.query
+        while len(jobs) < limit:
+            page = operation(**kwargs)
+            jobs.extend(item_to_job(item) for item in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        jobs.sort(key=lambda job: job.created_at, reverse=True)
+        return jobs[:limit]
+
+
+def _update_expression(
+    updates: Mapping[str, Any],
+) -> tuple[dict[str, str], dict[str, dict[str, str]], str]:
+    names: dict[str, str] = {}
+    values: dict[str, dict[str, str]] = {}
+    sets: list[str] = []
+    removes: list[str] = []
+    for index, (field_name, value) in enumerate(updates.items()):
+        attribute, kind = _FIELDS[field_name]
+        names[f"#f{index}"] = attribute
+        if value is None:
+            removes.append(f"#f{index}")
+        else:
+            values[f":v{index}"] = _encode(kind, value)
+            sets.append(f"#f{index} = :v{index}")
+    expression = ""
+    if sets:
+        expression += "SET " + ", ".join(sets)
+    if removes:
+        expression += " REMOVE " + ", ".join(removes)
+    return names, values, expression.strip()
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))

@@ -1,0 +1,39 @@
+"""Wiring for the AWS runtime: boto3 clients and adapters from settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from gpufleet.adapters.aws.clock import SystemClock
+from gpufleet.adapters.aws.events import EventBridgePublisher
+from gpufleet.adapters.aws.fleet import Ec2Fleet
+from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.adapters.aws.objects import S3ObjectStore
+from gpufleet.adapters.aws.workflow import StepFunctionsWorkflow
+from gpufleet.ports import Ports
+from gpufleet.settings import Settings
+
+# Standard retry mode with a few attempts: throttling is retried by the SDK, everything else
+# surfaces to the state machine's Retry/Catch.
+_CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
+
+
+def client(service: str, region: str) -> Any:
+    return boto3.session.Session().client(service, region_name=region, config=_CLIENT_CONFIG)
+
+
+def aws_ports(settings: Settings) -> Ports:
+    region = settings.region
+    return Ports(
+        clock=SystemClock(),
+        jobs=DynamoJobStore(client("dynamodb", region), settings.jobs_table),
+        events=EventBridgePublisher(client("events", region), settings.event_bus_name),
+        objects=S3ObjectStore(client("s3", region), settings.intake_bucket),
+        workflow=StepFunctionsWorkflow(
+            client("stepfunctions", region), settings.job_state_machine_arn
+        ),
+        fleet=Ec2Fleet(client("ec2", region), settings.launch_template_id, settings.subnet_ids),
+    )

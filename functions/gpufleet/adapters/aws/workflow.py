@@ -1,0 +1,42 @@
+"""The job lifecycle state machine on Step Functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+# Errors that mean the task is no longer waiting: it finished, timed out, or was completed by a
+# duplicate report. Completing it again is a harmless no-op.
+_STALE_TOKEN_ERRORS = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
+
+
+class StepFunctionsWorkflow:
+    def __init__(self, client: Any, state_machine_arn: str) -> None:
+        self._client = client
+        self._arn = state_machine_arn
+
+    def start(self, job_id: str) -> None:
+        try:
+            # The execution is named after the job: Step Functions refuses a second execution of
+            # the same name (and answers a same-input retry with the first), so a job can never
+            # run two lifecycles at once.
+            self._client.start_execution(
+                stateMachineArn=self._arn,
+                name=job_id,
+                input=json.dumps({"job_id": job_id}),
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+                raise
+
+    def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+        try:
+            self._client.send_task_success(taskToken=token, output=json.dumps(output))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _STALE_TOKEN_ERRORS:
+                return False
+            raise
+        return True

@@ -1,0 +1,1 @@
+"""In-memory adapters: the same ports as `adapters/aws`, for unit tests and the simulator."""

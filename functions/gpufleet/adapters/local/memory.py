@@ -1,0 +1,160 @@
+"""In-memory implementations of the ports, with the same semantics as the AWS adapters
+(conditional status changes, idempotent starts, all-or-nothing launches)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
+from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
+from gpufleet.ports import ObjectTooLarge
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+
+class InMemoryJobStore:
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def put_new(self, job: Job) -> bool:
+        with self._lock:
+            if job.job_id in self._jobs:
+                return False
+            self._jobs[job.job_id] = job
+            return True
+
+    def get(self, job_id: str) -> Job:
+        with self._lock:
+            if job_id not in self._jobs:
+                raise JobNotFound(job_id)
+            return self._jobs[job_id]
+
+    def transition(
+        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+    ) -> Job:
+        with self._lock:
+            if job_id not in self._jobs:
+                raise JobNotFound(job_id)
+            job = self._jobs[job_id]
+            if job.status not in ALLOWED_SOURCES[target]:
+                raise IllegalTransition(job_id, job.status, target)
+            updated = job.model_copy(
+                update={**(changes or {}), "status": target, "updated_at": now}
+            )
+            self._jobs[job_id] = updated
+            return updated
+
+    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
+        with self._lock:
+            if job_id not in self._jobs:
+                raise JobNotFound(job_id)
+            updated = self._jobs[job_id].model_copy(update={**changes, "updated_at": now})
+            self._jobs[job_id] = updated
+            return updated
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if status is None or j.status == status]
+        jobs.sort(key=lambda job: job.created_at, reverse=True)
+        return jobs[:limit]
+
+
+@dataclass
+class RecordingPublisher:
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+
+    def publish(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+        self.events.append((source, detail_type, dict(detail)))
+
+    def of_type(self, detail_type: str) -> list[dict[str, Any]]:
+        return [detail for _, kind, detail in self.events if kind == detail_type]
+
+
+@dataclass
+class InMemoryObjects:
+    objects: dict[str, bytes] = field(default_factory=dict)
+
+    def put_json(self, key: str, document: Mapping[str, Any]) -> None:
+        self.objects[key] = json.dumps(document, sort_keys=True).encode()
+
+    def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        body = self.objects[key]
+        if len(body) > max_bytes:
+            raise ObjectTooLarge(key, len(body), max_bytes)
+        return body
+
+
+@dataclass
+class RecordingWorkflow:
+    """Starts are idempotent per job, as with named executions; tasks complete once."""
+
+    started: list[str] = field(default_factory=list)
+    completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def start(self, job_id: str) -> None:
+        if job_id not in self.started:
+            self.started.append(job_id)
+
+    def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+        if token in self.completed:
+            return False
+        self.completed[token] = dict(output)
+        return True
+
+
+# Decides a launch's fate: None launches it, a list of error codes fails it.
+LaunchRule = Callable[[LaunchRequest], list[str] | None]
+
+
+class FakeFleet:
+    """Launches instantly on the first override unless `rule` says otherwise."""
+
+    def __init__(self, rule: LaunchRule | None = None) -> None:
+        self._rule = rule or (lambda _request: None)
+        self._next_id = 0
+        self.live: dict[str, str] = {}  # instance id -> job id
+        self.requests: list[LaunchRequest] = []
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        self.requests.append(request)
+        codes = self._rule(request)
+        if codes:
+            return LaunchResult(
+                capacity_type=request.capacity_type,
+                errors=[LaunchError(code=code) for code in codes],
+            )
+        first = request.overrides[0]
+        instance_ids = []
+        for _ in range(request.nodes):
+            self._next_id += 1
+            instance_id = f"i-{self._next_id:017x}"
+            self.live[instance_id] = request.job_id
+            instance_ids.append(instance_id)
+        return LaunchResult(
+            instance_ids=instance_ids,
+            instance_type=first.instance_type,
+            zone=first.zone,
+            capacity_type=request.capacity_type,
+        )
+
+    def terminate_job_instances(self, job_id: str) -> list[str]:
+        ids = sorted(i for i, owner in self.live.items() if owner == job_id)
+        for instance_id in ids:
+            del self.live[instance_id]
+        return ids

@@ -1,0 +1,33 @@
+"""`python3 -m gpufleet.agent --bucket B --bus BUS --region R`, run by the instance's user data."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import boto3
+
+from gpufleet.agent.aws import EventBridgeReporter, Imds, S3Manifests
+from gpufleet.agent.docker import DockerRuntime
+from gpufleet.agent.node import NodeAgent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet-agent")
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--bus", required=True)
+    parser.add_argument("--region", required=True)
+    args = parser.parse_args()
+    session = boto3.session.Session(region_name=args.region)
+    agent = NodeAgent(
+        identity=Imds(),
+        manifests=S3Manifests(session.client("s3"), args.bucket),
+        reporter=EventBridgeReporter(session.client("events"), args.bus),
+        runtime=DockerRuntime(),
+    )
+    outcome = agent.run()
+    return 0 if outcome.exit_code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The agent's view of AWS on a real instance: IMDSv2, S3 and EventBridge."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+_IMDS = "http://169.254.169.254/latest"
+
+
+class Imds:
+    """Instance identity from the metadata service (IMDSv2; tags must be enabled)."""
+
+    def __init__(self) -> None:
+        request = urllib.request.Request(  # noqa: S310 - fixed link-local URL
+            f"{_IMDS}/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+        )
+        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+            self._token = response.read().decode()
+
+    def _get(self, path: str) -> str:
+        request = urllib.request.Request(  # noqa: S310 - fixed link-local URL
+            f"{_IMDS}/meta-data/{path}", headers={"X-aws-ec2-metadata-token": self._token}
+        )
+        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+            return str(response.read().decode())
+
+    def instance_id(self) -> str:
+        return self._get("instance-id")
+
+    def tags(self) -> Mapping[str, str]:
+        return {
+            name: self._get(f"tags/instance/{name}") for name in self._get("tags/instance").split()
+        }
+
+
+class S3Manifests:
+    def __init__(self, client: Any, bucket: str) -> None:
+        self._client = client
+        self._bucket = bucket
+
+    def fetch(self, key: str) -> bytes:
+        body: bytes = self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read()
+        return body
+
+
+class EventBridgeReporter:
+    def __init__(self, client: Any, bus_name: str) -> None:
+        self._client = client
+        self._bus = bus_name
+
+    def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+        self._client.put_events(
+            Entries=[
+                {
+                    "EventBusName": self._bus,
+                    "Source": source,
+                    "DetailType": detail_type,
+                    "Detail": json.dumps(dict(detail)),
+                }
+            ]
+        )

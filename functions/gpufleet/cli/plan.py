@@ -1,0 +1,219 @@
+"""`gpufleet plan`: which instances a job would get, and what it would cost.
+
+    gpufleet plan job.yaml
+    gpufleet plan --gpus 8 --gpu-memory-gib 80 [--gpu-model H100 ...] [--nodes 2]
+                  [--spot auto|required|never] [--region us-east-1] [--hours 4] [--json]
+
+Exit codes: 0 ok, 2 bad input or nothing feasible (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.selection import NoFeasibleOffering, Selection, select
+from gpufleet.domain.spec import Resources, SpecError, SpotPolicy, parse_spec
+
+DEFAULT_REGION = "us-east-1"
+# A spec that names a checkpoint URI but no interval is assumed to checkpoint this often.
+DEFAULT_CHECKPOINT_HOURS = 1.0
+
+_RESOURCE_FLAGS = ("gpus", "gpu_memory_gib", "gpu_model", "nodes", "vcpus", "memory_gib", "arch")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "plan",
+        help="rank the instance offerings a job would run on, by expected cost",
+        description="Rank the feasible EC2 offerings for a job spec (FILE) or for resources "
+        "given as flags, cheapest expected cost to finish first (spot rework included).",
+    )
+    parser.add_argument("file", nargs="?", metavar="FILE", help="job spec, YAML or JSON")
+    res = parser.add_argument_group("resources (instead of FILE)")
+    res.add_argument("--gpus", type=int, help="GPUs per node (0 = CPU only)")
+    res.add_argument("--gpu-memory-gib", type=float, help="minimum memory per GPU, GiB")
+    res.add_argument(
+        "--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)"
+    )
+    res.add_argument("--nodes", type=int, help="number of nodes (default 1)")
+    res.add_argument("--vcpus", type=int, help="minimum vCPUs per node")
+    res.add_argument("--memory-gib", type=float, help="minimum RAM per node, GiB")
+    res.add_argument("--arch", choices=["x86_64", "arm64"], help="CPU architecture")
+    parser.add_argument(
+        "--spot",
+        choices=[p.value for p in SpotPolicy],
+        help="spot policy (default: the spec's, else auto)",
+    )
+    parser.add_argument("--region", default=DEFAULT_REGION, help="AWS region (%(default)s)")
+    parser.add_argument(
+        "--hours",
+        type=_positive,
+        help="expected run time in hours (default: the spec's expected_duration, else 1)",
+    )
+    parser.add_argument(
+        "--checkpoint-hours",
+        type=_positive,
+        help="checkpoint interval in hours (default: none, or "
+        f"{DEFAULT_CHECKPOINT_HOURS:g} h when the spec names a checkpoint URI)",
+    )
+    parser.add_argument("--limit", type=int, default=10, help="offerings to show (%(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(run=run)
+
+
+def _error(message: str) -> int:
+    print(f"gpufleet plan: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = [f for f in _RESOURCE_FLAGS if getattr(args, f) is not None]
+    spot = SpotPolicy(args.spot) if args.spot else SpotPolicy.AUTO
+    hours: float = args.hours or 1.0
+    checkpoint: float | None = args.checkpoint_hours
+    if args.limit < 1:
+        return _error("--limit must be >= 1")
+    if args.file:
+        if flags:
+            return _error(
+                "give a spec FILE or resource flags, not both "
+                f"(got --{', --'.join(f.replace('_', '-') for f in flags)})"
+            )
+        try:
+            raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        except OSError as exc:
+            return _error(f"cannot read {args.file}: {exc.strerror}")
+        try:
+            spec = parse_spec(raw)
+        except SpecError as exc:
+            print(json.dumps(exc.to_dict(), indent=2), file=sys.stderr)
+            return 2
+        resources = spec.resources
+        if not args.spot:
+            spot = spec.spot
+        if args.hours is None and spec.expected_duration_seconds:
+            hours = spec.expected_duration_seconds / 3600
+        if checkpoint is None and spec.checkpoint:
+            checkpoint = DEFAULT_CHECKPOINT_HOURS
+    else:
+        if not flags:
+            return _error("give a spec FILE or at least --gpus (see gpufleet plan --help)")
+        values: dict[str, Any] = {
+            "gpus": args.gpus,
+            "gpu_memory_gib": args.gpu_memory_gib,
+            "gpu_models": args.gpu_model,
+            "nodes": args.nodes,
+            "vcpus": args.vcpus,
+            "memory_gib": args.memory_gib,
+            "arch": args.arch,
+        }
+        try:
+            resources = Resources(**{k: v for k, v in values.items() if v is not None})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"--{'-'.join(str(p) for p in e['loc'][:1]).replace('_', '-')}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            return _error(problems)
+    try:
+        selection = select(
+            resources,
+            spot,
+            load_bundled(),
+            args.region,
+            expected_hours=hours,
+            checkpoint_interval_hours=checkpoint,
+            limit=args.limit,
+        )
+    except NoFeasibleOffering as exc:
+        return _error(str(exc))
+    if args.json:
+        print(json.dumps(to_json(selection), indent=2))
+    else:
+        print(render(selection, resources, spot, hours, checkpoint))
+    return 0
+
+
+def to_json(selection: Selection) -> dict[str, Any]:
+    return {
+        "offerings": [
+            {
+                "instance_type": r.offering.instance_type.name,
+                "zone": r.offering.zone,
+                "capacity_type": r.offering.capacity_type,
+                "hourly_usd": r.offering.hourly_usd,
+                "expected_cost_usd": round(r.expected_cost_usd, 4),
+                "gpus": r.offering.instance_type.gpus,
+                "gpu_model": r.offering.instance_type.gpu_model,
+                "gpu_memory_gib": r.offering.instance_type.gpu_memory_gib,
+            }
+            for r in selection.ranked
+        ]
+    }
+
+
+def render(
+    selection: Selection,
+    resources: Resources,
+    spot: SpotPolicy,
+    hours: float,
+    checkpoint: float | None,
+) -> str:
+    if resources.gpus:
+        models = f" {'/'.join(resources.gpu_models)}" if resources.gpu_models else ""
+        ask = f"{resources.gpus}x GPU{models} (>= {resources.gpu_memory_gib:g} GiB each)"
+    else:
+        ask = "CPU only"
+    ask += f", >= {resources.vcpus} vCPU, >= {resources.memory_gib:g} GiB RAM, {resources.arch}"
+    ckpt = f"checkpoint every {checkpoint:g} h" if checkpoint else "no checkpoints"
+    head = (
+        f"{ask} x {resources.nodes} node{'s' if resources.nodes > 1 else ''} in "
+        f"{selection.region}; spot {spot.value}; {hours:g} h expected, {ckpt}"
+    )
+    rows = [["#", "INSTANCE TYPE", "ZONE", "CAPACITY", "GPUS", "$/HOUR", "NODES", "EXPECTED $"]]
+    for i, r in enumerate(selection.ranked, 1):
+        it = r.offering.instance_type
+        gpus = f"{it.gpus}x {it.gpu_model} {it.gpu_memory_gib:g}G" if it.gpus else "-"
+        rows.append(
+            [
+                str(i),
+                it.name,
+                r.offering.zone or f"({r.offering.region})",
+                r.offering.capacity_type,
+                gpus,
+                f"{r.offering.hourly_usd:.4f}",
+                str(r.nodes),
+                f"{r.expected_cost_usd:,.2f}",
+            ]
+        )
+    right = {0, 5, 6, 7}
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = [head, ""]
+    for n, row in enumerate(rows):
+        cells = [
+            cell.rjust(widths[c]) if c in right else cell.ljust(widths[c])
+            for c, cell in enumerate(row)
+        ]
+        reason = "REASON" if n == 0 else selection.ranked[n - 1].reason
+        lines.append("  ".join([*cells, reason]))
+    more = selection.feasible_count - len(selection.ranked)
+    if more > 0:
+        lines.append(f"... and {more} more feasible offerings (--limit to see them)")
+    return "\n".join(lines)

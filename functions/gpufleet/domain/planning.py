@@ -1,0 +1,159 @@
+"""From a job spec to a launch plan, and from a finished workflow to a job's outcome.
+
+A plan is an ordered list of steps, each one capacity type over a diversified list of offerings
+(CreateFleet overrides). `auto` jobs try spot, then on-demand; `required` only spot; `never` only
+on-demand. What to do after a failed step is decided here, not in the state machine: the ASL
+only follows `step`, `retry_later` and `give_up`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.domain.catalog import Catalog
+from gpufleet.domain.job import JobStatus
+from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
+from gpufleet.domain.selection import NoFeasibleOffering, diversify, select
+from gpufleet.domain.spec import JobSpec, SpotPolicy
+
+
+class LaunchStep(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    capacity_type: CapacityType
+    overrides: list[LaunchOverride] = Field(min_length=1)
+
+    def price_of(self, instance_type: str, zone: str | None) -> float:
+        """Hourly price of the override EC2 chose (zone-specific when the plan knows it)."""
+        same_type = [o for o in self.overrides if o.instance_type == instance_type]
+        exact = [o for o in same_type if o.zone == zone]
+        chosen = exact or same_type
+        if not chosen:
+            raise ValueError(f"{instance_type} is not among this step's overrides")
+        return chosen[0].hourly_usd
+
+
+class NextMove(BaseModel):
+    step: int
+    retry_later: bool = False
+    give_up: bool = False
+
+
+class LaunchPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    nodes: int = Field(ge=1)
+    steps: list[LaunchStep] = Field(min_length=1)
+    max_launch_attempts: int = Field(ge=1)
+    retry_wait_seconds: int = Field(ge=1)
+    run_timeout_seconds: int = Field(ge=1, description="The job's timeout plus boot allowance")
+
+    def after_failure(self, step: int, attempts: int, category: ErrorCategory | None) -> NextMove:
+        """Where to go after `attempts` launch calls, the last of which failed at `step`."""
+        if category is ErrorCategory.CONFIGURATION or attempts >= self.max_launch_attempts:
+            return NextMove(step=step, give_up=True)
+        if step + 1 < len(self.steps):
+            return NextMove(step=step + 1)
+        # Every capacity type failed: wait, then start again from the preferred one.
+        return NextMove(step=0, retry_later=True)
+
+
+def outcome_of(state: Mapping[str, Any]) -> tuple[JobStatus, str, int | None]:
+    """The final status, reason and exit code from the workflow's state at its end."""
+    run = state.get("run")
+    if isinstance(run, Mapping):
+        exit_code = run.get("exit_code")
+        if exit_code == 0:
+            return JobStatus.SUCCEEDED, "", 0
+        if isinstance(exit_code, int):
+            detail = str(run.get("reason") or "")
+            return (
+                JobStatus.FAILED,
+                f"exit code {exit_code}" + (f": {detail}" if detail else ""),
+                (exit_code),
+            )
+        return JobStatus.FAILED, str(run.get("reason") or "the node was lost"), None
+    launch = state.get("launch")
+    if isinstance(launch, Mapping) and launch.get("give_up"):
+        return JobStatus.FAILED, f"no capacity could be launched: {launch.get('error', '')}", None
+    error = state.get("error")
+    if isinstance(error, Mapping):
+        name = str(error.get("Error", "Error"))
+        if name == "States.Timeout":
+            return JobStatus.FAILED, "the run exceeded its timeout", None
+        cause = str(error.get("Cause", ""))[:500]
+        return JobStatus.FAILED, f"{name}: {cause}" if cause else name, None
+    return JobStatus.FAILED, "the workflow ended without a result", None
+
+
+_STEP_ORDER: dict[SpotPolicy, tuple[tuple[CapacityType, SpotPolicy], ...]] = {
+    SpotPolicy.AUTO: (
+        (CapacityType.SPOT, SpotPolicy.REQUIRED),
+        (CapacityType.ON_DEMAND, SpotPolicy.NEVER),
+    ),
+    SpotPolicy.REQUIRED: ((CapacityType.SPOT, SpotPolicy.REQUIRED),),
+    SpotPolicy.NEVER: ((CapacityType.ON_DEMAND, SpotPolicy.NEVER),),
+}
+
+# Without an expected duration, offerings are compared over one hour.
+DEFAULT_EXPECTED_HOURS = 1.0
+
+
+def plan_launch(
+    spec: JobSpec,
+    catalog: Catalog,
+    region: str,
+    *,
+    max_launch_attempts: int,
+    retry_wait_seconds: int,
+    boot_allowance_seconds: int,
+    unavailable: frozenset[str] = frozenset(),
+    max_types: int = 3,
+) -> LaunchPlan:
+    """The launch plan for a job: one step per allowed capacity type, spot first.
+
+    Raises NoFeasibleOffering when no capacity type has an offering that fits.
+    """
+    hours = (
+        spec.expected_duration_seconds / 3600
+        if spec.expected_duration_seconds
+        else DEFAULT_EXPECTED_HOURS
+    )
+    steps: list[LaunchStep] = []
+    last_refusal: NoFeasibleOffering | None = None
+    for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
+        try:
+            selection = select(
+                spec.resources,
+                only_this_type,
+                catalog,
+                region,
+                expected_hours=hours,
+                unavailable=unavailable,
+                limit=50,
+            )
+        except NoFeasibleOffering as exc:
+            last_refusal = exc
+            continue
+        overrides = [
+            LaunchOverride(
+                instance_type=ranked.offering.instance_type.name,
+                zone=ranked.offering.zone,
+                hourly_usd=ranked.offering.hourly_usd,
+            )
+            for ranked in diversify(selection, max_types, capacity_type=capacity_type.value)
+        ]
+        steps.append(LaunchStep(capacity_type=capacity_type, overrides=overrides))
+    if not steps:
+        assert last_refusal is not None
+        raise last_refusal
+    return LaunchPlan(
+        nodes=spec.resources.nodes,
+        steps=steps,
+        max_launch_attempts=max_launch_attempts,
+        retry_wait_seconds=retry_wait_seconds,
+        run_timeout_seconds=spec.timeout_seconds + boot_allowance_seconds,
+    )

@@ -1,0 +1,302 @@
+"""An embedded AWS account: moto in-process, holding the same resources as the CDK stack.
+
+Everything is created from `gpufleet.topology`, the description the stack is synthesized from,
+and the state machine runs the very ASL file CDK deploys. Handlers run in-process (see
+`patches`), so a job goes through real boto3 calls, real DynamoDB conditional writes, the real
+Step Functions interpreter and real CreateFleet calls, offline.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import warnings
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+
+from gpufleet import topology
+from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
+
+REGION = "us-east-1"
+ACCOUNT_ID = "123456789012"
+BUS_NAME = "gpufleet"
+BUCKET_NAME = "gpufleet-intake-123456789012"
+# moto ships real AMI ids; any one does for a launch template in the emulator.
+AMI_ID = "ami-12c6146b"
+
+# The emulator's own settings: short waits so a demo finishes in seconds.
+EMULATOR_ENV = {
+    "GPUFLEET_RETRY_WAIT_SECONDS": "2",
+    "GPUFLEET_MAX_LAUNCH_ATTEMPTS": "6",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_SERVICE_NAME": "gpufleet",
+    "POWERTOOLS_METRICS_NAMESPACE": "GpuFleet",
+    "POWERTOOLS_DEV": "false",
+}
+
+
+@dataclass
+class Account:
+    """Handles on the resources of the running account."""
+
+    region: str
+    recorder: Recorder
+    table_names: dict[str, str] = field(default_factory=dict)
+    function_arns: dict[str, str] = field(default_factory=dict)
+    state_machine_arns: dict[str, str] = field(default_factory=dict)
+    bucket: str = BUCKET_NAME
+    bus: str = BUS_NAME
+    launch_template_id: str = ""
+    subnet_ids: list[str] = field(default_factory=list)
+
+    def client(self, service: str) -> Any:
+        return boto3.session.Session().client(service, region_name=self.region)
+
+    def function_environment(self, function: topology.Function) -> dict[str, str]:
+        """The deployment variables of one function, as the stack sets them."""
+        everything = self.environment()
+        return {name: everything[name] for name in topology.environment_of(function)}
+
+    def environment(self) -> dict[str, str]:
+        """Every deployment variable: the handlers run in this one process, so it holds the
+        union of what the functions get."""
+        env = {table.env_var: self.table_names[table.construct_id] for table in topology.TABLES}
+        env.update(
+            {
+                topology.ENV_EVENT_BUS: self.bus,
+                topology.ENV_INTAKE_BUCKET: self.bucket,
+                topology.ENV_STATE_MACHINE: self.state_machine_arns.get(
+                    topology.JOB_LIFECYCLE.construct_id, ""
+                ),
+                topology.ENV_LAUNCH_TEMPLATE: self.launch_template_id,
+                topology.ENV_SUBNETS: ",".join(self.subnet_ids),
+                "AWS_REGION": self.region,
+            }
+        )
+        return env
+
+
+def _write_log(log_group: str, text: str) -> None:
+    """Store a handler's output in its CloudWatch log group (through the backend: not an API
+    call of the control plane)."""
+    if not text:
+        return
+    from moto.core.utils import unix_time_millis
+    from moto.logs.models import logs_backends
+
+    backend = logs_backends[ACCOUNT_ID][REGION]
+    if log_group not in backend.groups:
+        backend.create_log_group(log_group, {})
+    stream = "emulator"
+    if stream not in backend.groups[log_group].streams:
+        backend.create_log_stream(log_group, stream)
+    lines = [line for line in text.splitlines() if line.strip()]
+    backend.put_log_events(
+        log_group,
+        stream,
+        [{"timestamp": int(unix_time_millis()), "message": line} for line in lines],
+    )
+
+
+@contextmanager
+def embedded_account(extra_env: Mapping[str, str] | None = None) -> Iterator[Account]:
+    """Start moto, create the stack's resources, and patch in the real handlers."""
+    from moto import mock_aws
+
+    saved_env = dict(os.environ)
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
+            "MOTO_ACCOUNT_ID": ACCOUNT_ID,
+            **EMULATOR_ENV,
+            **(extra_env or {}),
+        }
+    )
+    # The interpreter logs every Fail state as an error; the execution history already says it.
+    logging.getLogger("moto.stepfunctions.parser").setLevel(logging.CRITICAL)
+    # Powertools warns when a function flushes no metrics; in the emulator that is noise.
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+    recorder = Recorder()
+    mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+    mock.start()
+    patches = install(recorder, _write_log)
+    try:
+        with acting_as(EMULATOR):
+            account = _create_resources(recorder)
+            # Handlers read their settings from the environment at cold start, as in Lambda.
+            os.environ.update(account.environment())
+        yield account
+    finally:
+        patches.remove()
+        mock.stop()
+        _forget_cold_starts()
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _forget_cold_starts() -> None:
+    """Services are cached per cold start; a new account is a new cold start."""
+    from gpufleet.handlers import common
+
+    for cached in (common.settings, common.intake, common.lifecycle, common.idempotency_store):
+        cached.cache_clear()
+
+
+def _create_resources(recorder: Recorder) -> Account:
+    account = Account(region=REGION, recorder=recorder)
+    dynamodb = account.client("dynamodb")
+    for table in topology.TABLES:
+        name = f"gpufleet-{table.construct_id}"
+        dynamodb.create_table(**table_definition(table, name))
+        if table.ttl_attribute:
+            dynamodb.update_time_to_live(
+                TableName=name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": table.ttl_attribute},
+            )
+        account.table_names[table.construct_id] = name
+
+    ec2 = account.client("ec2")
+    account.subnet_ids = _default_subnets(ec2)
+    account.launch_template_id = ec2.create_launch_template(
+        LaunchTemplateName="gpufleet-node",
+        LaunchTemplateData={
+            "ImageId": AMI_ID,
+            "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"]
+
+    role_arn = account.client("iam").create_role(
+        RoleName="gpufleet-emulator",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+    )["Role"]["Arn"]
+
+    events = account.client("events")
+    events.create_event_bus(Name=account.bus)
+
+    lambda_client = account.client("lambda")
+    placeholder_code = _placeholder_zip()
+    for function in topology.FUNCTIONS:
+        account.function_arns[function.construct_id] = lambda_client.create_function(
+            FunctionName=f"gpufleet-{function.construct_id}",
+            Runtime="python3.12",
+            Role=role_arn,
+            Handler=function.handler,
+            Code={"ZipFile": placeholder_code},
+            Timeout=function.timeout_seconds,
+            MemorySize=function.memory_mb,
+        )["FunctionArn"]
+
+    sfn = account.client("stepfunctions")
+    for machine in topology.STATE_MACHINES:
+        account.state_machine_arns[machine.construct_id] = sfn.create_state_machine(
+            name=f"gpufleet-{machine.construct_id}",
+            definition=substitute(machine, account.function_arns),
+            roleArn=role_arn,
+            type="STANDARD",
+        )["stateMachineArn"]
+
+    for function in topology.FUNCTIONS:
+        lambda_client.update_function_configuration(
+            FunctionName=account.function_arns[function.construct_id],
+            Environment={"Variables": account.function_environment(function)},
+        )
+
+    for rule in topology.RULES:
+        bus = "default" if rule.on_default_bus else account.bus
+        events.put_rule(
+            Name=rule.construct_id,
+            EventBusName=bus,
+            EventPattern=json.dumps(rule.pattern),
+            Description=rule.description,
+        )
+        events.put_targets(
+            Rule=rule.construct_id,
+            EventBusName=bus,
+            Targets=[{"Id": "target", "Arn": account.function_arns[rule.target_function]}],
+        )
+
+    s3 = account.client("s3")
+    s3.create_bucket(Bucket=account.bucket)
+    s3.put_bucket_versioning(Bucket=account.bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_bucket_notification_configuration(
+        Bucket=account.bucket,
+        NotificationConfiguration={
+            "LambdaFunctionConfigurations": [
+                {
+                    "Id": "intake",
+                    "LambdaFunctionArn": account.function_arns[
+                        topology.INTAKE_FROM_S3.construct_id
+                    ],
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {
+                        "Key": {
+                            "FilterRules": [{"Name": "prefix", "Value": topology.INTAKE_PREFIX}]
+                        }
+                    },
+                }
+            ]
+        },
+    )
+    return account
+
+
+def table_definition(table: topology.Table, name: str) -> dict[str, Any]:
+    definition: dict[str, Any] = {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": attribute, "AttributeType": kind}
+            for attribute, kind in sorted(table.key_attributes().items())
+        ],
+        "KeySchema": _key_schema(table.partition_key, table.sort_key),
+    }
+    if table.indexes:
+        definition["GlobalSecondaryIndexes"] = [
+            {
+                "IndexName": index.name,
+                "KeySchema": _key_schema(index.partition_key, index.sort_key),
+                "Projection": {"ProjectionType": "ALL"},
+            }
+            for index in table.indexes
+        ]
+    return definition
+
+
+def _key_schema(partition_key: str, sort_key: str | None) -> list[dict[str, str]]:
+    schema = [{"AttributeName": partition_key, "KeyType": "HASH"}]
+    if sort_key:
+        schema.append({"AttributeName": sort_key, "KeyType": "RANGE"})
+    return schema
+
+
+def substitute(machine: topology.StateMachine, function_arns: Mapping[str, str]) -> str:
+    definition = machine.definition()
+    for placeholder, construct_id in machine.function_substitutions.items():
+        definition = definition.replace("${" + placeholder + "}", function_arns[construct_id])
+    return definition
+
+
+def _default_subnets(ec2: Any) -> list[str]:
+    subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])
+    by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subnets["Subnets"]}
+    return [by_zone[zone] for zone in sorted(by_zone)]
+
+
+def _placeholder_zip() -> bytes:
+    """moto wants a code bundle; the handler itself is imported from this package."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("README.txt", "gpufleet handlers run in-process in the emulator\n")
+    return buffer.getvalue()

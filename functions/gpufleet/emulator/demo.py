@@ -1,0 +1,236 @@
+"""`gpufleet demo`: sample jobs through the real workflow in the embedded AWS account."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.domain.job import Job
+from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
+from gpufleet.emulator.faults import CapacityFaults, injected
+from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
+from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.services.lifecycle import cost_report
+from gpufleet.topology import (
+    CONTROL_PLANE_SOURCE,
+    DETAIL_JOB_REJECTED,
+    INTAKE_PREFIX,
+    JOB_LIFECYCLE,
+    JOBS_TABLE,
+)
+
+EVENTS_DIR = Path(__file__).resolve().parents[3] / "events"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One sample submission: a file uploaded to S3, or an event put on the bus."""
+
+    via: str  # "s3" or "event"
+    path: Path
+
+
+@dataclass
+class DemoScenario:
+    name: str
+    submissions: list[Submission]
+    nodes: NodeScenario
+    spot_capacity_errors: frozenset[str] = frozenset()
+    timeout_seconds: float = 180.0
+
+
+@dataclass
+class DemoResult:
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    rejected: int = 0
+    instances_running: int = 0
+    api_calls: dict[str, int] = field(default_factory=dict)
+    lambda_invocations: int = 0
+    state_transitions: int = 0
+    capacity_errors_injected: int = 0
+    wall_seconds: float = 0.0
+    completed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "rejected": self.rejected,
+            "instances_running": self.instances_running,
+            "api_calls": self.api_calls,
+            "state_transitions": self.state_transitions,
+            "capacity_errors_injected": self.capacity_errors_injected,
+            "wall_seconds": round(self.wall_seconds, 2),
+            "completed": self.completed,
+        }
+
+
+def basic_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """The samples in events/: specs under jobs/ go through S3, the event through EventBridge."""
+    config = json.loads((events_dir / "demo-scenario.json").read_text())
+    submissions = [Submission("s3", path) for path in sorted((events_dir / "jobs").iterdir())]
+    submissions.append(Submission("event", events_dir / "submit-job-event.json"))
+    return DemoScenario(
+        name="basic",
+        submissions=submissions,
+        nodes=NodeScenario(
+            boot_seconds=float(config.get("boot_seconds", 1.0)),
+            behaviours={
+                name: Behaviour(float(b["duration_seconds"]), int(b["exit_code"]))
+                for name, b in config["jobs"].items()
+            },
+        ),
+        spot_capacity_errors=frozenset(config.get("spot_capacity_errors", [])),
+    )
+
+
+class _Observer:
+    """An SQS queue subscribed to the control plane's rejections (emulator-only)."""
+
+    def __init__(self, account: Account) -> None:
+        self._sqs = account.client("sqs")
+        self._url = self._sqs.create_queue(QueueName="emulator-observer")["QueueUrl"]
+        arn = self._sqs.get_queue_attributes(QueueUrl=self._url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        events = account.client("events")
+        events.put_rule(
+            Name="emulator-observer",
+            EventBusName=account.bus,
+            EventPattern=json.dumps(
+                {"source": [CONTROL_PLANE_SOURCE], "detail-type": [DETAIL_JOB_REJECTED]}
+            ),
+        )
+        events.put_targets(
+            Rule="emulator-observer", EventBusName=account.bus, Targets=[{"Id": "q", "Arn": arn}]
+        )
+        self.rejections: list[dict[str, Any]] = []
+
+    def poll(self) -> None:
+        messages = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10).get(
+            "Messages", []
+        )
+        for message in messages:
+            self.rejections.append(json.loads(message["Body"])["detail"])
+            self._sqs.delete_message(QueueUrl=self._url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def _submit(account: Account, submission: Submission) -> None:
+    if submission.via == "s3":
+        account.client("s3").put_object(
+            Bucket=account.bucket,
+            Key=f"{INTAKE_PREFIX}{submission.path.name}",
+            Body=submission.path.read_bytes(),
+        )
+        return
+    entry = json.loads(submission.path.read_text())
+    account.client("events").put_events(
+        Entries=[
+            {
+                "EventBusName": account.bus,
+                "Source": entry["Source"],
+                "DetailType": entry["DetailType"],
+                "Detail": json.dumps(entry["Detail"]),
+            }
+        ]
+    )
+
+
+def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResult:
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress.write(f"{time.monotonic() - started:6.1f}s  {text}\n")
+            progress.flush()
+
+    result = DemoResult()
+    faults = CapacityFaults(
+        BUCKET_NAME,
+        lambda name, capacity: capacity == "spot" and name in scenario.spot_capacity_errors,
+    )
+    with injected(faults), embedded_account() as account:
+        with acting_as(EMULATOR):
+            store = DynamoJobStore(
+                account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
+            )
+            observer = _Observer(account)
+            nodes = NodeSimulator(account, scenario.nodes)
+            nodes.start()
+            count = len(scenario.submissions)
+            say(f"embedded AWS account ready in {account.region}; submitting {count} jobs")
+            for submission in scenario.submissions:
+                _submit(account, submission)
+                say(f"submitted {submission.path.name} via {submission.via}")
+            seen: dict[str, str] = {}
+            deadline = time.monotonic() + scenario.timeout_seconds
+            jobs: list[Job] = []
+            while time.monotonic() < deadline:
+                observer.poll()
+                jobs = store.list_jobs()
+                for job in sorted(jobs, key=lambda j: j.created_at):
+                    if seen.get(job.job_id) != job.status.value:
+                        seen[job.job_id] = job.status.value
+                        where = (
+                            f" on {job.placement.instance_type} ({job.placement.capacity_type})"
+                            if job.placement and job.status.value == "RUNNING"
+                            else ""
+                        )
+                        reason = f": {job.failure_reason}" if job.failure_reason else ""
+                        say(f"{job.job_id} {job.spec.name:<16} {job.status.value}{where}{reason}")
+                running = nodes.running_instances()
+                settled = len(jobs) + len(observer.rejections) >= len(scenario.submissions)
+                if settled and all(j.status.terminal for j in jobs) and not running:
+                    result.completed = _executions_finished(account)
+                    if result.completed:
+                        break
+                time.sleep(0.25)
+            for rejection in observer.rejections:
+                say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
+            nodes.stop()
+            result.jobs = [_job_entry(job) for job in sorted(jobs, key=lambda j: j.spec.name)]
+            result.rejected = len(observer.rejections)
+            result.instances_running = len(nodes.running_instances())
+            result.state_transitions = _state_transitions(account)
+        result.api_calls = dict(sorted(account.recorder.api_calls.items()))
+        result.capacity_errors_injected = faults.injected
+    result.wall_seconds = time.monotonic() - started
+    return result
+
+
+def _job_entry(job: Job) -> dict[str, Any]:
+    placement = job.placement
+    return {
+        "id": job.job_id,
+        "name": job.spec.name,
+        "team": job.spec.team,
+        "status": job.status.value,
+        "instance_type": placement.instance_type if placement else None,
+        "capacity_type": placement.capacity_type if placement else None,
+        **cost_report(job),
+        "failure_reason": job.failure_reason,
+    }
+
+
+def _executions(account: Account) -> list[dict[str, Any]]:
+    sfn = account.client("stepfunctions")
+    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
+    executions: list[dict[str, Any]] = sfn.list_executions(stateMachineArn=arn)["executions"]
+    return executions
+
+
+def _executions_finished(account: Account) -> bool:
+    return all(e["status"] != "RUNNING" for e in _executions(account))
+
+
+def _state_transitions(account: Account) -> int:
+    """States entered across every execution: what Step Functions bills as transitions."""
+    sfn = account.client("stepfunctions")
+    total = 0
+    for execution in _executions(account):
+        history = sfn.get_execution_history(executionArn=execution["executionArn"], maxResults=1000)
+        total += sum(1 for event in history["events"] if event["type"].endswith("StateEntered"))
+    return total

@@ -1,0 +1,142 @@
+"""Simulated instances: each one gpufleet launches in the embedded account runs the real node
+agent, with a container runtime that only pretends to train (duration and exit code come from
+the scenario)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.agent.aws import EventBridgeReporter, S3Manifests
+from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
+from gpufleet.emulator.account import Account
+from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
+from gpufleet.topology import TAG_MANAGED
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a job's container behaves in the emulator."""
+
+    duration_seconds: float = 3.0
+    exit_code: int = 0
+
+
+@dataclass
+class NodeScenario:
+    boot_seconds: float = 1.0
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    default: Behaviour = field(default_factory=Behaviour)
+
+    def behaviour(self, job_name: str) -> Behaviour:
+        return self.behaviours.get(job_name, self.default)
+
+
+def _instance(ec2: Any, instance_id: str) -> dict[str, Any]:
+    reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    instance: dict[str, Any] = reservations[0]["Instances"][0]
+    return instance
+
+
+class EmulatedIdentity:
+    """What IMDS would tell the agent, read from the emulated EC2."""
+
+    def __init__(self, ec2: Any, instance_id: str) -> None:
+        self._ec2 = ec2
+        self._instance_id = instance_id
+
+    def instance_id(self) -> str:
+        return self._instance_id
+
+    def tags(self) -> Mapping[str, str]:
+        with acting_as(EMULATOR):
+            instance = _instance(self._ec2, self._instance_id)
+        return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
+
+
+class SimulatedRuntime:
+    """Runs for the scenario's duration, unless the instance is terminated under it."""
+
+    def __init__(self, ec2: Any, instance_id: str, scenario: NodeScenario) -> None:
+        self._ec2 = ec2
+        self._instance_id = instance_id
+        self._scenario = scenario
+
+    def run(self, manifest: RunManifest) -> RunOutcome:
+        behaviour = self._scenario.behaviour(manifest.name)
+        deadline = time.monotonic() + min(behaviour.duration_seconds, manifest.timeout_seconds)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if not self._alive():
+                return RunOutcome(exit_code=None, reason="the instance was terminated")
+        return RunOutcome(exit_code=behaviour.exit_code)
+
+    def _alive(self) -> bool:
+        with acting_as(EMULATOR):
+            state = _instance(self._ec2, self._instance_id)["State"]["Name"]
+        return state in ("pending", "running")
+
+
+class NodeSimulator:
+    """Watches for instances gpufleet launches and boots a node agent on each."""
+
+    def __init__(self, account: Account, scenario: NodeScenario) -> None:
+        self._account = account
+        self._scenario = scenario
+        self._ec2 = account.client("ec2")
+        self._seen: set[str] = set()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watcher.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def running_instances(self) -> list[str]:
+        with acting_as(EMULATOR):
+            return [
+                instance["InstanceId"]
+                for instance in self._managed_instances()
+                if instance["State"]["Name"] in ("pending", "running")
+            ]
+
+    def _managed_instances(self) -> list[dict[str, Any]]:
+        response = self._ec2.describe_instances(
+            Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
+        )
+        return [i for r in response["Reservations"] for i in r["Instances"]]
+
+    def _watch(self) -> None:
+        with acting_as(EMULATOR):
+            while not self._stop.is_set():
+                for instance in self._managed_instances():
+                    instance_id = instance["InstanceId"]
+                    if instance_id in self._seen or instance["State"]["Name"] != "running":
+                        continue
+                    self._seen.add(instance_id)
+                    thread = threading.Thread(
+                        target=self._boot, args=(instance_id,), name=instance_id, daemon=True
+                    )
+                    self._threads.append(thread)
+                    thread.start()
+                self._stop.wait(0.1)
+
+    def _boot(self, instance_id: str) -> None:
+        time.sleep(self._scenario.boot_seconds)
+        with acting_as(NODE):
+            agent = NodeAgent(
+                identity=EmulatedIdentity(self._ec2, instance_id),
+                manifests=S3Manifests(self._account.client("s3"), self._account.bucket),
+                reporter=EventBridgeReporter(self._account.client("events"), self._account.bus),
+                runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario),
+            )
+            agent.run()

@@ -1,0 +1,266 @@
+"""The three places where moto needs help to behave like an AWS account running our code.
+
+1. Lambda invoke without Docker runs no code: `LambdaFunction._invoke_lambda` is replaced so the
+   function's real handler runs in-process (direct invoke, Step Functions `lambda:invoke`,
+   S3 notifications and EventBridge targets all go through it).
+2. EventBridge rules deliver only to SQS and Logs: Lambda and Step Functions targets are added,
+   with Lambda's asynchronous retry behaviour (two retries).
+3. moto checks a DynamoDB condition and applies the write without a lock, so two threads can
+   both pass the same condition. DynamoDB applies each conditional write atomically; the
+   backend's writes are serialized to match.
+4. Who called: control-plane code, the emulator itself, or a simulated node. Each boto3 call is
+   counted against the actor on the calling thread, so the demo reports the API calls the
+   control plane made and nothing else.
+
+moto is pinned exactly (see requirements.lock): these patches rely on its internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import logging
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.handlers
+
+CONTROL_PLANE = "control-plane"
+EMULATOR = "emulator"
+NODE = "node"
+
+_local = threading.local()
+
+# botocore names some services differently from the ARNs and the console.
+_SERVICE_NAMES = {"sfn": "states", "cloudwatch": "cloudwatch", "eventbridge": "events"}
+
+
+def current_actor() -> str:
+    return getattr(_local, "actor", CONTROL_PLANE)
+
+
+@contextmanager
+def acting_as(actor: str) -> Iterator[None]:
+    previous = current_actor()
+    _local.actor = actor
+    try:
+        yield
+    finally:
+        _local.actor = previous
+
+
+@dataclass
+class Invocation:
+    function_name: str
+    errored: bool
+    seconds: float
+
+
+class Recorder:
+    """API calls and Lambda invocations made by the control plane."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.api_calls: Counter[str] = Counter()
+        self.invocations: list[Invocation] = []
+
+    def count_call(self, event_name: str, **_: Any) -> None:
+        # event_name: "before-parameter-build.<service>.<Operation>"
+        if current_actor() != CONTROL_PLANE:
+            return
+        service = event_name.split(".")[1]
+        if service == "lambda":
+            return  # Lambda is counted by invocation, which also covers S3 and EventBridge
+        with self._lock:
+            self.api_calls[_SERVICE_NAMES.get(service, service)] += 1
+
+    def count_invocation(self, invocation: Invocation) -> None:
+        with self._lock:
+            self.invocations.append(invocation)
+            self.api_calls["lambda"] += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.api_calls.clear()
+            self.invocations.clear()
+
+
+class _LambdaContext:
+    """The attributes of the Lambda context object that handlers and Powertools read."""
+
+    def __init__(self, function: Any) -> None:
+        self.function_name = function.function_name
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = function.function_arn
+        self.memory_limit_in_mb = int(function.memory_size)
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = f"/aws/lambda/{function.function_name}"
+        self.log_stream_name = self.aws_request_id
+        self._deadline = time.monotonic() + float(function.timeout)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+class _ThreadRoutedStream(io.TextIOBase):
+    """stdout that sends what a handler prints to that invocation's log, per thread."""
+
+    def __init__(self, fallback: Any) -> None:
+        self._fallback = fallback
+
+    def write(self, text: str) -> int:
+        buffer = getattr(_local, "log_buffer", None)
+        if buffer is not None:
+            return int(buffer.write(text))
+        return int(self._fallback.write(text))
+
+    def flush(self) -> None:
+        self._fallback.flush()
+
+
+def _resolve_handler(path: str) -> Callable[[Any, Any], Any]:
+    module_name, _, attribute = path.rpartition(".")
+    module = importlib.import_module(module_name)
+    handler: Callable[[Any, Any], Any] = getattr(module, attribute)
+    return handler
+
+
+@dataclass
+class Patches:
+    recorder: Recorder
+    undo: list[Callable[[], None]]
+
+    def remove(self) -> None:
+        for undo in reversed(self.undo):
+            undo()
+
+
+def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patches:
+    """Install the patches; `write_log(log_group, text)` stores a handler's output."""
+    from moto.awslambda.models import LambdaFunction
+    from moto.events import notifications
+    from moto.events.models import Rule
+    from moto.s3 import notifications as s3_notifications
+
+    undo: list[Callable[[], None]] = []
+
+    # 1. Real handlers, in-process.
+    def invoke_in_process(self: Any, event: Any = None) -> tuple[str, bool, str]:
+        payload = json.loads(event) if isinstance(event, str | bytes) else (event or {})
+        context = _LambdaContext(self)
+        started = time.monotonic()
+        buffer = io.StringIO()
+        previous_buffer = getattr(_local, "log_buffer", None)
+        _local.log_buffer = buffer
+        errored = False
+        try:
+            with acting_as(CONTROL_PLANE):
+                result = _resolve_handler(self.handler)(payload, context)
+            output = json.dumps(result)
+        except Exception as exc:
+            errored = True
+            output = json.dumps(
+                {
+                    "errorType": type(exc).__name__,
+                    "errorMessage": str(exc)[:1000],
+                    "stackTrace": traceback.format_exc().splitlines()[-5:],
+                }
+            )
+            buffer.write(traceback.format_exc())
+        finally:
+            _local.log_buffer = previous_buffer
+        recorder.count_invocation(
+            Invocation(self.function_name, errored, time.monotonic() - started)
+        )
+        logs = buffer.getvalue()
+        write_log(context.log_group_name, logs)
+        return output, errored, logs
+
+    _replace(LambdaFunction, "_invoke_lambda", invoke_in_process, undo)
+
+    # 2. EventBridge -> Lambda and Step Functions targets; S3 -> Lambda with async retries.
+    original_send = Rule.send_to_targets
+
+    def send_to_targets(self: Any, original_event: Any, transform_input: bool = True) -> None:
+        if not self.event_pattern.matches_event(original_event):
+            return
+        others = []
+        for target in self.targets:
+            arn = str(target["Arn"])
+            if ":lambda:" in arn:
+                invoke_async(self.account_id, arn, original_event)
+            elif ":states:" in arn:
+                notifications._start_sfn_execution(
+                    self.account_id, region=self.region_name, sfn_arn=arn, event=original_event
+                )
+            else:
+                others.append(target)
+        if others:
+            saved = self.targets
+            self.targets = others
+            try:
+                original_send(self, original_event, transform_input)
+            finally:
+                self.targets = saved
+
+    _replace(Rule, "send_to_targets", send_to_targets, undo)
+
+    def s3_invoke(account_id: str, event_body: Any, fn_arn: str, *_region: str) -> None:
+        invoke_async(account_id, fn_arn, event_body)
+
+    _replace(s3_notifications, "_invoke_awslambda", s3_invoke, undo)
+
+    # 3. Conditional writes are atomic in DynamoDB.
+    from moto.dynamodb.models import DynamoDBBackend
+
+    write_lock = threading.RLock()
+    for operation in ("put_item", "update_item", "delete_item", "transact_write_items"):
+        original = getattr(DynamoDBBackend, operation)
+
+        def atomic(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with write_lock:
+                return __original(self, *args, **kwargs)
+
+        _replace(DynamoDBBackend, operation, atomic, undo)
+
+    # 4. Count every boto3 call made from now on, by the actor on the calling thread.
+    handler_entry = ("before-parameter-build", recorder.count_call)
+    botocore.handlers.BUILTIN_HANDLERS.append(handler_entry)
+    undo.append(lambda: botocore.handlers.BUILTIN_HANDLERS.remove(handler_entry))
+
+    # Handler output (Powertools Logger, EMF metrics) goes to each invocation's log group.
+    if not isinstance(sys.stdout, _ThreadRoutedStream):
+        saved_stdout = sys.stdout
+        sys.stdout = _ThreadRoutedStream(saved_stdout)
+        undo.append(lambda: setattr(sys, "stdout", saved_stdout))
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    return Patches(recorder=recorder, undo=undo)
+
+
+def _replace(owner: Any, name: str, replacement: Any, undo: list[Callable[[], None]]) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    undo.append(lambda: setattr(owner, name, original))
+
+
+def invoke_async(account_id: str, function_arn: str, event: Any) -> bool:
+    """An asynchronous Lambda invocation: Lambda retries a failed one twice, then gives up
+    (in AWS the event then goes to the function's dead-letter queue)."""
+    from moto.awslambda.utils import get_backend
+
+    region = function_arn.split(":")[3]
+    function = get_backend(account_id, region).get_function(function_arn)
+    for _attempt in range(3):
+        _output, errored, _logs = function._invoke_lambda(json.dumps(event))
+        if not errored:
+            return True
+    return False

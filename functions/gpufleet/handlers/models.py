@@ -1,0 +1,86 @@
+"""Shapes of the events the handlers receive, parsed with Powertools Parser.
+
+The S3 notification model is deliberately tolerant: real S3 sends more fields than we need, and
+the embedded emulator fewer; we read only the bucket, key and the fields that identify one
+delivery.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class S3Bucket(_Open):
+    name: str
+
+
+class S3Object(_Open):
+    key: str
+    size: int | None = None
+    eTag: str | None = None
+    versionId: str | None = None
+    sequencer: str | None = None
+
+    @property
+    def decoded_key(self) -> str:
+        # Keys arrive URL-encoded with '+' for spaces.
+        return unquote_plus(self.key)
+
+
+class S3Entity(_Open):
+    bucket: S3Bucket
+    object: S3Object
+
+
+class S3Record(_Open):
+    eventName: str = ""
+    s3: S3Entity
+
+
+class S3Notification(_Open):
+    Records: list[S3Record] = Field(default_factory=list)
+
+
+class SubmittedEvent(EventBridgeModel):
+    """`Job Submitted`: the spec is the detail."""
+
+    detail: Any
+
+
+class NodeReportEvent(EventBridgeModel):
+    detail: dict[str, Any]
+
+
+class Delivery(BaseModel):
+    """One delivery of one spec; `delivery_key` names it uniquely (the idempotency key)."""
+
+    delivery_key: str
+    source: str
+    object_key: str | None = None
+    document: Any = None
+
+
+class JobTask(BaseModel):
+    job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
+
+
+class LaunchTask(JobTask):
+    plan: dict[str, Any]
+    step: int = Field(ge=0)
+    attempt: int = Field(ge=0)
+
+
+class AwaitNodeTask(JobTask):
+    task_token: str = Field(min_length=1, max_length=4096)
+
+
+class RecordOutcomeTask(JobTask):
+    state: dict[str, Any]

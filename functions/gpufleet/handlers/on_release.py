@@ -1,0 +1,19 @@
+"""Workflow task: terminate every instance of the job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import lifecycle, logger, tracer
+from gpufleet.handlers.models import JobTask
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@event_parser(model=JobTask)
+def handler(task: JobTask, context: LambdaContext) -> dict[str, Any]:
+    logger.append_keys(job_id=task.job_id)
+    return lifecycle().release(task.job_id)

@@ -1,0 +1,52 @@
+"""S3 ObjectCreated under jobs/ -> intake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.idempotency import idempotent_function
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import IDEMPOTENCY, idempotency_store, intake, logger, metrics, tracer
+from gpufleet.handlers.models import Delivery, S3Notification
+from gpufleet.services.intake import describe, is_error_report
+
+
+@idempotent_function(  # type: ignore[untyped-decorator]
+    data_keyword_argument="delivery",
+    persistence_store=idempotency_store(),
+    config=IDEMPOTENCY,
+)
+def submit(delivery: Delivery) -> dict[str, Any]:
+    assert delivery.object_key is not None
+    outcome = intake().submit_object(delivery.object_key, delivery.delivery_key, delivery.source)
+    metrics.add_metric(
+        name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
+    )
+    return dict(describe(outcome))
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    IDEMPOTENCY.register_lambda_context(context)
+    notification = parse(event=event, model=S3Notification)
+    results = []
+    for record in notification.Records:
+        bucket, obj = record.s3.bucket.name, record.s3.object
+        key = obj.decoded_key
+        if is_error_report(key):
+            continue
+        # A version id (versioned bucket) or sequencer names one upload; the ETag is the
+        # fallback, so re-uploading identical bytes to the same key counts as the same delivery.
+        marker = obj.versionId or obj.sequencer or obj.eTag or ""
+        delivery = Delivery(
+            delivery_key=f"s3://{bucket}/{key}#{marker}",
+            source=f"s3://{bucket}/{key}",
+            object_key=key,
+        )
+        logger.append_keys(delivery=delivery.delivery_key)
+        results.append(submit(delivery=delivery))
+    return {"results": results}

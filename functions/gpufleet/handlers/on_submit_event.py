@@ -1,0 +1,43 @@
+"""EventBridge `Job Submitted` (source gpufleet) -> intake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.idempotency import idempotent_function
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import IDEMPOTENCY, idempotency_store, intake, logger, metrics, tracer
+from gpufleet.handlers.models import Delivery, SubmittedEvent
+from gpufleet.services.intake import describe
+
+
+@idempotent_function(  # type: ignore[untyped-decorator]
+    data_keyword_argument="delivery",
+    persistence_store=idempotency_store(),
+    config=IDEMPOTENCY,
+)
+def submit(delivery: Delivery) -> dict[str, Any]:
+    outcome = intake().submit_document(delivery.document, delivery.delivery_key, delivery.source)
+    metrics.add_metric(
+        name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
+    )
+    return dict(describe(outcome))
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    IDEMPOTENCY.register_lambda_context(context)
+    submitted = parse(event=event, model=SubmittedEvent)
+    # The event id names the delivery: EventBridge keeps it across its own retries.
+    delivery = Delivery(
+        delivery_key=f"event:{submitted.id}",
+        source=f"event:{submitted.id}",
+        document=submitted.detail,
+    )
+    logger.append_keys(delivery=delivery.delivery_key)
+    result: dict[str, Any] = submit(delivery=delivery)
+    return result

@@ -1,0 +1,94 @@
+"""The small interfaces the services need from the outside world.
+
+`adapters/aws` implements them with boto3 (Lambda and the embedded AWS account); `adapters/local`
+implements them in memory (unit tests and the simulator). One contract suite runs against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.launch import LaunchRequest, LaunchResult
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+
+class JobStore(Protocol):
+    def put_new(self, job: Job) -> bool:
+        """Store a new job; False (and no change) when the id already exists."""
+        ...
+
+    def get(self, job_id: str) -> Job:
+        """The job, or raise JobNotFound."""
+        ...
+
+    def transition(
+        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+    ) -> Job:
+        """Move to `target` if the current status allows it, applying `changes` in the same
+        conditional write. Raise IllegalTransition when it does not (or JobNotFound)."""
+        ...
+
+    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
+        """Set non-status fields of an existing job; raise JobNotFound when it does not exist."""
+        ...
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
+        """Jobs, newest first; only those in `status` when given."""
+        ...
+
+
+class EventPublisher(Protocol):
+    def publish(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None: ...
+
+
+class ObjectStore(Protocol):
+    def put_json(self, key: str, document: Mapping[str, Any]) -> None: ...
+
+    def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        """The object's bytes; raise ObjectTooLarge past `max_bytes`."""
+        ...
+
+
+class Workflow(Protocol):
+    def start(self, job_id: str) -> None:
+        """Start the job's lifecycle; starting it again for the same job is a no-op."""
+        ...
+
+    def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+        """Hand a waiting task its result; False when the task is no longer waiting."""
+        ...
+
+
+class Fleet(Protocol):
+    def launch(self, request: LaunchRequest) -> LaunchResult: ...
+
+    def terminate_job_instances(self, job_id: str) -> list[str]:
+        """Terminate every live instance tagged with the job; return their ids."""
+        ...
+
+
+class ObjectTooLarge(Exception):
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        super().__init__(f"{key} is {size} bytes; the limit is {limit}")
+        self.size = size
+        self.limit = limit
+
+
+@dataclass
+class Ports:
+    """Everything a service may touch, handed in by the runtime that builds it."""
+
+    clock: Clock
+    jobs: JobStore
+    events: EventPublisher
+    objects: ObjectStore
+    workflow: Workflow
+    fleet: Fleet

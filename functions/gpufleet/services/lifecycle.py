@@ -1,0 +1,217 @@
+"""The steps of a job's lifecycle, each called by one task of the state machine.
+
+Every step is safe to run twice: the state machine retries tasks, events arrive twice and out of
+order, and a Lambda can die half way. Status changes are conditional writes; a step that finds
+its work already done returns what it would have returned the first time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.domain.cost import fleet_hourly_usd, held_seconds, run_cost_usd
+from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
+from gpufleet.domain.launch import LaunchRequest, LaunchResult
+from gpufleet.domain.planning import LaunchPlan, outcome_of
+from gpufleet.domain.spec import JobSpec
+from gpufleet.ports import Ports
+from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, RUNS_PREFIX
+
+Planner = Callable[[JobSpec], LaunchPlan]
+
+
+class NodeReport(BaseModel):
+    """What a node agent says about its job (the `detail` of its event)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
+    instance_id: str = Field(max_length=64)
+    exit_code: int | None = None
+    reason: str = Field(default="", max_length=2000)
+
+
+class LaunchStepResult(BaseModel):
+    """What the Launch task hands back to the state machine's Choice."""
+
+    step: int
+    attempt: int
+    launched: bool = False
+    retry_later: bool = False
+    give_up: bool = False
+    error: str = ""
+
+
+def run_manifest_key(job_id: str) -> str:
+    return f"{RUNS_PREFIX}{job_id}/run.json"
+
+
+class LifecycleService:
+    def __init__(self, ports: Ports, planner: Planner) -> None:
+        self._ports = ports
+        self._planner = planner
+
+    # -- state machine tasks -------------------------------------------------------------------
+
+    def prepare(self, job_id: str) -> dict[str, Any]:
+        """Check the stored job, queue it, and plan its launch."""
+        job = self._ports.jobs.get(job_id)
+        plan = self._planner(job.spec)
+        self._move(job, JobStatus.QUEUED)
+        return {
+            "job_id": job_id,
+            "plan": plan.model_dump(mode="json"),
+            "launch": LaunchStepResult(step=0, attempt=0).model_dump(),
+        }
+
+    def launch(self, job_id: str, plan: LaunchPlan, step: int, attempt: int) -> LaunchStepResult:
+        """Try one step of the plan (one capacity type over its offerings)."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            return LaunchStepResult(step=step, attempt=attempt, give_up=True, error="job ended")
+        job = self._move(job, JobStatus.LAUNCHING)
+        if job.placement is not None:
+            # A retry of a launch that already succeeded: do not launch again.
+            return LaunchStepResult(step=step, attempt=attempt, launched=True)
+        self._ports.objects.put_json(run_manifest_key(job_id), _run_manifest(job))
+        launch_step = plan.steps[step]
+        result = self._ports.fleet.launch(
+            LaunchRequest(
+                job_id=job_id,
+                attempt=attempt,
+                capacity_type=launch_step.capacity_type,
+                nodes=plan.nodes,
+                overrides=launch_step.overrides,
+            )
+        )
+        if result.launched:
+            self._record_placement(job, result, plan, step)
+            return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
+        next_move = plan.after_failure(step, attempt + 1, result.error_category)
+        return LaunchStepResult(
+            step=next_move.step,
+            attempt=attempt + 1,
+            retry_later=next_move.retry_later,
+            give_up=next_move.give_up,
+            error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
+        )
+
+    def await_node(self, job_id: str, task_token: str) -> None:
+        """Park the workflow's token; complete it at once if the node already finished."""
+        job = self._ports.jobs.update(job_id, self._ports.clock.now(), {"task_token": task_token})
+        if job.run_result is not None:
+            self._ports.workflow.complete_task(task_token, job.run_result)
+
+    def node_started(self, report: NodeReport) -> None:
+        job = self._ports.jobs.get(report.job_id)
+        if not _reported_by_own_node(job, report):
+            return
+        self._move(job, JobStatus.RUNNING)
+
+    def node_finished(self, report: NodeReport) -> None:
+        job = self._ports.jobs.get(report.job_id)
+        if not _reported_by_own_node(job, report):
+            return
+        # A finish can overtake its start; the node evidently ran.
+        job = self._move(job, JobStatus.RUNNING)
+        result = {"exit_code": report.exit_code, "reason": report.reason}
+        job = self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"run_result": result})
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, result)
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        """Terminate every instance of the job and note when its cost stopped."""
+        terminated = self._ports.fleet.terminate_job_instances(job_id)
+        job = self._ports.jobs.get(job_id)
+        if job.released_at is None and job.placement is not None:
+            self._ports.jobs.update(job_id, self._ports.clock.now(), {"released_at": self._now()})
+        return {"terminated": terminated}
+
+    def record_outcome(self, job_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Set the final status and cost from what the workflow saw."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            return job.summary()
+        status, reason, exit_code = outcome_of(state)
+        changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
+        if job.placement is not None:
+            released_at = job.released_at if job.released_at is not None else self._now()
+            changes["cost_usd"] = round(run_cost_usd(job.placement, released_at), 6)
+        job = self._move(job, status, changes)
+        return job.summary()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self._ports.clock.now()
+
+    def _move(self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None) -> Job:
+        """Move to `target` unless the job is already there (a repeated step)."""
+        if job.status == target:
+            return job
+        try:
+            moved = self._ports.jobs.transition(job.job_id, target, self._now(), changes)
+        except IllegalTransition as exc:
+            if exc.current == target:
+                return self._ports.jobs.get(job.job_id)
+            raise
+        detail = {
+            "job_id": moved.job_id,
+            "name": moved.spec.name,
+            "team": moved.spec.team,
+            "status": target.value,
+            "previous": job.status.value,
+        }
+        self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
+        return moved
+
+    def _record_placement(
+        self, job: Job, result: LaunchResult, plan: LaunchPlan, step: int
+    ) -> None:
+        assert result.instance_type is not None
+        placement = Placement(
+            instance_ids=result.instance_ids,
+            instance_type=result.instance_type,
+            capacity_type=result.capacity_type.value,
+            zone=result.zone,
+            hourly_usd=plan.steps[step].price_of(result.instance_type, result.zone),
+            launched_at=self._now(),
+        )
+        self._ports.jobs.update(
+            job.job_id, self._now(), {"placement": placement, "attempts": job.attempts + 1}
+        )
+
+
+def _reported_by_own_node(job: Job, report: NodeReport) -> bool:
+    """Ignore reports from instances the job does not hold (stale or forged)."""
+    return job.placement is not None and report.instance_id in job.placement.instance_ids
+
+
+def _run_manifest(job: Job) -> dict[str, Any]:
+    """What the node agent needs to run the job: read by the agent, never passed to a shell."""
+    spec = job.spec
+    return {
+        "job_id": job.job_id,
+        "name": spec.name,
+        "image": spec.image,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "gpus": spec.resources.gpus,
+        "checkpoint": spec.checkpoint,
+        "timeout_seconds": spec.timeout_seconds,
+    }
+
+
+def cost_report(job: Job) -> dict[str, Any]:
+    """The job's cost line, as the demo and the CLI print it."""
+    placement = job.placement
+    if placement is None or job.released_at is None:
+        return {"hourly_usd": None, "held_seconds": 0.0, "cost_usd": job.cost_usd or 0.0}
+    return {
+        "hourly_usd": round(fleet_hourly_usd(placement), 6),
+        "held_seconds": round(held_seconds(placement, job.released_at), 3),
+        "cost_usd": job.cost_usd,
+    }

@@ -1,0 +1,41 @@
+"""Deployment settings, read once per cold start from the function's environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet import topology
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    region: str
+    jobs_table: str
+    idempotency_table: str
+    event_bus_name: str
+    intake_bucket: str
+    job_state_machine_arn: str = ""
+    launch_template_id: str = ""
+    subnet_ids: list[str] = Field(default_factory=list)
+    # Launch policy: how often and how long to wait for capacity before a job fails.
+    max_launch_attempts: int = 20
+    retry_wait_seconds: int = 60
+    boot_allowance_seconds: int = 900
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            jobs_table=env[topology.JOBS_TABLE.env_var],
+            idempotency_table=env[topology.IDEMPOTENCY_TABLE.env_var],
+            event_bus_name=env[topology.ENV_EVENT_BUS],
+            intake_bucket=env[topology.ENV_INTAKE_BUCKET],
+            job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
+            launch_template_id=env.get(topology.ENV_LAUNCH_TEMPLATE, ""),
+            subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
+            max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),
+            retry_wait_seconds=int(env.get("GPUFLEET_RETRY_WAIT_SECONDS", "60")),
+        )

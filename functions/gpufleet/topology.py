@@ -1,0 +1,203 @@
+"""The shape of a gpufleet deployment: tables, functions, rules and workflows.
+
+This is the one description both runtimes build from: the CDK stack (`infra/`) turns it into
+CloudFormation, and the embedded AWS account (`gpufleet.emulator`) creates the same resources in
+moto. A test compares the synthesized template with the emulator's live resources, so the two
+cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATEMACHINE_DIR = Path(__file__).resolve().parents[2] / "statemachines"
+
+# Sources and detail types of the events gpufleet reads and writes on its own bus.
+SUBMIT_SOURCE = "gpufleet"
+CONTROL_PLANE_SOURCE = "gpufleet.control-plane"
+AGENT_SOURCE = "gpufleet.agent"
+DETAIL_JOB_SUBMITTED = "Job Submitted"
+DETAIL_JOB_REJECTED = "Job Rejected"
+DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
+DETAIL_NODE_STARTED = "Node Started"
+DETAIL_NODE_FINISHED = "Node Finished"
+
+# Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
+TAG_MANAGED = "gpufleet:managed"
+TAG_JOB_ID = "gpufleet:job-id"
+
+INTAKE_PREFIX = "jobs/"
+RUNS_PREFIX = "runs/"
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    partition_key: str
+    sort_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Table:
+    construct_id: str
+    env_var: str
+    partition_key: str
+    sort_key: str | None = None
+    indexes: tuple[Index, ...] = ()
+    ttl_attribute: str | None = None
+
+    def key_attributes(self) -> dict[str, str]:
+        """Every attribute used in a key of the table or its indexes, all strings."""
+        names = [self.partition_key, self.sort_key]
+        for index in self.indexes:
+            names += [index.partition_key, index.sort_key]
+        return {name: "S" for name in names if name}
+
+
+@dataclass(frozen=True)
+class Function:
+    construct_id: str
+    handler: str
+    description: str
+    timeout_seconds: int = 30
+    memory_mb: int = 512
+
+
+@dataclass(frozen=True)
+class Rule:
+    construct_id: str
+    description: str
+    pattern: dict[str, Any]
+    target_function: str
+    # AWS service events arrive on the default bus; gpufleet's own events on its bus.
+    on_default_bus: bool = False
+
+
+@dataclass(frozen=True)
+class StateMachine:
+    construct_id: str
+    definition_file: str
+    # Placeholder in the ASL -> construct id of the function it names.
+    function_substitutions: dict[str, str] = field(default_factory=dict)
+    # Placeholder in the ASL -> environment variable whose value it takes.
+    value_substitutions: dict[str, str] = field(default_factory=dict)
+
+    def definition(self) -> str:
+        return (STATEMACHINE_DIR / self.definition_file).read_text(encoding="utf-8")
+
+
+JOBS_TABLE = Table(
+    construct_id="JobsTable",
+    env_var="JOBS_TABLE",
+    partition_key="job_id",
+    indexes=(
+        Index("by_status", "status", "created_at"),
+        Index("by_team", "team", "created_at"),
+    ),
+)
+IDEMPOTENCY_TABLE = Table(
+    construct_id="IdempotencyTable",
+    env_var="IDEMPOTENCY_TABLE",
+    partition_key="id",
+    ttl_attribute="expiration",
+)
+TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE)
+
+INTAKE_FROM_S3 = Function(
+    "IntakeFromS3", "gpufleet.handlers.on_s3_upload.handler", "Accepts job specs uploaded to S3"
+)
+INTAKE_FROM_EVENT = Function(
+    "IntakeFromEvent",
+    "gpufleet.handlers.on_submit_event.handler",
+    "Accepts job specs sent as EventBridge events",
+)
+PREPARE = Function(
+    "Prepare", "gpufleet.handlers.on_prepare.handler", "Validates a job and chooses offerings"
+)
+LAUNCH = Function(
+    "Launch", "gpufleet.handlers.on_launch.handler", "Launches a job's nodes with CreateFleet"
+)
+AWAIT_NODE = Function(
+    "AwaitNode",
+    "gpufleet.handlers.on_await_node.handler",
+    "Parks the workflow's task token until the job's node reports",
+)
+NODE_REPORT = Function(
+    "NodeReport",
+    "gpufleet.handlers.on_node_report.handler",
+    "Takes the node agent's start and finish reports",
+)
+RELEASE = Function(
+    "Release", "gpufleet.handlers.on_release.handler", "Terminates every instance of a job"
+)
+RECORD_OUTCOME = Function(
+    "RecordOutcome",
+    "gpufleet.handlers.on_record_outcome.handler",
+    "Records a job's final status and cost",
+)
+FUNCTIONS: tuple[Function, ...] = (
+    INTAKE_FROM_S3,
+    INTAKE_FROM_EVENT,
+    PREPARE,
+    LAUNCH,
+    AWAIT_NODE,
+    NODE_REPORT,
+    RELEASE,
+    RECORD_OUTCOME,
+)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        construct_id="SubmitRule",
+        description="Job submissions sent as events",
+        pattern={"source": [SUBMIT_SOURCE], "detail-type": [DETAIL_JOB_SUBMITTED]},
+        target_function=INTAKE_FROM_EVENT.construct_id,
+    ),
+    Rule(
+        construct_id="NodeReportRule",
+        description="Start and finish reports of node agents",
+        pattern={
+            "source": [AGENT_SOURCE],
+            "detail-type": [DETAIL_NODE_STARTED, DETAIL_NODE_FINISHED],
+        },
+        target_function=NODE_REPORT.construct_id,
+    ),
+)
+
+JOB_LIFECYCLE = StateMachine(
+    construct_id="JobLifecycle",
+    definition_file="job_lifecycle.asl.json",
+    function_substitutions={
+        "PrepareFunctionArn": PREPARE.construct_id,
+        "LaunchFunctionArn": LAUNCH.construct_id,
+        "AwaitNodeFunctionArn": AWAIT_NODE.construct_id,
+        "ReleaseFunctionArn": RELEASE.construct_id,
+        "RecordOutcomeFunctionArn": RECORD_OUTCOME.construct_id,
+    },
+)
+STATE_MACHINES: tuple[StateMachine, ...] = (JOB_LIFECYCLE,)
+
+# Environment variables the functions read (see gpufleet.settings): every function gets the
+# common ones; some get more.
+ENV_EVENT_BUS = "EVENT_BUS_NAME"
+ENV_STATE_MACHINE = "JOB_STATE_MACHINE_ARN"
+ENV_INTAKE_BUCKET = "INTAKE_BUCKET"
+ENV_LAUNCH_TEMPLATE = "LAUNCH_TEMPLATE_ID"
+ENV_SUBNETS = "SUBNET_IDS"
+COMMON_ENV: tuple[str, ...] = (
+    *(table.env_var for table in TABLES),
+    ENV_EVENT_BUS,
+    ENV_INTAKE_BUCKET,
+)
+EXTRA_ENV: dict[str, tuple[str, ...]] = {
+    INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),
+    INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE,),
+    LAUNCH.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
+}
+
+
+def environment_of(function: Function) -> tuple[str, ...]:
+    """The deployment variables a function is given."""
+    return COMMON_ENV + EXTRA_ENV.get(function.construct_id, ())

@@ -1,0 +1,1 @@
+"""CDK app of gpufleet: one stack, composed from the constructs in `infra.constructs`."""

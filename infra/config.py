@@ -1,0 +1,167 @@
+"""Typed reader for the CDK context of the gpufleet app.
+
+Values come from `cdk.json` (defaults), from `cdk deploy -c key=value` (always strings) or from
+`python infra/app.py -c key=value`. Everything is parsed and validated here, once, so the
+constructs only see typed values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEFAULT_AMI_SSM_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+# Placeholders so that synth works without an account (tests, `make synth`). A deploy with them
+# fails on the security group; app.py warns when they are in use.
+PLACEHOLDER_VPC_ID = "vpc-0123456789abcdef0"
+PLACEHOLDER_SUBNET_IDS = ("subnet-0123456789abcdef0", "subnet-0fedcba9876543210")
+
+# CloudWatch Logs accepts only these retention periods (days).
+LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+    2922, 3288, 3653,
+)  # fmt: skip
+
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
+_BUS_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,256}$")
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """A context value that cannot be used."""
+
+
+def _to_int(key: str, value: Any, minimum: int, maximum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"context {key!r} must be an integer, got {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise ConfigError(f"context {key!r} must be in [{minimum}, {maximum}], got {number}")
+    return number
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"context {key!r} must be true or false, got {value!r}")
+
+
+def _to_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list | tuple):
+        items = [str(item) for item in value]
+    else:
+        items = str(value).split(",")
+    return tuple(item.strip() for item in items if item.strip())
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Where jobs keep checkpoints (`s3://bucket/prefix`), if outside the intake bucket."""
+
+    bucket: str
+    prefix: str
+
+
+@dataclass(frozen=True)
+class GpuFleetConfig:
+    bus_name: str = "gpufleet"
+    lambda_asset: str = "functions"
+    powertools_layer_version: int = 18
+    log_level: str = "INFO"
+    log_retention_days: int = 30
+    vpc_id: str = PLACEHOLDER_VPC_ID
+    subnet_ids: tuple[str, ...] = PLACEHOLDER_SUBNET_IDS
+    ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
+    root_volume_gib: int = 200
+    # Root device of the AMI: /dev/sda1 on the Ubuntu DLAMIs, /dev/xvda on Amazon Linux.
+    root_device_name: str = "/dev/sda1"
+    checkpoint_uri: str = ""
+    # Multi-node jobs (NCCL, EFA) need all traffic between the job's own instances.
+    intra_fleet_traffic: bool = True
+    noncurrent_version_days: int = 30
+    access_log_days: int = 365
+    event_retry_attempts: int = 4
+    event_max_age_hours: int = 6
+    # The node agent imports gpufleet.agent and gpufleet.topology only: boto3 is all it needs.
+    agent_pip_packages: str = "boto3"
+
+    @property
+    def uses_placeholder_network(self) -> bool:
+        return (
+            self.vpc_id == PLACEHOLDER_VPC_ID
+            or set(self.subnet_ids) & set(PLACEHOLDER_SUBNET_IDS) != set()
+        )
+
+    @property
+    def checkpoints(self) -> Checkpoints | None:
+        if not self.checkpoint_uri:
+            return None
+        match = _S3_URI.match(self.checkpoint_uri)
+        if match is None:  # checked in from_context; kept for the type checker
+            raise ConfigError(f"bad checkpoint_uri {self.checkpoint_uri!r}")
+        prefix = (match.group("prefix") or "").strip("/")
+        return Checkpoints(bucket=match.group("bucket"), prefix=prefix)
+
+    @classmethod
+    def from_context(cls, get: Callable[[str], Any] | Mapping[str, Any]) -> GpuFleetConfig:
+        """Read every known key; `get` is `node.try_get_context` or a plain mapping."""
+        lookup: Callable[[str], Any] = get.get if isinstance(get, Mapping) else get
+        raw = {f.name: lookup(f.name) for f in fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in raw.items() if v is not None and v != ""}
+        config = cls()
+        parsed: dict[str, Any] = {}
+        for key, value in values.items():
+            default = getattr(config, key)
+            if isinstance(default, bool):
+                parsed[key] = _to_bool(key, value)
+            elif isinstance(default, int):
+                parsed[key] = _to_int(key, value, 0, 100_000)
+            elif isinstance(default, tuple):
+                parsed[key] = _to_list(value)
+            else:
+                parsed[key] = str(value).strip()
+        result = cls(**{**{f.name: getattr(config, f.name) for f in fields(cls)}, **parsed})
+        result.validate()
+        return result
+
+    def validate(self) -> None:
+        if not _BUS_NAME.match(self.bus_name) or self.bus_name == "default":
+            raise ConfigError(f"bus_name {self.bus_name!r} is not a valid custom bus name")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
+        if self.log_retention_days not in LOG_RETENTION_DAYS:
+            raise ConfigError(
+                f"log_retention_days must be one of {LOG_RETENTION_DAYS}, "
+                f"got {self.log_retention_days}"
+            )
+        if not _VPC_ID.match(self.vpc_id):
+            raise ConfigError(f"vpc_id {self.vpc_id!r} is not a VPC id")
+        if not self.subnet_ids:
+            raise ConfigError("subnet_ids needs at least one subnet id")
+        for subnet in self.subnet_ids:
+            if not _SUBNET_ID.match(subnet):
+                raise ConfigError(f"subnet id {subnet!r} in subnet_ids is not a subnet id")
+        if not self.ami_ssm_parameter.startswith("/"):
+            raise ConfigError("ami_ssm_parameter must be an SSM parameter path starting with /")
+        if not self.root_device_name.startswith("/dev/"):
+            raise ConfigError("root_device_name must be a device path such as /dev/sda1")
+        if not 8 <= self.root_volume_gib <= 16_384:
+            raise ConfigError("root_volume_gib must be in [8, 16384]")
+        if self.checkpoint_uri and not _S3_URI.match(self.checkpoint_uri):
+            raise ConfigError(f"checkpoint_uri {self.checkpoint_uri!r} is not s3://bucket/prefix")
+        if not 0 <= self.event_retry_attempts <= 185:
+            raise ConfigError("event_retry_attempts must be in [0, 185]")
+        if not 1 <= self.event_max_age_hours <= 24:
+            raise ConfigError("event_max_age_hours must be in [1, 24]")

@@ -1,0 +1,324 @@
+"""What the GPU nodes run with: network, instance role and profile, launch template, agent.
+
+Job data never reaches the user data: the script below is fixed per deployment (bus, bucket,
+log group, agent code location). The node agent finds its job at run time from its own instance
+tags (instance metadata tags are enabled) and the run manifest under `runs/` in the bucket.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from aws_cdk import ArnFormat, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+
+from constructs import Construct
+from gpufleet import topology
+from infra.config import GpuFleetConfig
+from infra.constructs import nag
+from infra.constructs.logs import retention
+
+AGENT_MODULE = "gpufleet.agent"
+AGENT_HOME = "/opt/gpufleet"
+AGENT_ENV_FILE = "/etc/gpufleet/agent.env"
+AGENT_METRIC_NAMESPACES = ("CWAgent", "GpuFleet/Jobs")
+# Resources a launch creates; IAM lets the Launch function create them only with the tag.
+TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-request")
+
+
+class Fleet(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: GpuFleetConfig,
+        bus: events.IEventBus,
+        bucket: s3.IBucket,
+        agent_code: s3_assets.Asset,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.subnet_ids = config.subnet_ids
+
+        vpc = ec2.Vpc.from_vpc_attributes(
+            self, "Vpc", vpc_id=config.vpc_id, availability_zones=stack.availability_zones
+        )
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "NodeSecurityGroup",
+            vpc=vpc,
+            description="gpufleet GPU nodes: no inbound from outside, HTTPS out only",
+            allow_all_outbound=False,
+        )
+        self.security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(),
+            ec2.Port.tcp(443),
+            "HTTPS to AWS APIs, container registries and package indexes",
+        )
+        if config.intra_fleet_traffic:
+            # NCCL and EFA need every port between the nodes of a multi-node job; only members of
+            # this group can reach each other, nothing outside it can.
+            self.security_group.add_ingress_rule(
+                self.security_group, ec2.Port.all_traffic(), "Multi-node jobs (NCCL, EFA)"
+            )
+            self.security_group.add_egress_rule(
+                self.security_group, ec2.Port.all_traffic(), "Multi-node jobs (NCCL, EFA)"
+            )
+
+        self.agent_log_group = logs.LogGroup(
+            self,
+            "AgentLogs",
+            retention=retention(config.log_retention_days),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+        self.instance_role = iam.Role(
+            self,
+            "InstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="gpufleet GPU nodes: report to the bus, publish metrics, read their run",
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
+            ],
+        )
+        nag.acknowledge(
+            self.instance_role,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+            "AmazonSSMManagedInstanceCore]",
+            "Session Manager is the only way onto a node (no SSH, no inbound rules); this AWS "
+            "managed policy is the documented minimum for the SSM agent and AWS maintains it.",
+        )
+        self._grant_instance_role(config, bus, bucket, agent_code)
+
+        self.image = ec2.MachineImage.from_ssm_parameter(
+            config.ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX
+        )
+        self.image_id = self.image.get_image(self).image_id
+        user_data = ec2.UserData.for_linux()
+        user_data.add_commands(
+            *_agent_bootstrap(
+                region=stack.region,
+                bus_name=bus.event_bus_name,
+                bucket_name=bucket.bucket_name,
+                log_group=self.agent_log_group.log_group_name,
+                code_bucket=agent_code.s3_bucket_name,
+                code_key=agent_code.s3_object_key,
+                pip_packages=config.agent_pip_packages,
+            )
+        )
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            machine_image=self.image,
+            user_data=user_data,
+            role=self.instance_role,
+            security_group=self.security_group,
+            require_imdsv2=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=2,  # containers on the node reach IMDSv2 too
+            instance_metadata_tags=True,
+            detailed_monitoring=True,
+            ebs_optimized=True,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=config.root_device_name,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        config.root_volume_gib,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        encrypted=True,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+        )
+        cfn_template = self.launch_template.node.default_child
+        assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
+        cfn_template.add_property_override(
+            "LaunchTemplateData.TagSpecifications",
+            [
+                {"ResourceType": kind, "Tags": [{"Key": topology.TAG_MANAGED, "Value": "true"}]}
+                for kind in TAGGED_AT_LAUNCH
+            ],
+        )
+
+    # ARNs the Launch function's policy names -------------------------------------------------
+    def arn(self, resource: str, name: str, *, account: bool = True) -> str:
+        return Stack.of(self).format_arn(
+            service="ec2",
+            resource=resource,
+            resource_name=name,
+            account=None if account else "",
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
+
+    def launch_template_arn(self) -> str:
+        return self.arn("launch-template", self.launch_template.launch_template_id or "")
+
+    def existing_resource_arns(self) -> list[str]:
+        """What a launch uses but does not create: template, subnets, security group, AMI."""
+        return [
+            self.launch_template_arn(),
+            self.arn("security-group", self.security_group.security_group_id),
+            self.arn("image", self.image_id, account=False),
+            *(self.arn("subnet", subnet) for subnet in self.subnet_ids),
+        ]
+
+    def _grant_instance_role(
+        self,
+        config: GpuFleetConfig,
+        bus: events.IEventBus,
+        bucket: s3.IBucket,
+        agent_code: s3_assets.Asset,
+    ) -> None:
+        role = self.instance_role
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="AgentReports",
+                actions=["events:PutEvents"],
+                resources=[bus.event_bus_arn],
+                conditions={"StringEquals": {"events:source": topology.AGENT_SOURCE}},
+            )
+        )
+        metrics = iam.PolicyStatement(
+            sid="GpuMetrics",
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": list(AGENT_METRIC_NAMESPACES)}},
+        )
+        role.add_to_policy(metrics)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="AgentLogs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[self.agent_log_group.log_group_arn],
+            )
+        )
+        runs = bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*")
+        role.add_to_policy(
+            iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[runs])
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadAgentCode",
+                actions=["s3:GetObject"],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="s3",
+                        region="",
+                        account="",
+                        resource=agent_code.s3_bucket_name,
+                        resource_name=agent_code.s3_object_key,
+                        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        policy = role.node.try_find_child("DefaultPolicy")
+        assert policy is not None
+        nag.acknowledge_all(
+            policy,
+            nag.wildcard_resources("*"),
+            "cloudwatch:PutMetricData has no resource-level permissions; the statement is "
+            "limited by the cloudwatch:namespace condition to CWAgent and GpuFleet/Jobs.",
+        )
+        nag.acknowledge_all(
+            policy,
+            nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*"),
+            "Run manifests are objects named by job id under runs/; the node reads its own, "
+            "and the prefix is the narrowest grant S3 can express for unknown job ids.",
+        )
+        checkpoints = config.checkpoints
+        if checkpoints is not None:
+            objects = f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}/" + (
+                f"{checkpoints.prefix}/*" if checkpoints.prefix else "*"
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="Checkpoints",
+                    actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                    resources=[objects],
+                )
+            )
+            listing = iam.PolicyStatement(
+                sid="ListCheckpoints",
+                actions=["s3:ListBucket"],
+                resources=[f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}"],
+            )
+            if checkpoints.prefix:
+                listing.add_condition("StringLike", {"s3:prefix": [f"{checkpoints.prefix}/*"]})
+            role.add_to_policy(listing)
+            nag.acknowledge_all(
+                policy,
+                nag.wildcard_resources(f"arn:<AWS::Partition>:s3:::{objects.split(':::', 1)[1]}"),
+                "Checkpoints are objects the training job names under the configured prefix; "
+                "the prefix is the narrowest grant S3 can express for them.",
+            )
+
+
+def _agent_bootstrap(
+    *,
+    region: str,
+    bus_name: str,
+    bucket_name: str,
+    log_group: str,
+    code_bucket: str,
+    code_key: str,
+    pip_packages: str,
+) -> list[str]:
+    """A fixed boot script: install the agent and start it as a systemd service.
+
+    Every interpolated value is a property of the deployment, none comes from a job. The agent
+    needs boto3 only: the AMI's python3 is used as it is when it has boto3, else a virtualenv
+    gets the packages from PyPI (HTTPS, which the security group allows).
+    """
+    venv = f"{AGENT_HOME}/venv"
+    python = f"{AGENT_HOME}/python"
+    packages = " ".join(shlex.quote(p) for p in pip_packages.split())
+    return [
+        "set -euo pipefail",
+        f"install -d -m 0755 {AGENT_HOME} {AGENT_HOME}/app /etc/gpufleet",
+        f"cat > {AGENT_ENV_FILE} <<'ENV'",
+        f"AWS_DEFAULT_REGION={region}",
+        f"AWS_REGION={region}",
+        f"{topology.ENV_EVENT_BUS}={bus_name}",
+        f"{topology.ENV_INTAKE_BUCKET}={bucket_name}",
+        f"GPUFLEET_AGENT_LOG_GROUP={log_group}",
+        "ENV",
+        "if python3 -c 'import boto3' 2>/dev/null; then",
+        f'  ln -sf "$(command -v python3)" {python}',
+        "else",
+        f"  python3 -m venv {venv}",
+        f"  {venv}/bin/pip install --quiet --disable-pip-version-check {packages}",
+        f"  ln -sf {venv}/bin/python3 {python}",
+        "fi",
+        f"{python} - <<'PY'",
+        "import boto3, zipfile",
+        f"boto3.client('s3', region_name='{region}').download_file("
+        f"'{code_bucket}', '{code_key}', '{AGENT_HOME}/agent.zip')",
+        f"zipfile.ZipFile('{AGENT_HOME}/agent.zip').extractall('{AGENT_HOME}/app')",
+        "PY",
+        "cat > /etc/systemd/system/gpufleet-agent.service <<'UNIT'",
+        "[Unit]",
+        "Description=gpufleet node agent",
+        "Wants=network-online.target",
+        "After=network-online.target docker.service",
+        "[Service]",
+        f"EnvironmentFile={AGENT_ENV_FILE}",
+        f"Environment=PYTHONPATH={AGENT_HOME}/app",
+        # systemd expands ${VAR} from the EnvironmentFile; the values are the deployment's.
+        f"ExecStart={python} -m {AGENT_MODULE} --bucket ${{{topology.ENV_INTAKE_BUCKET}}} "
+        f"--bus ${{{topology.ENV_EVENT_BUS}}} --region ${{AWS_REGION}}",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "UNIT",
+        "systemctl daemon-reload",
+        "systemctl enable --now gpufleet-agent.service",
+    ]

@@ -1,0 +1,397 @@
+"""One Lambda function per `gpufleet.topology.FUNCTIONS` entry, each with its own role.
+
+Permissions are written per function in `PERMISSIONS`, from what its handler actually calls. A
+topology function without an entry fails the synth: a new function never inherits someone
+else's role by accident.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+from aws_cdk import Annotations, ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+
+from constructs import Construct
+from gpufleet import topology
+from infra.config import GpuFleetConfig
+from infra.constructs import nag
+from infra.constructs.fleet import Fleet
+from infra.constructs.intake import dead_letter_queue
+from infra.constructs.job_store import JobStore
+from infra.constructs.logs import retention
+
+POWERTOOLS_ACCOUNT = "017000801446"
+POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-x86_64"
+# Kept out of the code asset (and out of its hash, so a test run does not change it).
+ASSET_EXCLUDE = [
+    "**/__pycache__",
+    "**/*.pyc",
+    "**/*.egg-info",
+    "**/tests",
+    "**/.pytest_cache",
+    "**/.mypy_cache",
+    "**/.ruff_cache",
+    "**/.hypothesis",
+]
+
+MANAGED_TAG_CONDITION = {f"aws:RequestTag/{topology.TAG_MANAGED}": "true"}
+MANAGED_RESOURCE_CONDITION = {f"aws:ResourceTag/{topology.TAG_MANAGED}": "true"}
+
+
+class Permission(enum.Enum):
+    JOBS = "read and conditionally write job items (no Scan, no DeleteItem)"
+    IDEMPOTENCY = "remember deliveries in the idempotency table"
+    PUBLISH = "put control-plane events on the gpufleet bus"
+    START_WORKFLOW = "start the job lifecycle state machine"
+    TASK_RESPONSE = "complete the lifecycle's waiting task"
+    INTAKE_OBJECTS = "read specs and write error reports under jobs/"
+    WRITE_RUNS = "write run manifests under runs/"
+    LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
+    TERMINATE = "terminate instances tagged gpufleet:managed=true"
+
+
+P = Permission
+# What each handler calls (see gpufleet.services): the grants follow from it.
+PERMISSIONS: dict[str, frozenset[Permission]] = {
+    topology.INTAKE_FROM_S3.construct_id: frozenset(
+        {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
+    ),
+    topology.INTAKE_FROM_EVENT.construct_id: frozenset(
+        {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
+    ),
+    topology.PREPARE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
+    # Launch also terminates what a partial (all-or-nothing) launch left behind.
+    topology.LAUNCH.construct_id: frozenset(
+        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.LAUNCH_FLEET, P.TERMINATE}
+    ),
+    # AwaitNode completes the task itself when the node finished before the token was parked.
+    topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
+    topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
+    topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE}),
+    topology.RECORD_OUTCOME.construct_id: frozenset({P.JOBS, P.PUBLISH}),
+}
+# The functions that start workflows get the state machine's ARN in their environment.
+STARTS_WORKFLOW = tuple(cid for cid, grants in PERMISSIONS.items() if P.START_WORKFLOW in grants)
+
+
+class Functions(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: GpuFleetConfig,
+        code: s3_assets.Asset,
+        job_store: JobStore,
+        bus: events.IEventBus,
+        bucket: s3.IBucket,
+        fleet: Fleet,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        missing = {f.construct_id for f in topology.FUNCTIONS} - set(PERMISSIONS)
+        if missing:
+            raise ValueError(f"no PERMISSIONS written for functions {sorted(missing)}")
+        stack = Stack.of(self)
+        self._stack = stack
+        self._job_store = job_store
+        self._bus = bus
+        self._bucket = bucket
+        self._fleet = fleet
+
+        layer = lambda_.LayerVersion.from_layer_version_arn(
+            self,
+            "PowertoolsLayer",
+            f"arn:aws:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:{POWERTOOLS_LAYER}:"
+            f"{config.powertools_layer_version}",
+        )
+        # The same zip the node agent downloads: one upload, one version of the package.
+        function_code = lambda_.Code.from_bucket(code.bucket, code.s3_object_key)
+        Annotations.of(code).acknowledge_warning(
+            "@aws-cdk/aws-lambda:codeFromBucketObjectVersionNotSpecified",
+            "The key is the asset's content hash: changed code is a new key, so the functions "
+            "are updated without an object version.",
+        )
+        self.environment: dict[str, str] = {
+            **job_store.environment(),
+            topology.ENV_EVENT_BUS: bus.event_bus_name,
+            topology.ENV_INTAKE_BUCKET: bucket.bucket_name,
+            "POWERTOOLS_SERVICE_NAME": "gpufleet",
+            "POWERTOOLS_METRICS_NAMESPACE": "GpuFleet",
+            "LOG_LEVEL": config.log_level.upper(),
+        }
+        launch_environment = {
+            topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",
+            topology.ENV_SUBNETS: ",".join(fleet.subnet_ids),
+        }
+
+        self.functions: dict[str, lambda_.Function] = {}
+        self.roles: dict[str, iam.Role] = {}
+        self.dead_letter_queues: dict[str, sqs.Queue] = {}
+        for spec in topology.FUNCTIONS:
+            cid = spec.construct_id
+            role = iam.Role(
+                self,
+                f"{cid}Role",
+                assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                description=f"gpufleet {cid}: {spec.description}",
+            )
+            log_group = logs.LogGroup(
+                self,
+                f"{cid}Logs",
+                retention=retention(config.log_retention_days),
+                removal_policy=RemovalPolicy.RETAIN,
+            )
+            dlq = dead_letter_queue(self, f"{cid}DeadLetters")
+            environment = dict(self.environment)
+            if cid == topology.LAUNCH.construct_id:
+                environment.update(launch_environment)
+            function = lambda_.Function(
+                self,
+                cid,
+                description=spec.description,
+                runtime=lambda_.Runtime.PYTHON_3_12,
+                architecture=lambda_.Architecture.X86_64,
+                handler=spec.handler,
+                code=function_code,
+                layers=[layer],
+                timeout=Duration.seconds(spec.timeout_seconds),
+                memory_size=spec.memory_mb,
+                environment=environment,
+                tracing=lambda_.Tracing.ACTIVE,
+                log_group=log_group,
+                dead_letter_queue=dlq,
+                role=role,
+            )
+            log_group.grant_write(role)
+            self.functions[cid] = function
+            self.roles[cid] = role
+            self.dead_letter_queues[cid] = dlq
+            self._grant(role, PERMISSIONS[cid])
+            nag.acknowledge(
+                function,
+                "AwsSolutions-L1",
+                "Pinned to python3.12 on purpose: the public Powertools layer referenced here is "
+                "built for python3.12 (AWSLambdaPowertoolsPythonV3-python312).",
+            )
+
+    # -- wiring that needs the state machine ---------------------------------------------------
+    def connect_workflow(self, state_machine: sfn.IStateMachine, arn: str) -> None:
+        """`arn` is the state machine's ARN built from its name (see workflow.state_machine_arn),
+        so that the policies do not depend on the state machine resource."""
+        for cid in STARTS_WORKFLOW:
+            self.functions[cid].add_environment(
+                topology.ENV_STATE_MACHINE, state_machine.state_machine_arn
+            )
+            self.roles[cid].add_to_policy(
+                iam.PolicyStatement(
+                    sid="StartLifecycle",
+                    actions=["states:StartExecution"],
+                    resources=[arn],
+                )
+            )
+        for cid, grants in PERMISSIONS.items():
+            if P.TASK_RESPONSE in grants:
+                self.roles[cid].add_to_policy(
+                    iam.PolicyStatement(
+                        sid="CompleteLifecycleTask",
+                        actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
+                        resources=[arn],
+                    )
+                )
+
+    # -- per-permission statements -------------------------------------------------------------
+    def _grant(self, role: iam.Role, grants: frozenset[Permission]) -> None:
+        jobs = topology.JOBS_TABLE.construct_id
+        star_reasons: list[str] = ["X-Ray tracing (xray:PutTraceSegments/PutTelemetryRecords)"]
+        wildcards: list[str] = []
+        if P.JOBS in grants:
+            role.add_to_policy(self._job_store.read_write_statement(jobs))
+        if P.IDEMPOTENCY in grants:
+            role.add_to_policy(
+                self._job_store.idempotency_statement(topology.IDEMPOTENCY_TABLE.construct_id)
+            )
+        if P.PUBLISH in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="PublishControlPlaneEvents",
+                    actions=["events:PutEvents"],
+                    resources=[self._bus.event_bus_arn],
+                    conditions={"StringEquals": {"events:source": topology.CONTROL_PLANE_SOURCE}},
+                )
+            )
+        if P.INTAKE_OBJECTS in grants:
+            objects = self._bucket.arn_for_objects(f"{topology.INTAKE_PREFIX}*")
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="IntakeObjects",
+                    actions=["s3:GetObject", "s3:PutObject"],
+                    resources=[objects],
+                )
+            )
+            wildcards.append(f"{nag.arn_of(self._bucket)}/{topology.INTAKE_PREFIX}*")
+        if P.WRITE_RUNS in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="WriteRunManifests",
+                    actions=["s3:PutObject"],
+                    resources=[self._bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*")],
+                )
+            )
+            wildcards.append(f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*")
+        if P.LAUNCH_FLEET in grants:
+            wildcards += self._grant_launch(role)
+            star_reasons.append("ec2:Describe* (no resource-level permissions)")
+        if P.TERMINATE in grants:
+            role.add_to_policy(self._terminate_statement())
+            wildcards.append(self._nag_arn("instance", "*"))
+            if P.LAUNCH_FLEET not in grants:  # else covered by ec2:Describe*
+                role.add_to_policy(
+                    iam.PolicyStatement(
+                        sid="FindInstances",
+                        actions=["ec2:DescribeInstances"],
+                        resources=["*"],
+                    )
+                )
+                star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
+
+        policy = role.node.try_find_child("DefaultPolicy")
+        assert policy is not None
+        nag.acknowledge_all(
+            policy,
+            nag.wildcard_resources("*"),
+            "Resource * only where AWS offers no resource-level permission: "
+            + "; ".join(star_reasons)
+            + ".",
+        )
+        if wildcards:
+            nag.acknowledge_all(
+                policy,
+                nag.wildcard_resources(*sorted(set(wildcards))),
+                "Object keys and instance/volume/fleet ids are only known at run time: the "
+                "grants are limited to this bucket's prefix or this account and region, and "
+                "EC2 creates or terminates only resources tagged gpufleet:managed=true.",
+            )
+        if P.LAUNCH_FLEET in grants:
+            nag.acknowledge_all(
+                policy,
+                nag.wildcard_actions("ec2:Describe*"),
+                "Read-only EC2 describe calls (subnets, instance types, offerings, fleets) "
+                "support no resource-level permissions and reveal no data.",
+            )
+
+    def _ec2_arn(self, resource: str, name: str) -> str:
+        return self._stack.format_arn(
+            service="ec2",
+            resource=resource,
+            resource_name=name,
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
+
+    @staticmethod
+    def _nag_arn(resource: str, name: str) -> str:
+        return f"arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:{resource}/{name}"
+
+    def _terminate_statement(self) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid="TerminateManagedInstances",
+            actions=["ec2:TerminateInstances"],
+            resources=[self._ec2_arn("instance", "*")],
+            conditions={"StringEquals": MANAGED_RESOURCE_CONDITION},
+        )
+
+    def _grant_launch(self, role: iam.Role) -> list[str]:
+        """CreateFleet (type instant) from the launch template; returns wildcard ARNs for nag.
+
+        The instance and the fleet must carry gpufleet:managed=true in the request (the Launch
+        handler tags both in CreateFleet's TagSpecifications). Volumes, network interfaces and
+        spot requests only exist as parts of such an instance; their tags come from the launch
+        template, and CreateTags is only allowed during the launch itself.
+        """
+        fleet = self._fleet
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="LaunchFromTemplate",
+                actions=["ec2:CreateFleet", "ec2:RunInstances"],
+                resources=fleet.existing_resource_arns(),
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="LaunchTaggedInstances",
+                actions=["ec2:CreateFleet", "ec2:RunInstances"],
+                resources=[self._ec2_arn("instance", "*"), self._ec2_arn("fleet", "*")],
+                conditions={"StringEquals": MANAGED_TAG_CONDITION},
+            )
+        )
+        parts = ("volume", "network-interface", "spot-instances-request")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="LaunchInstanceParts",
+                actions=["ec2:CreateFleet", "ec2:RunInstances"],
+                resources=[self._ec2_arn(kind, "*") for kind in parts],
+            )
+        )
+        tagged = ("instance", "fleet", *parts)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="TagAtLaunchOnly",
+                actions=["ec2:CreateTags"],
+                resources=[self._ec2_arn(kind, "*") for kind in tagged],
+                conditions={
+                    "StringEquals": {
+                        **MANAGED_TAG_CONDITION,
+                        "ec2:CreateAction": ["CreateFleet", "RunInstances"],
+                    }
+                },
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="PassInstanceRole",
+                actions=["iam:PassRole"],
+                resources=[fleet.instance_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DescribeEc2",
+                actions=["ec2:Describe*"],
+                resources=["*"],
+            )
+        )
+        # First spot launch in an account creates EC2's service-linked roles; nothing else.
+        service_roles = {
+            "spot.amazonaws.com": "AWSServiceRoleForEC2Spot",
+            "ec2fleet.amazonaws.com": "AWSServiceRoleForEC2Fleet",
+        }
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="Ec2ServiceLinkedRoles",
+                actions=["iam:CreateServiceLinkedRole"],
+                resources=[
+                    self._stack.format_arn(
+                        service="iam",
+                        region="",
+                        resource="role",
+                        resource_name=f"aws-service-role/{service}/{name}",
+                        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                    )
+                    for service, name in service_roles.items()
+                ],
+                conditions={"StringEquals": {"iam:AWSServiceName": list(service_roles)}},
+            )
+        )
+        return [self._nag_arn(kind, "*") for kind in tagged]
+
+    def by_id(self) -> Mapping[str, lambda_.IFunction]:
+        return dict(self.functions)

@@ -1,0 +1,133 @@
+"""The state machines of `gpufleet.topology.STATE_MACHINES`, from their ASL files as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import ArnFormat, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+
+from constructs import Construct
+from gpufleet import topology
+from infra.config import GpuFleetConfig
+from infra.constructs import nag
+from infra.constructs.functions import MANAGED_RESOURCE_CONDITION
+from infra.constructs.logs import retention
+
+
+def substitutions(
+    spec: topology.StateMachine,
+    functions: Mapping[str, lambda_.IFunction],
+    environment: Mapping[str, str],
+) -> dict[str, str]:
+    """Placeholder -> function ARN, and placeholder -> the value of an environment variable."""
+    values: dict[str, str] = {}
+    for placeholder, function_id in spec.function_substitutions.items():
+        values[placeholder] = functions[function_id].function_arn
+    for placeholder, variable in spec.value_substitutions.items():
+        if variable not in environment:
+            raise ValueError(f"{spec.construct_id}: no value for ${{{placeholder}}} ({variable})")
+        values[placeholder] = environment[variable]
+    return values
+
+
+def state_machine_name(stack: Stack, spec: topology.StateMachine) -> str:
+    return f"{stack.stack_name}-{spec.construct_id}"
+
+
+def state_machine_arn(stack: Stack, spec: topology.StateMachine) -> str:
+    """The ARN built from the name, not a reference to the resource.
+
+    A function that the state machine invokes and that also completes its tasks (AwaitNode)
+    would otherwise make a cycle: function -> role policy -> state machine -> function.
+    """
+    return stack.format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=state_machine_name(stack, spec),
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+class Workflow(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: GpuFleetConfig,
+        functions: Mapping[str, lambda_.IFunction],
+        environment: Mapping[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.state_machines: dict[str, sfn.StateMachine] = {}
+        for spec in topology.STATE_MACHINES:
+            invoked = sorted(set(spec.function_substitutions.values()))
+            role = iam.Role(
+                self,
+                f"{spec.construct_id}Role",
+                assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+                description=f"gpufleet {spec.construct_id}: invoke its tasks, release instances",
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="InvokeTasks",
+                    actions=["lambda:InvokeFunction"],
+                    resources=[functions[cid].function_arn for cid in invoked],
+                )
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="TerminateManagedInstances",
+                    actions=["ec2:TerminateInstances"],
+                    resources=[
+                        stack.format_arn(service="ec2", resource="instance", resource_name="*")
+                    ],
+                    conditions={"StringEquals": MANAGED_RESOURCE_CONDITION},
+                )
+            )
+            log_group = logs.LogGroup(
+                self,
+                f"{spec.construct_id}Logs",
+                # vended-logs prefix: keeps Step Functions off the log resource-policy size limit
+                log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-{spec.construct_id}",
+                retention=retention(config.log_retention_days),
+                removal_policy=RemovalPolicy.RETAIN,
+            )
+            machine = sfn.StateMachine(
+                self,
+                spec.construct_id,
+                state_machine_name=state_machine_name(stack, spec),
+                definition_body=sfn.DefinitionBody.from_string(spec.definition()),
+                definition_substitutions=substitutions(spec, functions, environment),
+                state_machine_type=sfn.StateMachineType.STANDARD,
+                role=role,
+                tracing_enabled=True,
+                logs=sfn.LogOptions(
+                    destination=log_group,
+                    level=sfn.LogLevel.ALL,
+                    include_execution_data=True,
+                ),
+            )
+            self.state_machines[spec.construct_id] = machine
+            policy = role.node.try_find_child("DefaultPolicy")
+            assert policy is not None
+            nag.acknowledge_all(
+                policy,
+                nag.wildcard_resources("*"),
+                "Resource * only where AWS requires it: CloudWatch Logs delivery APIs "
+                "(logs:CreateLogDelivery and friends) and X-Ray (xray:PutTraceSegments, "
+                "GetSamplingRules, ...) have no resource-level permissions.",
+            )
+            nag.acknowledge_all(
+                policy,
+                nag.wildcard_resources(
+                    "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
+                ),
+                "Instance ids are only known at run time; TerminateInstances is limited to "
+                "this account and region and to instances tagged gpufleet:managed=true.",
+            )

@@ -1,0 +1,101 @@
+"""The gpufleet stack: composes the constructs, owns no resources of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Annotations, CfnOutput, Stack
+from aws_cdk import aws_s3_assets as s3_assets
+
+from constructs import Construct
+from gpufleet import topology
+from infra.config import GpuFleetConfig
+from infra.constructs.fleet import Fleet
+from infra.constructs.functions import ASSET_EXCLUDE, Functions
+from infra.constructs.intake import Intake
+from infra.constructs.job_store import JobStore
+from infra.constructs.workflow import Workflow, state_machine_arn
+
+STACK_NAME = "GpuFleetStack"
+
+
+class GpuFleetStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: GpuFleetConfig,
+        code_path: Path,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        if config.uses_placeholder_network:
+            Annotations.of(self).add_warning_v2(
+                "gpufleet:placeholder-network",
+                "vpc_id/subnet_ids are placeholders: deploy with -c vpc_id=vpc-... "
+                "-c subnet_ids=subnet-...,subnet-...",
+            )
+
+        job_store = JobStore(self, "JobStore")
+        intake = Intake(self, "Intake", config=config)
+        # One zip of the package: the functions run it and the node agent downloads it.
+        code = s3_assets.Asset(self, "Code", path=str(code_path), exclude=ASSET_EXCLUDE)
+        fleet = Fleet(
+            self,
+            "Fleet",
+            config=config,
+            bus=intake.bus,
+            bucket=intake.bucket,
+            agent_code=code,
+        )
+        functions = Functions(
+            self,
+            "Functions",
+            config=config,
+            code=code,
+            job_store=job_store,
+            bus=intake.bus,
+            bucket=intake.bucket,
+            fleet=fleet,
+        )
+        workflow = Workflow(
+            self,
+            "Workflow",
+            config=config,
+            functions=functions.by_id(),
+            environment={
+                **functions.environment,
+                topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",
+                topology.ENV_SUBNETS: ",".join(fleet.subnet_ids),
+            },
+        )
+        lifecycle = topology.JOB_LIFECYCLE
+        functions.connect_workflow(
+            workflow.state_machines[lifecycle.construct_id], state_machine_arn(self, lifecycle)
+        )
+        intake.connect(functions.by_id())
+
+        self.job_store = job_store
+        self.intake = intake
+        self.fleet = fleet
+        self.functions = functions
+        self.workflow = workflow
+
+        CfnOutput(self, "IntakeBucketName", value=intake.bucket.bucket_name)
+        CfnOutput(self, "EventBusName", value=intake.bus.event_bus_name)
+        for table_spec in topology.TABLES:
+            CfnOutput(
+                self,
+                f"{table_spec.construct_id}Name",
+                value=job_store.tables[table_spec.construct_id].table_name,
+            )
+        for sm_spec in topology.STATE_MACHINES:
+            CfnOutput(
+                self,
+                f"{sm_spec.construct_id}Arn",
+                value=workflow.state_machines[sm_spec.construct_id].state_machine_arn,
+            )
+        CfnOutput(self, "LaunchTemplateId", value=fleet.launch_template.launch_template_id or "")
+        CfnOutput(self, "AgentLogGroupName", value=fleet.agent_log_group.log_group_name)

@@ -1,0 +1,146 @@
+"""Synthesize the gpufleet app once per test session and share the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+for _path in (str(ROOT / "functions"), str(ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk  # noqa: E402
+from aws_cdk.assertions import Template  # noqa: E402
+from infra.app import build_app  # noqa: E402
+from infra.stack import STACK_NAME, GpuFleetStack  # noqa: E402
+
+from gpufleet import topology  # noqa: E402
+
+Resource = dict[str, Any]
+
+
+@dataclass
+class Synth:
+    app: cdk.App
+    stack: GpuFleetStack
+    outdir: Path
+    template_path: Path
+    doc: dict[str, Any]
+    template: Template
+    _by_handler: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> dict[str, Resource]:
+        resources: dict[str, Resource] = self.doc["Resources"]
+        return resources
+
+    def of_type(self, resource_type: str) -> dict[str, Resource]:
+        return {k: r for k, r in self.resources.items() if r["Type"] == resource_type}
+
+    def props(self, logical_id: str) -> dict[str, Any]:
+        properties: dict[str, Any] = self.resources[logical_id].get("Properties", {})
+        return properties
+
+    def function_id(self, construct_id: str) -> str:
+        """Logical id of the Lambda function of a topology function, found by its handler."""
+        spec = next(f for f in topology.FUNCTIONS if f.construct_id == construct_id)
+        matches = [
+            k
+            for k, r in self.of_type("AWS::Lambda::Function").items()
+            if r["Properties"].get("Handler") == spec.handler
+        ]
+        assert len(matches) == 1, f"{construct_id}: {matches}"
+        return matches[0]
+
+    def function_env(self, construct_id: str) -> dict[str, Any]:
+        env: dict[str, Any] = self.props(self.function_id(construct_id))["Environment"]["Variables"]
+        return env
+
+    def role_of_function(self, construct_id: str) -> str:
+        role = self.props(self.function_id(construct_id))["Role"]
+        logical_id: str = role["Fn::GetAtt"][0]
+        return logical_id
+
+    def statements_of_role(self, role_id: str) -> list[dict[str, Any]]:
+        statements: list[dict[str, Any]] = []
+        for policy in self.of_type("AWS::IAM::Policy").values():
+            if {"Ref": role_id} in policy["Properties"].get("Roles", []):
+                statements += _listify(policy["Properties"]["PolicyDocument"]["Statement"])
+        for inline in self.props(role_id).get("Policies", []):
+            statements += _listify(inline["PolicyDocument"]["Statement"])
+        return statements
+
+    def all_statements(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for logical_id, resource in self.resources.items():
+            if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+                for statement in _listify(resource["Properties"]["PolicyDocument"]["Statement"]):
+                    yield logical_id, statement
+            if resource["Type"] == "AWS::IAM::Role":
+                for inline in resource["Properties"].get("Policies", []):
+                    for statement in _listify(inline["PolicyDocument"]["Statement"]):
+                        yield logical_id, statement
+
+    def ref_target(self, env_var: str) -> str:
+        """The logical id an environment variable of the functions refers to."""
+        value = self.function_env(topology.PREPARE.construct_id)[env_var]
+        logical_id: str = value["Ref"]
+        return logical_id
+
+    # -- helpers, reachable from the fixture so test modules never import conftest ---------------
+    @staticmethod
+    def actions_of(statement: dict[str, Any]) -> list[str]:
+        return [str(a) for a in _listify(statement.get("Action", []))]
+
+    @staticmethod
+    def resources_of(statement: dict[str, Any]) -> list[Any]:
+        return _listify(statement.get("Resource", []))
+
+    @staticmethod
+    def render(value: Any) -> str:
+        """A CloudFormation value as text, intrinsics as <LogicalId> / <LogicalId.Attr>."""
+        return _render(value)
+
+
+def _listify(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Ref" in value:
+        return f"<{value['Ref']}>"
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        return "<{}.{}>".format(*value["Fn::GetAtt"])
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(_render(p) for p in parts)
+    if isinstance(value, dict) and "Fn::Sub" in value:
+        return str(value["Fn::Sub"])
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    app, stack = build_app(outdir=str(outdir))
+    app.synth()
+    template_path = outdir / f"{STACK_NAME}.template.json"
+    doc = json.loads(template_path.read_text(encoding="utf-8"))
+    return Synth(
+        app=app,
+        stack=stack,
+        outdir=outdir,
+        template_path=template_path,
+        doc=doc,
+        template=Template.from_json(doc),
+    )

@@ -1,0 +1,139 @@
+"""The embedded account and the synthesized stack are built from one topology; this checks the
+result, so that what the demo and the tests exercise is what `cdk deploy` creates."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.infrastructure.conftest import Synth
+
+from gpufleet import topology
+from gpufleet.emulator.account import Account, embedded_account
+from gpufleet.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def account() -> Iterator[Account]:
+    with embedded_account() as created:
+        yield created
+
+
+def _keys(schema: list[dict[str, str]]) -> list[tuple[str, str]]:
+    return [(k["AttributeName"], k["KeyType"]) for k in schema]
+
+
+def _template_table(synth: Synth, table: topology.Table) -> dict[str, Any]:
+    env = synth.function_env(topology.PREPARE.construct_id)
+    return synth.props(env[table.env_var]["Ref"])
+
+
+@pytest.mark.parametrize("table", topology.TABLES, ids=lambda t: t.construct_id)
+def test_tables_keys_and_indexes_match(
+    synth: Synth, account: Account, table: topology.Table
+) -> None:
+    template = _template_table(synth, table)
+    live = account.client("dynamodb").describe_table(
+        TableName=account.table_names[table.construct_id]
+    )["Table"]
+    assert _keys(live["KeySchema"]) == _keys(template["KeySchema"])
+    assert sorted(map(json.dumps, live["AttributeDefinitions"])) == sorted(
+        map(json.dumps, template["AttributeDefinitions"])
+    )
+    live_indexes = {
+        i["IndexName"]: _keys(i["KeySchema"]) for i in live.get("GlobalSecondaryIndexes", [])
+    }
+    template_indexes = {
+        i["IndexName"]: _keys(i["KeySchema"]) for i in template.get("GlobalSecondaryIndexes", [])
+    }
+    assert live_indexes == template_indexes
+    ttl = account.client("dynamodb").describe_time_to_live(
+        TableName=account.table_names[table.construct_id]
+    )["TimeToLiveDescription"]
+    template_ttl = template.get("TimeToLiveSpecification", {}).get("AttributeName")
+    assert ttl.get("AttributeName") == template_ttl
+
+
+def _rule_in_template(synth: Synth, rule: topology.Rule) -> dict[str, Any]:
+    [props] = [
+        r["Properties"]
+        for r in synth.of_type("AWS::Events::Rule").values()
+        if r["Properties"].get("EventPattern") == rule.pattern
+    ]
+    return props
+
+
+@pytest.mark.parametrize("rule", topology.RULES, ids=lambda r: r.construct_id)
+def test_rules_match_pattern_and_target(
+    synth: Synth, account: Account, rule: topology.Rule
+) -> None:
+    template = _rule_in_template(synth, rule)
+    events = account.client("events")
+    bus = "default" if rule.on_default_bus else account.bus
+    live = events.describe_rule(Name=rule.construct_id, EventBusName=bus)
+    assert json.loads(live["EventPattern"]) == template["EventPattern"]
+    [target] = events.list_targets_by_rule(Rule=rule.construct_id, EventBusName=bus)["Targets"]
+    live_handler = account.client("lambda").get_function_configuration(FunctionName=target["Arn"])[
+        "Handler"
+    ]
+    [template_target] = template["Targets"]
+    target_id = template_target["Arn"]["Fn::GetAtt"][0]
+    assert synth.props(target_id)["Handler"] == live_handler
+
+
+def test_functions_match_handlers_and_deployment_variables(synth: Synth, account: Account) -> None:
+    lambda_client = account.client("lambda")
+    deployment_vars = set(topology.COMMON_ENV) | {
+        name for names in topology.EXTRA_ENV.values() for name in names
+    }
+    for function in topology.FUNCTIONS:
+        live = lambda_client.get_function_configuration(
+            FunctionName=account.function_arns[function.construct_id]
+        )
+        template_env = synth.function_env(function.construct_id)
+        assert live["Handler"] == synth.props(synth.function_id(function.construct_id))["Handler"]
+        assert set(live["Environment"]["Variables"]) == set(template_env) & deployment_vars
+        # What the template gives a function is enough for its handler's settings.
+        settings = Settings.from_env(dict.fromkeys(template_env, "x"))
+        if topology.ENV_STATE_MACHINE in topology.environment_of(function):
+            assert settings.job_state_machine_arn
+        if topology.ENV_LAUNCH_TEMPLATE in topology.environment_of(function):
+            assert settings.launch_template_id and settings.subnet_ids
+
+
+@pytest.mark.parametrize("machine", topology.STATE_MACHINES, ids=lambda m: m.construct_id)
+def test_state_machines_run_the_deployed_definition(
+    synth: Synth, account: Account, machine: topology.StateMachine
+) -> None:
+    [template] = [
+        r["Properties"]
+        for r in synth.of_type("AWS::StepFunctions::StateMachine").values()
+        if r["Properties"]["StateMachineName"].endswith(machine.construct_id)
+    ]
+    live = account.client("stepfunctions").describe_state_machine(
+        stateMachineArn=account.state_machine_arns[machine.construct_id]
+    )["definition"]
+    # Put the placeholders back where the emulator substituted its function ARNs.
+    for placeholder, function_id in machine.function_substitutions.items():
+        live = live.replace(account.function_arns[function_id], "${" + placeholder + "}")
+    assert live == template["DefinitionString"]
+    assert set(re.findall(r"\$\{(\w+)\}", live)) == set(template["DefinitionSubstitutions"])
+
+
+def test_intake_notification_matches(synth: Synth, account: Account) -> None:
+    [notification] = [
+        r["Properties"]["NotificationConfiguration"]
+        for r in synth.resources.values()
+        if r["Type"] == "Custom::S3BucketNotifications"
+    ]
+    [template_config] = notification["LambdaFunctionConfigurations"]
+    live = account.client("s3").get_bucket_notification_configuration(Bucket=account.bucket)
+    [live_config] = live["LambdaFunctionConfigurations"]
+    assert live_config["Events"] == template_config["Events"]
+    assert live_config["Filter"]["Key"]["FilterRules"] == [
+        {"Name": rule["Name"].lower(), "Value": rule["Value"]}
+        for rule in template_config["Filter"]["Key"]["FilterRules"]
+    ]

@@ -1,0 +1,644 @@
+"""The synthesized template against gpufleet.topology and the security rules of the stack."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from infra.config import (
+    DEFAULT_AMI_SSM_PARAMETER,
+    PLACEHOLDER_SUBNET_IDS,
+    ConfigError,
+    GpuFleetConfig,
+)
+from infra.constructs.functions import PERMISSIONS, STARTS_WORKFLOW, Permission
+from infra.stack import STACK_NAME
+
+from gpufleet import topology
+
+if TYPE_CHECKING:
+    from conftest import Synth
+
+MANAGED = topology.TAG_MANAGED
+# Actions AWS offers no resource-level permissions for: the only ones allowed on Resource "*".
+RESOURCE_STAR_ACTIONS = {
+    "ec2:Describe*",
+    "ec2:DescribeInstances",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
+    "cloudwatch:PutMetricData",
+    "logs:CreateLogDelivery",
+    "logs:GetLogDelivery",
+    "logs:UpdateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:DescribeResourcePolicies",
+    "logs:DescribeLogGroups",
+}
+
+
+def _ids(logical_ids: dict[str, Any]) -> list[str]:
+    return sorted(logical_ids)
+
+
+# -- the assembly ------------------------------------------------------------------------------
+
+
+def test_synth_writes_the_stack_template(synth: Synth) -> None:
+    assert synth.template_path.name == f"{STACK_NAME}.template.json"
+    assert synth.template_path.stat().st_size > 0
+    assert (synth.outdir / "manifest.json").exists()
+
+
+def test_every_topology_function_has_written_permissions() -> None:
+    assert set(PERMISSIONS) == {f.construct_id for f in topology.FUNCTIONS}
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def test_one_table_per_topology_entry(synth: Synth) -> None:
+    synth.template.resource_count_is("AWS::DynamoDB::Table", len(topology.TABLES))
+
+
+@pytest.mark.parametrize("spec", topology.TABLES, ids=lambda t: t.construct_id)
+def test_table_matches_topology(synth: Synth, spec: topology.Table) -> None:
+    props = synth.props(synth.ref_target(spec.env_var))
+    key_schema = [{"AttributeName": spec.partition_key, "KeyType": "HASH"}]
+    if spec.sort_key:
+        key_schema.append({"AttributeName": spec.sort_key, "KeyType": "RANGE"})
+    assert props["KeySchema"] == key_schema
+    attributes = {a["AttributeName"]: a["AttributeType"] for a in props["AttributeDefinitions"]}
+    assert attributes == spec.key_attributes()
+    assert set(attributes.values()) == {"S"}
+    expected_indexes = []
+    for index in spec.indexes:
+        schema = [{"AttributeName": index.partition_key, "KeyType": "HASH"}]
+        if index.sort_key:
+            schema.append({"AttributeName": index.sort_key, "KeyType": "RANGE"})
+        expected_indexes.append(
+            {"IndexName": index.name, "KeySchema": schema, "Projection": {"ProjectionType": "ALL"}}
+        )
+    assert props.get("GlobalSecondaryIndexes", []) == expected_indexes
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert props["SSESpecification"]["SSEEnabled"] is True
+    if spec.ttl_attribute:
+        assert props["TimeToLiveSpecification"] == {
+            "AttributeName": spec.ttl_attribute,
+            "Enabled": True,
+        }
+    else:
+        assert "TimeToLiveSpecification" not in props
+
+
+# -- functions ---------------------------------------------------------------------------------
+
+
+def test_one_function_per_topology_entry(synth: Synth) -> None:
+    handlers = [
+        r["Properties"]["Handler"]
+        for r in synth.of_type("AWS::Lambda::Function").values()
+        if r["Properties"]["Handler"].startswith("gpufleet.")
+    ]
+    assert sorted(handlers) == sorted(f.handler for f in topology.FUNCTIONS)
+
+
+@pytest.mark.parametrize("spec", topology.FUNCTIONS, ids=lambda f: f.construct_id)
+def test_function_matches_topology(synth: Synth, spec: topology.Function) -> None:
+    props = synth.props(synth.function_id(spec.construct_id))
+    assert props["Runtime"] == "python3.12"
+    assert props["Timeout"] == spec.timeout_seconds
+    assert props["MemorySize"] == spec.memory_mb
+    assert props["Description"] == spec.description
+    assert props["TracingConfig"] == {"Mode": "Active"}
+    assert "TargetArn" in props["DeadLetterConfig"]
+    log_group = props["LoggingConfig"]["LogGroup"]["Ref"]
+    assert synth.props(log_group)["RetentionInDays"] == 30
+    (layer,) = props["Layers"]
+    assert re.fullmatch(
+        r"arn:aws:lambda:<AWS::Region>:017000801446:layer:"
+        r"AWSLambdaPowertoolsPythonV3-python312-x86_64:\d+",
+        synth.render(layer),
+    )
+
+
+@pytest.mark.parametrize("spec", topology.FUNCTIONS, ids=lambda f: f.construct_id)
+def test_function_environment(synth: Synth, spec: topology.Function) -> None:
+    env = synth.function_env(spec.construct_id)
+    expected = {table.env_var for table in topology.TABLES} | {
+        topology.ENV_EVENT_BUS,
+        topology.ENV_INTAKE_BUCKET,
+        "POWERTOOLS_SERVICE_NAME",
+        "POWERTOOLS_METRICS_NAMESPACE",
+        "LOG_LEVEL",
+    }
+    if spec.construct_id in STARTS_WORKFLOW:
+        expected.add(topology.ENV_STATE_MACHINE)
+    if spec.construct_id == topology.LAUNCH.construct_id:
+        expected |= {topology.ENV_LAUNCH_TEMPLATE, topology.ENV_SUBNETS}
+    assert set(env) == expected
+    for table in topology.TABLES:
+        assert synth.resources[env[table.env_var]["Ref"]]["Type"] == "AWS::DynamoDB::Table"
+    assert synth.resources[env[topology.ENV_EVENT_BUS]["Ref"]]["Type"] == "AWS::Events::EventBus"
+    assert synth.resources[env[topology.ENV_INTAKE_BUCKET]["Ref"]]["Type"] == "AWS::S3::Bucket"
+    assert env["POWERTOOLS_SERVICE_NAME"] == "gpufleet"
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "GpuFleet"
+    assert env["LOG_LEVEL"] == "INFO"
+    if topology.ENV_STATE_MACHINE in env:
+        target = env[topology.ENV_STATE_MACHINE]["Ref"]
+        assert synth.resources[target]["Type"] == "AWS::StepFunctions::StateMachine"
+    if topology.ENV_SUBNETS in env:
+        assert env[topology.ENV_SUBNETS] == ",".join(PLACEHOLDER_SUBNET_IDS)
+        lt = env[topology.ENV_LAUNCH_TEMPLATE]["Ref"]
+        assert synth.resources[lt]["Type"] == "AWS::EC2::LaunchTemplate"
+
+
+def test_each_function_has_its_own_role(synth: Synth) -> None:
+    roles = [synth.role_of_function(f.construct_id) for f in topology.FUNCTIONS]
+    assert len(set(roles)) == len(roles)
+    for role in roles:
+        assert synth.props(role).get("ManagedPolicyArns", []) == []
+
+
+# -- intake: bucket, bus, rules ------------------------------------------------------------------
+
+
+def test_intake_bucket_is_hardened(synth: Synth) -> None:
+    bucket = synth.ref_target(topology.ENV_INTAKE_BUCKET)
+    props = synth.props(bucket)
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    (sse,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert sse["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in ("AES256", "aws:kms")
+    log_bucket = props["LoggingConfiguration"]["DestinationBucketName"]["Ref"]
+    assert synth.resources[log_bucket]["Type"] == "AWS::S3::Bucket"
+    (rule,) = props["LifecycleConfiguration"]["Rules"]
+    assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == 30
+    assert rule["Status"] == "Enabled"
+
+
+@pytest.mark.parametrize("kind", ["intake", "access-logs"])
+def test_buckets_enforce_ssl(synth: Synth, kind: str) -> None:
+    bucket = synth.ref_target(topology.ENV_INTAKE_BUCKET)
+    if kind == "access-logs":
+        bucket = synth.props(bucket)["LoggingConfiguration"]["DestinationBucketName"]["Ref"]
+    policies = [
+        p
+        for p in synth.of_type("AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == {"Ref": bucket}
+    ]
+    (policy,) = policies
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert any(
+        s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in statements
+    )
+
+
+def test_upload_notification_invokes_intake_function(synth: Synth) -> None:
+    (notifications,) = synth.of_type("Custom::S3BucketNotifications").values()
+    props = notifications["Properties"]
+    assert props["BucketName"] == {"Ref": synth.ref_target(topology.ENV_INTAKE_BUCKET)}
+    assert props["NotificationConfiguration"] == {
+        "LambdaFunctionConfigurations": [
+            {
+                "Events": ["s3:ObjectCreated:*"],
+                "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "jobs/"}]}},
+                "LambdaFunctionArn": {
+                    "Fn::GetAtt": [synth.function_id(topology.INTAKE_FROM_S3.construct_id), "Arn"]
+                },
+            }
+        ]
+    }
+
+
+def test_event_bus_is_named_from_context(synth: Synth) -> None:
+    bus = synth.ref_target(topology.ENV_EVENT_BUS)
+    assert synth.props(bus)["Name"] == "gpufleet"
+
+
+def test_one_rule_per_topology_entry(synth: Synth) -> None:
+    synth.template.resource_count_is("AWS::Events::Rule", len(topology.RULES))
+
+
+@pytest.mark.parametrize("spec", topology.RULES, ids=lambda r: r.construct_id)
+def test_rule_matches_topology(synth: Synth, spec: topology.Rule) -> None:
+    (rule_id,) = [
+        k
+        for k, r in synth.of_type("AWS::Events::Rule").items()
+        if r["Properties"]["Description"] == spec.description
+    ]
+    props = synth.props(rule_id)
+    assert props["EventPattern"] == spec.pattern
+    if spec.on_default_bus:
+        assert "EventBusName" not in props
+    else:
+        assert props["EventBusName"] == {"Ref": synth.ref_target(topology.ENV_EVENT_BUS)}
+    (target,) = props["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [synth.function_id(spec.target_function), "Arn"]}
+    queue = target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]
+    assert synth.resources[queue]["Type"] == "AWS::SQS::Queue"
+    assert target["RetryPolicy"] == {"MaximumRetryAttempts": 4, "MaximumEventAgeInSeconds": 21600}
+
+
+def test_queues_are_encrypted_and_ssl_only(synth: Synth) -> None:
+    queues = synth.of_type("AWS::SQS::Queue")
+    assert len(queues) == len(topology.FUNCTIONS) + len(topology.RULES)
+    policies = synth.of_type("AWS::SQS::QueuePolicy").values()
+    for queue_id, queue in queues.items():
+        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+        denies = [
+            s
+            for p in policies
+            if {"Ref": queue_id} in p["Properties"]["Queues"]
+            for s in p["Properties"]["PolicyDocument"]["Statement"]
+            if s["Effect"] == "Deny"
+        ]
+        assert any(
+            s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in denies
+        ), queue_id
+
+
+# -- workflow ----------------------------------------------------------------------------------
+
+
+def _state_machine(synth: Synth, spec: topology.StateMachine) -> dict[str, Any]:
+    (logical_id,) = [
+        k
+        for k, r in synth.of_type("AWS::StepFunctions::StateMachine").items()
+        if r["Properties"]["StateMachineName"] == f"{STACK_NAME}-{spec.construct_id}"
+    ]
+    return synth.props(logical_id)
+
+
+@pytest.mark.parametrize("spec", topology.STATE_MACHINES, ids=lambda s: s.construct_id)
+def test_state_machine_is_the_asl_file(synth: Synth, spec: topology.StateMachine) -> None:
+    props = _state_machine(synth, spec)
+    assert props["DefinitionString"] == spec.definition()
+    assert props["DefinitionSubstitutions"] == {
+        placeholder: {"Fn::GetAtt": [synth.function_id(function_id), "Arn"]}
+        for placeholder, function_id in spec.function_substitutions.items()
+    }
+    assert props["StateMachineType"] == "STANDARD"
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    logging = props["LoggingConfiguration"]
+    assert logging["Level"] == "ALL"
+    assert logging["IncludeExecutionData"] is True
+
+
+def _task_resources(node: Any) -> list[str]:
+    found: list[str] = []
+    if isinstance(node, dict):
+        if node.get("Type") == "Task":
+            found.append(node["Resource"])
+        for value in node.values():
+            found += _task_resources(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _task_resources(value)
+    return found
+
+
+# Service integrations the state machine role is allowed to use (see workflow.py).
+ALLOWED_INTEGRATIONS = {
+    "arn:aws:states:::lambda:invoke",
+    "arn:aws:states:::lambda:invoke.waitForTaskToken",
+    "arn:aws:states:::aws-sdk:ec2:terminateInstances",
+}
+
+
+@pytest.mark.parametrize("spec", topology.STATE_MACHINES, ids=lambda s: s.construct_id)
+def test_asl_uses_only_what_the_role_grants(spec: topology.StateMachine) -> None:
+    text = spec.definition()
+    placeholders = set(re.findall(r"\$\{(\w+)\}", text))
+    substitutions = set(spec.function_substitutions) | set(spec.value_substitutions)
+    assert placeholders == substitutions
+    for resource in _task_resources(json.loads(text)):
+        if resource.startswith("${"):
+            assert resource[2:-1] in spec.function_substitutions
+        else:
+            assert resource in ALLOWED_INTEGRATIONS, (
+                f"{resource}: the state machine role grants no such integration"
+            )
+
+
+@pytest.mark.parametrize("spec", topology.STATE_MACHINES, ids=lambda s: s.construct_id)
+def test_state_machine_role_invokes_exactly_its_functions(
+    synth: Synth, spec: topology.StateMachine
+) -> None:
+    role = _state_machine(synth, spec)["RoleArn"]["Fn::GetAtt"][0]
+    statements = synth.statements_of_role(role)
+    invoked = {
+        synth.render(r)
+        for s in statements
+        if "lambda:InvokeFunction" in synth.actions_of(s)
+        for r in synth.resources_of(s)
+    }
+    assert invoked == {
+        f"<{synth.function_id(cid)}.Arn>" for cid in set(spec.function_substitutions.values())
+    }
+    allowed = {"lambda:InvokeFunction", "ec2:TerminateInstances"} | RESOURCE_STAR_ACTIONS
+    assert {a for s in statements for a in synth.actions_of(s)} <= allowed
+
+
+# -- IAM: least privilege ----------------------------------------------------------------------
+
+
+def test_no_wildcard_actions(synth: Synth) -> None:
+    for logical_id, statement in synth.all_statements():
+        for action in synth.actions_of(statement):
+            assert action != "*", logical_id
+            assert not action.endswith(":*"), (logical_id, action)
+            if "*" in action:
+                assert action == "ec2:Describe*", (logical_id, action)
+
+
+def test_resource_star_only_for_actions_without_resource_permissions(synth: Synth) -> None:
+    for logical_id, statement in synth.all_statements():
+        if statement["Effect"] != "Allow" or "*" not in synth.resources_of(statement):
+            continue
+        assert synth.resources_of(statement) == ["*"], logical_id
+        assert set(synth.actions_of(statement)) <= RESOURCE_STAR_ACTIONS, (logical_id, statement)
+        if "cloudwatch:PutMetricData" in synth.actions_of(statement):
+            assert "cloudwatch:namespace" in statement["Condition"]["StringEquals"]
+
+
+def test_terminate_is_always_conditioned_on_the_managed_tag(synth: Synth) -> None:
+    seen = 0
+    for logical_id, statement in synth.all_statements():
+        if "ec2:TerminateInstances" in synth.actions_of(statement):
+            seen += 1
+            assert statement["Condition"] == {
+                "StringEquals": {f"aws:ResourceTag/{MANAGED}": "true"}
+            }, logical_id
+            assert [synth.render(r).rsplit(":", 1)[-1] for r in synth.resources_of(statement)] == [
+                "instance/*"
+            ]
+    assert seen == 3  # Launch (partial launches), Release, the state machine
+
+
+def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth) -> None:
+    launch_statements = synth.statements_of_role(
+        synth.role_of_function(topology.LAUNCH.construct_id)
+    )
+    for _, statement in synth.all_statements():
+        actions = set(synth.actions_of(statement))
+        if actions & {"ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateTags"}:
+            assert statement in launch_statements
+        if actions & {"ec2:RunInstances", "ec2:CreateFleet"}:
+            kinds = {
+                synth.render(r).rsplit(":", 1)[-1].split("/")[0]
+                for r in synth.resources_of(statement)
+            }
+            if kinds & {"instance", "fleet"}:
+                assert statement["Condition"] == {
+                    "StringEquals": {f"aws:RequestTag/{MANAGED}": "true"}
+                }
+        if "ec2:CreateTags" in actions:
+            condition = statement["Condition"]["StringEquals"]
+            assert condition[f"aws:RequestTag/{MANAGED}"] == "true"
+            assert sorted(condition["ec2:CreateAction"]) == ["CreateFleet", "RunInstances"]
+
+
+def test_pass_role_only_for_the_instance_role(synth: Synth) -> None:
+    (profile,) = synth.of_type("AWS::IAM::InstanceProfile").values()
+    (instance_role,) = profile["Properties"]["Roles"]
+    passes = [s for _, s in synth.all_statements() if "iam:PassRole" in synth.actions_of(s)]
+    assert len(passes) == 1
+    assert synth.resources_of(passes[0]) == [{"Fn::GetAtt": [instance_role["Ref"], "Arn"]}]
+    assert passes[0]["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+
+
+def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
+    role = synth.role_of_function(construct_id)
+    return {a for s in synth.statements_of_role(role) for a in synth.actions_of(s)}
+
+
+# Distinctive actions and which functions hold them; everything else must not.
+EXCLUSIVE_ACTIONS = {
+    "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
+    "states:SendTaskSuccess": {"AwaitNode", "NodeReport"},
+    "dynamodb:DeleteItem": {"IntakeFromS3", "IntakeFromEvent"},  # idempotency table only
+    "s3:GetObject": {"IntakeFromS3", "IntakeFromEvent"},
+    "ec2:CreateFleet": {"Launch"},
+    "ec2:RunInstances": {"Launch"},
+    "iam:PassRole": {"Launch"},
+    "ec2:TerminateInstances": {"Launch", "Release"},
+    "events:PutEvents": {
+        "IntakeFromS3",
+        "IntakeFromEvent",
+        "Prepare",
+        "Launch",
+        "NodeReport",
+        "RecordOutcome",
+    },
+}
+
+
+@pytest.mark.parametrize("action", sorted(EXCLUSIVE_ACTIONS))
+def test_actions_belong_to_the_functions_that_need_them(synth: Synth, action: str) -> None:
+    holders = {
+        f.construct_id
+        for f in topology.FUNCTIONS
+        if action in _actions_of_function(synth, f.construct_id)
+    }
+    assert holders == EXCLUSIVE_ACTIONS[action]
+
+
+def test_no_function_scans_or_deletes_jobs(synth: Synth) -> None:
+    jobs_table = synth.ref_target(topology.JOBS_TABLE.env_var)
+    for _, statement in synth.all_statements():
+        names = {synth.render(r) for r in synth.resources_of(statement)}
+        if any(jobs_table in name for name in names):
+            assert not set(synth.actions_of(statement)) & {
+                "dynamodb:Scan",
+                "dynamodb:DeleteItem",
+                "dynamodb:DeleteTable",
+            }
+
+
+def test_control_plane_events_carry_the_control_plane_source(synth: Synth) -> None:
+    for f in topology.FUNCTIONS:
+        role = synth.role_of_function(f.construct_id)
+        for statement in synth.statements_of_role(role):
+            if "events:PutEvents" in synth.actions_of(statement):
+                assert statement["Condition"] == {
+                    "StringEquals": {"events:source": topology.CONTROL_PLANE_SOURCE}
+                }
+
+
+def test_permission_table_matches_handlers() -> None:
+    assert set(STARTS_WORKFLOW) == {
+        topology.INTAKE_FROM_S3.construct_id,
+        topology.INTAKE_FROM_EVENT.construct_id,
+    }
+    assert Permission.TERMINATE in PERMISSIONS[topology.RELEASE.construct_id]
+
+
+# -- fleet ---------------------------------------------------------------------------------------
+
+
+def _launch_template(synth: Synth) -> dict[str, Any]:
+    (template,) = synth.of_type("AWS::EC2::LaunchTemplate").values()
+    data: dict[str, Any] = template["Properties"]["LaunchTemplateData"]
+    return data
+
+
+def test_launch_template_hardening(synth: Synth) -> None:
+    data = _launch_template(synth)
+    assert data["MetadataOptions"] == {
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 2,
+        "InstanceMetadataTags": "enabled",
+    }
+    (root,) = data["BlockDeviceMappings"]
+    assert root["DeviceName"] == "/dev/sda1"
+    assert root["Ebs"] == {
+        "DeleteOnTermination": True,
+        "Encrypted": True,
+        "VolumeSize": 200,
+        "VolumeType": "gp3",
+    }
+    assert data["Monitoring"] == {"Enabled": True}
+    assert "InstanceType" not in data  # CreateFleet chooses
+    kinds = set()
+    for spec in data["TagSpecifications"]:
+        assert {"Key": MANAGED, "Value": "true"} in spec["Tags"]
+        kinds.add(spec["ResourceType"])
+    assert kinds >= {"instance", "volume"}
+
+
+def test_ami_comes_from_the_public_ssm_parameter(synth: Synth) -> None:
+    image = _launch_template(synth)["ImageId"]["Ref"]
+    parameter = synth.doc["Parameters"][image]
+    assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert parameter["Default"] == DEFAULT_AMI_SSM_PARAMETER
+
+
+def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
+    join = _launch_template(synth)["UserData"]["Fn::Base64"]["Fn::Join"]
+    text = synth.render(_launch_template(synth)["UserData"]["Fn::Base64"])
+    assert "-m gpufleet.agent" in text
+    # Only deployment-wide values are interpolated: region, bus, bucket, log group, code zip.
+    allowed = {
+        "AWS::Region",
+        synth.ref_target(topology.ENV_EVENT_BUS),
+        synth.ref_target(topology.ENV_INTAKE_BUCKET),
+        _agent_log_group(synth),
+    }
+    for part in join[1]:
+        if isinstance(part, dict):
+            if "Ref" in part:
+                assert part["Ref"] in allowed, part
+            else:
+                assert part == {"Fn::Sub": "cdk-hnb659fds-assets-${AWS::AccountId}-${AWS::Region}"}
+    assert "job" not in " ".join(p for p in join[1] if isinstance(p, str)).replace("jobs/", "")
+
+
+def _agent_log_group(synth: Synth) -> str:
+    value = synth.doc["Outputs"]["AgentLogGroupName"]["Value"]
+    logical_id: str = value["Ref"]
+    return logical_id
+
+
+def test_security_group_has_no_inbound_from_outside(synth: Synth) -> None:
+    (group_id,) = synth.of_type("AWS::EC2::SecurityGroup")
+    group = synth.props(group_id)
+    assert "SecurityGroupIngress" not in group
+    (egress_rule,) = group["SecurityGroupEgress"]
+    assert {k: v for k, v in egress_rule.items() if k != "Description"} == {
+        "CidrIp": "0.0.0.0/0",
+        "FromPort": 443,
+        "IpProtocol": "tcp",
+        "ToPort": 443,
+    }
+    self_ref = {"Fn::GetAtt": [group_id, "GroupId"]}
+    for ingress in synth.of_type("AWS::EC2::SecurityGroupIngress").values():
+        assert ingress["Properties"]["SourceSecurityGroupId"] == self_ref
+        assert "CidrIp" not in ingress["Properties"]
+    for egress in synth.of_type("AWS::EC2::SecurityGroupEgress").values():
+        assert egress["Properties"]["DestinationSecurityGroupId"] == self_ref
+
+
+def test_instance_role(synth: Synth) -> None:
+    (profile,) = synth.of_type("AWS::IAM::InstanceProfile").values()
+    (role,) = profile["Properties"]["Roles"]
+    statements = synth.statements_of_role(role["Ref"])
+    by_sid = {s.get("Sid"): s for s in statements}
+    assert by_sid["AgentReports"]["Condition"] == {
+        "StringEquals": {"events:source": topology.AGENT_SOURCE}
+    }
+    assert by_sid["GpuMetrics"]["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": ["CWAgent", "GpuFleet/Jobs"]}
+    }
+    assert synth.render(by_sid["ReadRuns"]["Resource"]).endswith("/runs/*")
+    actions = {a for s in statements for a in synth.actions_of(s)}
+    assert actions == {
+        "events:PutEvents",
+        "cloudwatch:PutMetricData",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "logs:DescribeLogStreams",
+        "s3:GetObject",
+    }
+    managed = [synth.render(arn) for arn in synth.props(role["Ref"])["ManagedPolicyArns"]]
+    assert managed == ["arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"]
+
+
+def test_outputs(synth: Synth) -> None:
+    outputs = set(synth.doc["Outputs"])
+    assert {"IntakeBucketName", "EventBusName", "LaunchTemplateId"} <= outputs
+    assert {f"{t.construct_id}Name" for t in topology.TABLES} <= outputs
+    assert {f"{s.construct_id}Arn" for s in topology.STATE_MACHINES} <= outputs
+
+
+# -- context -----------------------------------------------------------------------------------
+
+
+def test_config_parses_cli_strings() -> None:
+    config = GpuFleetConfig.from_context(
+        {
+            "vpc_id": "vpc-0a1b2c3d4e5f60718",
+            "subnet_ids": "subnet-0a1b2c3d4e5f60718, subnet-1a1b2c3d4e5f60718",
+            "root_volume_gib": "500",
+            "intra_fleet_traffic": "false",
+            "checkpoint_uri": "s3://my-ckpt/team-a/",
+            "powertools_layer_version": "21",
+        }
+    )
+    assert config.subnet_ids == ("subnet-0a1b2c3d4e5f60718", "subnet-1a1b2c3d4e5f60718")
+    assert config.root_volume_gib == 500
+    assert config.intra_fleet_traffic is False
+    assert config.powertools_layer_version == 21
+    assert config.checkpoints is not None
+    assert (config.checkpoints.bucket, config.checkpoints.prefix) == ("my-ckpt", "team-a")
+    assert not config.uses_placeholder_network
+    assert GpuFleetConfig.from_context({}).uses_placeholder_network
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"vpc_id": "vpc-xyz"},
+        {"subnet_ids": "subnet-0a1b2c3d4e5f60718,sg-123"},
+        {"log_retention_days": "31"},
+        {"root_volume_gib": "big"},
+        {"intra_fleet_traffic": "maybe"},
+        {"checkpoint_uri": "https://example.com/x"},
+        {"bus_name": "default"},
+    ],
+)
+def test_config_rejects_bad_values(context: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        GpuFleetConfig.from_context(context)

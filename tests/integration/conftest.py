@@ -1,0 +1,33 @@
+"""Integration tests run against moto, in-process. One embedded account per module."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from gpufleet.emulator.account import Account, embedded_account
+
+
+@pytest.fixture(scope="module")
+def account() -> Iterator[Account]:
+    with embedded_account() as created:
+        yield created
+
+
+@pytest.fixture(scope="module")
+def aws_env() -> Iterator[None]:
+    """Fake credentials for tests that start moto themselves."""
+    saved = dict(os.environ)
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
+        }
+    )
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

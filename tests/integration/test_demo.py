@@ -1,0 +1,120 @@
+"""The whole lifecycle on the embedded account: the demo, a job nothing can hold, and a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import botocore.handlers
+import pytest
+
+from gpufleet.emulator.demo import DemoResult, DemoScenario, Submission, basic_scenario, run_demo
+from gpufleet.emulator.nodes import Behaviour, NodeScenario
+
+JOB_FIELDS = {
+    "id",
+    "name",
+    "status",
+    "instance_type",
+    "capacity_type",
+    "hourly_usd",
+    "held_seconds",
+    "cost_usd",
+}
+
+
+@pytest.fixture(scope="module")
+def demo() -> DemoResult:
+    return run_demo(basic_scenario())
+
+
+def by_name(result: DemoResult) -> dict[str, dict[str, Any]]:
+    return {job["name"]: job for job in result.jobs}
+
+
+def test_the_demo_ends_with_every_job_terminal_and_no_instance_running(demo: DemoResult) -> None:
+    assert demo.completed
+    assert demo.instances_running == 0
+    assert {job["status"] for job in demo.jobs} <= {"SUCCEEDED", "FAILED", "CANCELLED"}
+    assert demo.rejected == 1
+    assert len(demo.jobs) == 4  # three uploads and one event; the broken spec made no job
+
+
+def test_the_demo_json_has_the_documented_shape(demo: DemoResult) -> None:
+    document = demo.to_json()
+    assert {"jobs", "rejected", "instances_running", "api_calls", "state_transitions"} <= set(
+        document
+    )
+    for job in document["jobs"]:
+        assert set(job) >= JOB_FIELDS
+    assert {"dynamodb", "states", "lambda", "ec2", "events", "s3"} <= set(document["api_calls"])
+    assert document["state_transitions"] >= 8 * len(document["jobs"])
+
+
+def test_each_job_went_where_its_spec_and_the_market_sent_it(demo: DemoResult) -> None:
+    jobs = by_name(demo)
+    assert jobs["resnet-baseline"]["status"] == "SUCCEEDED"
+    assert jobs["resnet-baseline"]["capacity_type"] == "spot"
+    # Spot had no capacity for this one (injected); its spec allows on-demand.
+    assert jobs["llm-finetune"]["status"] == "SUCCEEDED"
+    assert jobs["llm-finetune"]["capacity_type"] == "on-demand"
+    assert demo.capacity_errors_injected >= 1
+    # spot: never, and a non-zero exit: FAILED, instance still released and paid for.
+    assert jobs["eval-sweep"]["capacity_type"] == "on-demand"
+    assert jobs["eval-sweep"]["status"] == "FAILED"
+    assert jobs["eval-sweep"]["failure_reason"] == "exit code 3"
+    assert jobs["speech-asr"]["status"] == "SUCCEEDED"
+
+
+def test_cost_is_the_hourly_price_for_the_seconds_held(demo: DemoResult) -> None:
+    for job in demo.jobs:
+        assert job["held_seconds"] > 0
+        assert job["cost_usd"] == pytest.approx(
+            job["hourly_usd"] * job["held_seconds"] / 3600, rel=1e-3, abs=1e-6
+        )
+
+
+@pytest.fixture
+def crash_after_first_fleet() -> Iterator[list[int]]:
+    """The Launch function dies right after CreateFleet succeeded, once."""
+    crashes: list[int] = []
+
+    def crash(**_: Any) -> None:
+        if not crashes:
+            crashes.append(1)
+            raise RuntimeError("injected crash after CreateFleet")
+
+    entry = ("after-call.ec2.CreateFleet", crash)
+    botocore.handlers.BUILTIN_HANDLERS.append(entry)
+    yield crashes
+    botocore.handlers.BUILTIN_HANDLERS.remove(entry)
+
+
+def test_failures_and_crashes_lose_no_job_and_leak_no_instance(
+    tmp_path: Path, crash_after_first_fleet: list[int]
+) -> None:
+    (tmp_path / "impossible.yaml").write_text(
+        "name: impossible\nteam: t\nimage: img\ncommand: [x]\n"
+        "resources: {gpus: 16, gpu_memory_gib: 500}\n"
+    )
+    (tmp_path / "crashy.yaml").write_text(
+        "name: crashy\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
+    )
+    result = run_demo(
+        DemoScenario(
+            name="faults",
+            submissions=[
+                Submission("s3", tmp_path / "impossible.yaml"),
+                Submission("s3", tmp_path / "crashy.yaml"),
+            ],
+            nodes=NodeScenario(boot_seconds=0.2, default=Behaviour(duration_seconds=1.0)),
+            timeout_seconds=120,
+        )
+    )
+    assert crash_after_first_fleet == [1]
+    assert result.completed and result.instances_running == 0
+    jobs = by_name(result)
+    assert jobs["impossible"]["status"] == "FAILED"
+    assert "NoFeasibleOffering" in jobs["impossible"]["failure_reason"]
+    assert jobs["crashy"]["status"] == "SUCCEEDED"

@@ -1,0 +1,142 @@
+"""One contract, two job stores: DynamoDB (moto) and in-memory must behave the same."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.adapters.local.memory import InMemoryJobStore
+from gpufleet.domain.job import IllegalTransition, Job, JobNotFound, JobStatus, Placement
+from gpufleet.domain.spec import parse_spec
+from gpufleet.emulator.account import Account
+from gpufleet.ports import JobStore
+from gpufleet.topology import JOBS_TABLE
+
+SPEC = parse_spec("name: t\nteam: ml\nimage: img\ncommand: [x]\n")
+_counter = iter(range(1_000_000))
+
+
+def new_job(created_at: float = 100.0) -> Job:
+    return Job(
+        job_id=f"j-{next(_counter):020x}",
+        status=JobStatus.SUBMITTED,
+        spec=SPEC,
+        source="test",
+        created_at=created_at,
+        updated_at=created_at,
+    )
+
+
+@pytest.fixture(params=["dynamodb", "memory"])
+def store(request: pytest.FixtureRequest, account: Account) -> Iterator[JobStore]:
+    if request.param == "dynamodb":
+        yield DynamoJobStore(
+            account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
+        )
+    else:
+        yield InMemoryJobStore()
+
+
+def test_put_new_is_create_only(store: JobStore) -> None:
+    job = new_job()
+    assert store.put_new(job)
+    assert not store.put_new(job.model_copy(update={"source": "other"}))
+    assert store.get(job.job_id).source == "test"
+
+
+def test_get_of_a_missing_job_raises(store: JobStore) -> None:
+    with pytest.raises(JobNotFound):
+        store.get("j-ffffffffffffffffffff")
+
+
+def test_a_record_round_trips_with_every_field(store: JobStore) -> None:
+    job = new_job()
+    store.put_new(job)
+    placement = Placement(
+        instance_ids=["i-1", "i-2"],
+        instance_type="p4d.24xlarge",
+        capacity_type="spot",
+        zone="use1-az6",
+        hourly_usd=12.5,
+        launched_at=150.25,
+    )
+    store.update(
+        job.job_id,
+        160.0,
+        {
+            "placement": placement,
+            "task_token": "tok",
+            "run_result": {"exit_code": 0, "reason": ""},
+            "attempts": 2,
+        },
+    )
+    got = store.get(job.job_id)
+    assert got.placement == placement
+    assert got.task_token == "tok" and got.run_result == {"exit_code": 0, "reason": ""}
+    assert got.attempts == 2 and got.updated_at == 160.0
+    assert got.spec == SPEC
+
+
+def test_legal_transitions_apply_with_their_changes(store: JobStore) -> None:
+    job = new_job()
+    store.put_new(job)
+    queued = store.transition(job.job_id, JobStatus.QUEUED, 200.0, {"failure_reason": None})
+    assert queued.status is JobStatus.QUEUED and queued.updated_at == 200.0
+    failed = store.transition(job.job_id, JobStatus.FAILED, 201.0, {"failure_reason": "x"})
+    assert failed.failure_reason == "x"
+
+
+def test_illegal_transitions_change_nothing_and_report_the_current_status(
+    store: JobStore,
+) -> None:
+    job = new_job()
+    store.put_new(job)
+    with pytest.raises(IllegalTransition) as caught:
+        store.transition(job.job_id, JobStatus.SUCCEEDED, 300.0, {"cost_usd": 1.0})
+    assert caught.value.current is JobStatus.SUBMITTED
+    unchanged = store.get(job.job_id)
+    assert unchanged.status is JobStatus.SUBMITTED and unchanged.cost_usd is None
+    with pytest.raises(JobNotFound):
+        store.transition("j-eeeeeeeeeeeeeeeeeeee", JobStatus.QUEUED, 1.0)
+
+
+def test_update_of_a_missing_job_raises(store: JobStore) -> None:
+    with pytest.raises(JobNotFound):
+        store.update("j-dddddddddddddddddddd", 1.0, {"task_token": "t"})
+
+
+def test_concurrent_transitions_have_exactly_one_winner(store: JobStore) -> None:
+    job = new_job()
+    store.put_new(job)
+    store.transition(job.job_id, JobStatus.QUEUED, 1.0)
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def race(worker: int) -> None:
+        barrier.wait()
+        try:
+            store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, {"attempts": worker})
+            wins.append(worker)
+        except IllegalTransition:
+            pass
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1
+    assert store.get(job.job_id).attempts == wins[0]
+
+
+def test_listing_by_status_is_newest_first(store: JobStore) -> None:
+    older, newer = new_job(created_at=10.0), new_job(created_at=20.0)
+    for job in (older, newer):
+        store.put_new(job)
+        store.transition(job.job_id, JobStatus.CANCELLED, 30.0)
+    cancelled = [j.job_id for j in store.list_jobs(JobStatus.CANCELLED)]
+    assert cancelled.index(newer.job_id) < cancelled.index(older.job_id)
+    assert all(j.status is JobStatus.CANCELLED for j in store.list_jobs(JobStatus.CANCELLED))

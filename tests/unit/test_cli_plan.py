@@ -1,0 +1,147 @@
+"""`gpufleet plan`: flags and spec files in, a ranked table or JSON out, exit 2 on no match."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import plan
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan.register(commands)
+    args = parser.parse_args(["plan", *argv])
+    code: int = args.run(args)
+    return code
+
+
+SPEC = """\
+name: llm-finetune
+team: research
+image: public.ecr.aws/acme/train:1.0
+command: [python, train.py]
+resources:
+  gpus: 8
+  gpu_memory_gib: 80
+  gpu_models: [H100]
+  nodes: 2
+spot: never
+expected_duration: 4h
+checkpoint: s3://acme-ckpt/llm/
+"""
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--gpus", "8", "--gpu-memory-gib", "80"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "8x GPU" in lines[0]
+    assert "us-east-1" in lines[0]
+    header = next(line for line in lines if line.startswith(" #") or line.startswith("#"))
+    for column in ("INSTANCE TYPE", "ZONE", "CAPACITY", "$/HOUR", "EXPECTED $", "REASON"):
+        assert column in header
+    rows = [line for line in lines if line.strip()[:2].strip().isdigit()]
+    assert len(rows) == 10
+    # aligned: every row has the instance type column at the same offset as the header
+    start = header.index("INSTANCE TYPE")
+    assert all(row[start] != " " and row[start - 1] == " " for row in rows)
+    assert "spot" in out
+    assert "interruptions" in out
+
+
+def test_json_output_best_first(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--gpus", "8", "--gpu-memory-gib", "80", "--gpu-model", "H100", "--json"]
+    assert run([*argv, "--gpu-model", "H200", "--limit", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    offerings = doc["offerings"]
+    assert 1 <= len(offerings) <= 5
+    assert set(offerings[0]) == {
+        "instance_type",
+        "zone",
+        "capacity_type",
+        "hourly_usd",
+        "expected_cost_usd",
+        "gpus",
+        "gpu_model",
+        "gpu_memory_gib",
+    }
+    assert {o["gpu_model"] for o in offerings} <= {"H100", "H200"}
+    costs = [o["expected_cost_usd"] for o in offerings]
+    assert costs == sorted(costs)
+
+
+def test_spot_never_nodes_hours_region(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--gpus", "1", "--nodes", "2", "--spot", "never", "--region", "us-west-2"]
+    assert run([*argv, "--hours", "10", "--json"]) == 0
+    offerings = json.loads(capsys.readouterr().out)["offerings"]
+    assert {o["capacity_type"] for o in offerings} == {"on-demand"}
+    best = offerings[0]
+    assert best["expected_cost_usd"] == pytest.approx(2 * 10 * best["hourly_usd"], rel=1e-6)
+
+
+def test_cpu_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--gpus", "0", "--vcpus", "4", "--json"]) == 0
+    offerings = json.loads(capsys.readouterr().out)["offerings"]
+    assert all(o["gpus"] == 0 and o["gpu_model"] is None for o in offerings)
+
+
+def test_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC)
+    assert run([str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 nodes" in out
+    assert "spot never" in out
+    assert "4 h expected" in out
+    assert "checkpoint every 1 h" in out
+    assert "p5.48xlarge" in out
+    assert "on-demand" in out
+    assert run([str(spec), "--json", "--spot", "auto"]) == 0
+    offerings = json.loads(capsys.readouterr().out)["offerings"]
+    assert offerings[0]["capacity_type"] == "spot"
+
+
+def test_bad_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC.replace("gpus: 8", "gpus: -1"))
+    assert run([str(spec)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error = json.loads(captured.err)
+    assert error["error"] == "InvalidJobSpec"
+    assert any(f["field"] == "resources.gpus" for f in error["fields"])
+
+
+def test_no_match_is_exit_2_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--gpus", "8", "--gpu-memory-gib", "500"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "8 GPUs with >= 500 GiB" in captured.err
+    assert "the largest is" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give a spec FILE or at least --gpus"),
+        (["job.yaml", "--gpus", "1"], "not both"),
+        (["/nonexistent/job.yaml"], "cannot read"),
+        (["--gpus", "99"], "--gpus"),
+        (["--gpus", "1", "--region", "mars-north-1"], "mars-north-1"),
+        (["--gpus", "1", "--limit", "0"], "--limit"),
+    ],
+)
+def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_hours_is_an_argparse_error() -> None:
+    with pytest.raises(SystemExit) as info:
+        run(["--gpus", "1", "--hours", "0"])
+    assert info.value.code == 2

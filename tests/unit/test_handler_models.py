@@ -1,0 +1,74 @@
+"""The handlers' event models against real-shaped events (events/aws/) and moto's thinner ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aws_lambda_powertools.utilities.parser import parse
+from pydantic import ValidationError
+
+from gpufleet.handlers.models import (
+    AwaitNodeTask,
+    JobTask,
+    NodeReportEvent,
+    S3Notification,
+    SubmittedEvent,
+)
+from gpufleet.services.lifecycle import NodeReport
+
+EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
+
+
+def load(name: str) -> dict[str, object]:
+    return json.loads((EVENTS / name).read_text())
+
+
+def test_a_real_s3_notification_yields_the_decoded_key_and_version() -> None:
+    notification = parse(event=load("s3-object-created.json"), model=S3Notification)
+    record = notification.Records[0]
+    assert record.s3.bucket.name == "gpufleet-intake-123456789012"
+    assert record.s3.object.decoded_key == "jobs/vision/resnet baseline(2).yaml"
+    assert record.s3.object.versionId == "096fKKXTRTtl3on89fVO.nfljtsv6qko"
+
+
+def test_a_moto_shaped_s3_notification_without_optional_fields_parses() -> None:
+    thin = {
+        "Records": [
+            {
+                "eventName": "ObjectCreated:Put",
+                "s3": {"bucket": {"name": "b"}, "object": {"key": "jobs/a.yaml", "eTag": "e"}},
+            }
+        ]
+    }
+    record = parse(event=thin, model=S3Notification).Records[0]
+    assert record.s3.object.versionId is None and record.s3.object.eTag == "e"
+
+
+def test_the_submitted_event_keeps_its_id_and_detail() -> None:
+    event = parse(event=load("eventbridge-job-submitted.json"), model=SubmittedEvent)
+    assert event.id == "6a7e8feb-b491-4cf7-a9f1-bf3703467718"
+    assert event.detail["name"] == "speech-asr"
+
+
+def test_node_reports_parse_and_validate_the_job_id() -> None:
+    event = parse(event=load("node-finished.json"), model=NodeReportEvent)
+    report = NodeReport.model_validate(event.detail)
+    assert report.exit_code == 0 and event.detail_type == "Node Finished"
+    with pytest.raises(ValidationError):
+        NodeReport.model_validate({**event.detail, "job_id": "../../etc/passwd"})
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{}, {"job_id": "nope"}, {"job_id": 7}, {"job_id": "j-" + "0" * 20 + "; rm"}],
+)
+def test_task_payloads_with_bad_job_ids_are_refused(payload: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        JobTask.model_validate(payload)
+
+
+def test_await_node_needs_a_token() -> None:
+    with pytest.raises(ValidationError):
+        AwaitNodeTask.model_validate({"job_id": "j-" + "0" * 20, "task_token": ""})

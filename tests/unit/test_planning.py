@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.job import JobStatus
+from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
+from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of, plan_launch
+from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.spec import parse_spec
+
+
+def spec(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -> object:
+    return parse_spec(
+        f"name: t\nteam: ml\nimage: img\ncommand: [x]\nspot: {spot}\nresources: {resources}\n"
+        "timeout: 1h\n"
+    )
+
+
+def plan(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -> LaunchPlan:
+    return plan_launch(
+        spec(spot, resources),  # type: ignore[arg-type]
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=5,
+        retry_wait_seconds=30,
+        boot_allowance_seconds=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spot", "capacity_types"),
+    [
+        ("auto", [CapacityType.SPOT, CapacityType.ON_DEMAND]),
+        ("required", [CapacityType.SPOT]),
+        ("never", [CapacityType.ON_DEMAND]),
+    ],
+)
+def test_steps_follow_the_spot_policy(spot: str, capacity_types: list[CapacityType]) -> None:
+    assert [step.capacity_type for step in plan(spot).steps] == capacity_types
+
+
+def test_each_step_is_diversified_and_fits_the_job() -> None:
+    catalog = load_bundled()
+    for step in plan().steps:
+        types = {o.instance_type for o in step.overrides}
+        assert len(types) >= 2
+        for override in step.overrides:
+            instance = catalog.instance_type(override.instance_type)
+            assert instance.gpus >= 1 and instance.gpu_memory_gib >= 16
+            assert override.hourly_usd > 0
+
+
+def test_run_timeout_adds_the_boot_allowance() -> None:
+    assert plan().run_timeout_seconds == 3600 + 600
+
+
+def test_an_impossible_job_names_the_constraint() -> None:
+    with pytest.raises(NoFeasibleOffering) as caught:
+        plan(resources="{gpus: 8, gpu_memory_gib: 500}")
+    assert "500" in str(caught.value) or "memory" in str(caught.value)
+
+
+def two_step_plan(max_attempts: int = 5) -> LaunchPlan:
+    override = [LaunchOverride(instance_type="g5.xlarge", hourly_usd=1.0)]
+    return LaunchPlan(
+        nodes=1,
+        steps=[
+            LaunchStep(capacity_type=CapacityType.SPOT, overrides=override),
+            LaunchStep(capacity_type=CapacityType.ON_DEMAND, overrides=override),
+        ],
+        max_launch_attempts=max_attempts,
+        retry_wait_seconds=10,
+        run_timeout_seconds=100,
+    )
+
+
+def test_capacity_errors_fall_back_then_wait_then_give_up() -> None:
+    p = two_step_plan(max_attempts=3)
+    assert p.after_failure(0, 1, ErrorCategory.CAPACITY).step == 1
+    waited = p.after_failure(1, 2, ErrorCategory.CAPACITY)
+    assert waited.retry_later and waited.step == 0
+    assert p.after_failure(0, 3, ErrorCategory.CAPACITY).give_up
+
+
+def test_configuration_errors_give_up_at_once() -> None:
+    assert two_step_plan().after_failure(0, 1, ErrorCategory.CONFIGURATION).give_up
+
+
+def test_price_of_prefers_the_zone_specific_price() -> None:
+    step = LaunchStep(
+        capacity_type=CapacityType.SPOT,
+        overrides=[
+            LaunchOverride(instance_type="g5.xlarge", zone="us-east-1a", hourly_usd=1.0),
+            LaunchOverride(instance_type="g5.xlarge", zone="us-east-1b", hourly_usd=2.0),
+        ],
+    )
+    assert step.price_of("g5.xlarge", "us-east-1b") == 2.0
+    assert step.price_of("g5.xlarge", "us-east-1f") == 1.0
+    with pytest.raises(ValueError, match="not among"):
+        step.price_of("p5.48xlarge", None)
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "reason_part"),
+    [
+        ({"run": {"exit_code": 0}}, JobStatus.SUCCEEDED, ""),
+        ({"run": {"exit_code": 3, "reason": "oom"}}, JobStatus.FAILED, "exit code 3: oom"),
+        ({"run": {"exit_code": None, "reason": "lost"}}, JobStatus.FAILED, "lost"),
+        ({"launch": {"give_up": True, "error": "ICE"}}, JobStatus.FAILED, "no capacity"),
+        ({"error": {"Error": "States.Timeout"}}, JobStatus.FAILED, "timeout"),
+        ({"error": {"Error": "NoFeasibleOffering", "Cause": "x"}}, JobStatus.FAILED, "x"),
+        ({}, JobStatus.FAILED, "without a result"),
+    ],
+)
+def test_outcome_of_the_workflow_state(
+    state: dict[str, object], status: JobStatus, reason_part: str
+) -> None:
+    got_status, reason, _ = outcome_of(state)
+    assert got_status is status
+    assert reason_part in reason

@@ -1,0 +1,217 @@
+"""Intake and lifecycle against the in-memory adapters: every step, repeated and reordered."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from gpufleet.adapters.local.memory import (
+    FakeFleet,
+    InMemoryObjects,
+    ManualClock,
+    RecordingPublisher,
+    RecordingWorkflow,
+)
+from gpufleet.domain.job import IllegalTransition, JobStatus
+from gpufleet.domain.launch import LaunchRequest
+from gpufleet.domain.planning import LaunchPlan
+from gpufleet.services.factory import build_lifecycle
+from gpufleet.services.intake import IntakeService, is_error_report
+from gpufleet.services.lifecycle import LifecycleService, NodeReport, run_manifest_key
+from gpufleet.settings import Settings
+from gpufleet.topology import DETAIL_JOB_REJECTED
+from tests.helpers import SPEC_YAML, local_ports
+
+SETTINGS = Settings(
+    region="us-east-1",
+    jobs_table="jobs",
+    idempotency_table="idem",
+    event_bus_name="gpufleet",
+    intake_bucket="bucket",
+    max_launch_attempts=4,
+    retry_wait_seconds=5,
+)
+
+
+def submit(ports: Any, key: str = "jobs/a.yaml", body: bytes = SPEC_YAML) -> Any:
+    cast(InMemoryObjects, ports.objects).objects[key] = body
+    return IntakeService(ports).submit_object(key, f"s3://bucket/{key}#etag", f"s3://bucket/{key}")
+
+
+def test_a_valid_upload_becomes_a_submitted_job_and_starts_its_lifecycle() -> None:
+    ports = local_ports()
+    outcome = submit(ports)
+    assert outcome.accepted
+    job = ports.jobs.get(outcome.job_id)
+    assert job.status is JobStatus.SUBMITTED
+    assert cast(RecordingWorkflow, ports.workflow).started == [outcome.job_id]
+
+
+def test_a_redelivery_creates_no_second_job_but_still_ensures_the_start() -> None:
+    ports = local_ports()
+    first, second = submit(ports), submit(ports)
+    assert first.job_id == second.job_id
+    assert len(ports.jobs.list_jobs()) == 1
+    assert cast(RecordingWorkflow, ports.workflow).started == [first.job_id]
+
+
+def test_a_bad_spec_writes_an_error_report_emits_rejected_and_changes_nothing_else() -> None:
+    ports = local_ports()
+    outcome = submit(ports, "jobs/bad.yaml", b"name: Bad Name\nteam: t\nimage: i\ncommand: x\n")
+    assert not outcome.accepted
+    objects = cast(InMemoryObjects, ports.objects).objects
+    assert "jobs/bad.yaml.error.json" in objects
+    assert b'"field": "name"' in objects["jobs/bad.yaml.error.json"]
+    rejected = cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_REJECTED)
+    assert rejected[0]["source"] == "s3://bucket/jobs/bad.yaml"
+    assert ports.jobs.list_jobs() == []
+    assert cast(RecordingWorkflow, ports.workflow).started == []
+
+
+def test_an_oversized_upload_is_rejected_without_being_parsed() -> None:
+    ports = local_ports()
+    outcome = submit(ports, "jobs/huge.yaml", b"x" * (300 * 1024))
+    assert not outcome.accepted
+    assert "limit" in outcome.error["message"]
+
+
+def test_error_reports_are_recognised_so_they_never_loop_back_into_intake() -> None:
+    assert is_error_report("jobs/a.yaml.error.json")
+    assert not is_error_report("jobs/a.json")
+
+
+def test_an_event_submission_takes_the_same_path() -> None:
+    ports = local_ports()
+    outcome = IntakeService(ports).submit_document(
+        {"name": "a", "team": "b", "image": "i", "command": ["x"]}, "event:1", "event:1"
+    )
+    assert outcome.accepted
+    bad = IntakeService(ports).submit_document("not a mapping", "event:2", "event:2")
+    assert not bad.accepted and bad.error["error"] == "InvalidJobSpec"
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+def lifecycle_with_job(fleet: FakeFleet | None = None) -> tuple[LifecycleService, Any, str]:
+    ports = local_ports(fleet)
+    job_id = submit(ports).job_id
+    return build_lifecycle(ports, SETTINGS), ports, job_id
+
+
+def run_to_launch(service: LifecycleService, job_id: str) -> tuple[LaunchPlan, Any]:
+    prepared = service.prepare(job_id)
+    plan = LaunchPlan.model_validate(prepared["plan"])
+    return plan, service.launch(job_id, plan, step=0, attempt=0)
+
+
+def test_the_happy_path_end_to_end_with_cost() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    _, launched = run_to_launch(service, job_id)
+    assert launched.launched
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.LAUNCHING
+    assert job.placement.capacity_type == "spot"
+    manifest = cast(InMemoryObjects, ports.objects).objects[run_manifest_key(job_id)]
+    assert b'"command": ["python", "train.py"]' in manifest
+    instance = job.placement.instance_ids[0]
+
+    service.await_node(job_id, "token-1")
+    service.node_started(NodeReport(job_id=job_id, instance_id=instance))
+    cast(ManualClock, ports.clock).advance(1800)
+    service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+    assert cast(RecordingWorkflow, ports.workflow).completed["token-1"]["exit_code"] == 0
+
+    assert service.release(job_id) == {"terminated": [instance]}
+    summary = service.record_outcome(job_id, {"run": {"exit_code": 0}})
+    assert summary["status"] == "SUCCEEDED"
+    assert summary["cost_usd"] == pytest.approx(job.placement.hourly_usd / 2, rel=1e-6)
+    assert cast(FakeFleet, ports.fleet).live == {}
+
+
+def test_every_step_can_run_twice() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    service.prepare(job_id)
+    plan, _ = run_to_launch(service, job_id)
+    again = service.launch(job_id, plan, step=0, attempt=1)
+    assert again.launched
+    assert len(cast(FakeFleet, ports.fleet).requests) == 1  # no second fleet
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    for _ in range(2):
+        service.node_started(NodeReport(job_id=job_id, instance_id=instance))
+        service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+        service.release(job_id)
+    first = service.record_outcome(job_id, {"run": {"exit_code": 0}})
+    assert service.record_outcome(job_id, {"run": {"exit_code": 1}}) == first
+
+
+def test_a_finish_that_overtakes_its_start_and_its_token_still_completes_the_task() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+    assert ports.jobs.get(job_id).status is JobStatus.RUNNING
+    service.node_started(NodeReport(job_id=job_id, instance_id=instance))  # late, harmless
+    service.await_node(job_id, "late-token")
+    assert cast(RecordingWorkflow, ports.workflow).completed["late-token"]["exit_code"] == 0
+
+
+def test_reports_from_instances_the_job_does_not_hold_are_ignored() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, job_id)
+    service.node_finished(NodeReport(job_id=job_id, instance_id="i-someone-else", exit_code=0))
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.LAUNCHING and job.run_result is None
+
+
+def test_spot_capacity_errors_fall_back_to_on_demand() -> None:
+    def no_spot(request: LaunchRequest) -> list[str] | None:
+        return ["InsufficientInstanceCapacity"] if request.capacity_type == "spot" else None
+
+    service, ports, job_id = lifecycle_with_job(FakeFleet(no_spot))
+    plan, first = run_to_launch(service, job_id)
+    assert not first.launched and first.step == 1 and not first.give_up
+    second = service.launch(job_id, plan, step=first.step, attempt=first.attempt)
+    assert second.launched
+    assert ports.jobs.get(job_id).placement.capacity_type == "on-demand"
+
+
+def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
+    service, _, job_id = lifecycle_with_job(FakeFleet(lambda _r: ["InsufficientInstanceCapacity"]))
+    plan, result = run_to_launch(service, job_id)
+    moves = [result]
+    while not (result.give_up or result.launched):
+        result = service.launch(job_id, plan, step=result.step, attempt=result.attempt)
+        moves.append(result)
+    assert any(m.retry_later for m in moves)
+    assert result.give_up and result.attempt == SETTINGS.max_launch_attempts
+    service.release(job_id)
+    summary = service.record_outcome(job_id, {"launch": result.model_dump()})
+    assert summary["status"] == "FAILED"
+    assert "no capacity" in summary["failure_reason"]
+    assert summary["cost_usd"] is None
+
+
+def test_a_terminal_job_cannot_be_revived() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    service.prepare(job_id)
+    service.record_outcome(job_id, {"error": {"Error": "Boom"}})
+    with pytest.raises(IllegalTransition):
+        ports.jobs.transition(job_id, JobStatus.RUNNING, 0.0)
+    plan = LaunchPlan.model_validate(
+        {
+            "nodes": 1,
+            "steps": [
+                {
+                    "capacity_type": "spot",
+                    "overrides": [{"instance_type": "g5.xlarge", "hourly_usd": 1}],
+                }
+            ],
+            "max_launch_attempts": 1,
+            "retry_wait_seconds": 1,
+            "run_timeout_seconds": 10,
+        }
+    )
+    assert service.launch(job_id, plan, 0, 0).give_up
+    assert cast(FakeFleet, ports.fleet).requests == []
