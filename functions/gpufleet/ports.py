@@ -66,6 +66,10 @@ class Workflow(Protocol):
         """Hand a waiting task its result; False when the task is no longer waiting."""
         ...
 
+    def heartbeat(self, token: str) -> bool:
+        """Tell a waiting task its node is alive; False when the task is no longer waiting."""
+        ...
+
 
 class Fleet(Protocol):
     def launch(self, request: LaunchRequest) -> LaunchResult: ...

@@ -24,6 +24,8 @@ class Settings(BaseModel):
     max_launch_attempts: int = 20
     retry_wait_seconds: int = 60
     boot_allowance_seconds: int = 900
+    # A node that sends no heartbeat for this long is taken for lost.
+    node_heartbeat_timeout_seconds: int = 900
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -38,4 +40,8 @@ class Settings(BaseModel):
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),
             retry_wait_seconds=int(env.get("GPUFLEET_RETRY_WAIT_SECONDS", "60")),
+            boot_allowance_seconds=int(env.get("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "900")),
+            node_heartbeat_timeout_seconds=int(
+                env.get("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "900")
+            ),
         )

@@ -22,6 +22,7 @@ DETAIL_JOB_SUBMITTED = "Job Submitted"
 DETAIL_JOB_REJECTED = "Job Rejected"
 DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
 DETAIL_NODE_STARTED = "Node Started"
+DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
 
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
@@ -127,7 +128,7 @@ AWAIT_NODE = Function(
 NODE_REPORT = Function(
     "NodeReport",
     "gpufleet.handlers.on_node_report.handler",
-    "Takes the node agent's start and finish reports",
+    "Takes the node agent's start, heartbeat and finish reports",
 )
 RELEASE = Function(
     "Release", "gpufleet.handlers.on_release.handler", "Terminates every instance of a job"
@@ -157,10 +158,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         construct_id="NodeReportRule",
-        description="Start and finish reports of node agents",
+        description="Start, heartbeat and finish reports of node agents",
         pattern={
             "source": [AGENT_SOURCE],
-            "detail-type": [DETAIL_NODE_STARTED, DETAIL_NODE_FINISHED],
+            "detail-type": [DETAIL_NODE_STARTED, DETAIL_NODE_HEARTBEAT, DETAIL_NODE_FINISHED],
         },
         target_function=NODE_REPORT.construct_id,
     ),

@@ -203,7 +203,11 @@ class Functions(Construct):
                 self.roles[cid].add_to_policy(
                     iam.PolicyStatement(
                         sid="CompleteLifecycleTask",
-                        actions=["states:SendTaskSuccess", "states:SendTaskFailure"],
+                        actions=[
+                            "states:SendTaskSuccess",
+                            "states:SendTaskFailure",
+                            "states:SendTaskHeartbeat",
+                        ],
                         resources=[arn],
                     )
                 )

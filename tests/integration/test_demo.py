@@ -118,3 +118,40 @@ def test_failures_and_crashes_lose_no_job_and_leak_no_instance(
     assert jobs["impossible"]["status"] == "FAILED"
     assert "NoFeasibleOffering" in jobs["impossible"]["failure_reason"]
     assert jobs["crashy"]["status"] == "SUCCEEDED"
+
+
+def test_a_node_that_goes_silent_is_taken_for_lost_and_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "2")
+    monkeypatch.setenv("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "2")
+    (tmp_path / "ghost.yaml").write_text(
+        "name: ghost\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
+    )
+    (tmp_path / "steady.yaml").write_text(
+        "name: steady\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
+    )
+    result = run_demo(
+        DemoScenario(
+            name="lost-node",
+            submissions=[
+                Submission("s3", tmp_path / "ghost.yaml"),
+                Submission("s3", tmp_path / "steady.yaml"),
+            ],
+            nodes=NodeScenario(
+                boot_seconds=0.2,
+                heartbeat_seconds=0.5,
+                behaviours={
+                    "ghost": Behaviour(duration_seconds=0.5, vanishes=True),
+                    # Runs past the heartbeat timeout: its heartbeats keep it alive.
+                    "steady": Behaviour(duration_seconds=6.0),
+                },
+            ),
+            timeout_seconds=90,
+        )
+    )
+    assert result.completed and result.instances_running == 0
+    jobs = by_name(result)
+    assert jobs["ghost"]["status"] == "FAILED"
+    assert "heartbeats stopped" in jobs["ghost"]["failure_reason"]
+    assert jobs["steady"]["status"] == "SUCCEEDED"

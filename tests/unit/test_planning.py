@@ -25,6 +25,7 @@ def plan(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -
         max_launch_attempts=5,
         retry_wait_seconds=30,
         boot_allowance_seconds=600,
+        heartbeat_timeout_seconds=300,
     )
 
 
@@ -51,8 +52,9 @@ def test_each_step_is_diversified_and_fits_the_job() -> None:
             assert override.hourly_usd > 0
 
 
-def test_run_timeout_adds_the_boot_allowance() -> None:
+def test_timeouts_add_the_boot_allowance() -> None:
     assert plan().run_timeout_seconds == 3600 + 600
+    assert plan().heartbeat_timeout_seconds == 300 + 600
 
 
 def test_an_impossible_job_names_the_constraint() -> None:
@@ -72,6 +74,7 @@ def two_step_plan(max_attempts: int = 5) -> LaunchPlan:
         max_launch_attempts=max_attempts,
         retry_wait_seconds=10,
         run_timeout_seconds=100,
+        heartbeat_timeout_seconds=50,
     )
 
 
@@ -109,6 +112,7 @@ def test_price_of_prefers_the_zone_specific_price() -> None:
         ({"run": {"exit_code": None, "reason": "lost"}}, JobStatus.FAILED, "lost"),
         ({"launch": {"give_up": True, "error": "ICE"}}, JobStatus.FAILED, "no capacity"),
         ({"error": {"Error": "States.Timeout"}}, JobStatus.FAILED, "timeout"),
+        ({"error": {"Error": "States.HeartbeatTimeout"}}, JobStatus.FAILED, "heartbeats stopped"),
         ({"error": {"Error": "NoFeasibleOffering", "Cause": "x"}}, JobStatus.FAILED, "x"),
         ({}, JobStatus.FAILED, "without a result"),
     ],
@@ -119,3 +123,9 @@ def test_outcome_of_the_workflow_state(
     got_status, reason, _ = outcome_of(state)
     assert got_status is status
     assert reason_part in reason
+
+
+def test_a_timeout_before_the_jobs_own_limit_means_the_node_went_silent() -> None:
+    state = {"error": {"Error": "States.Timeout"}}
+    assert "heartbeats" in outcome_of(state, ran_seconds=120, timeout_seconds=3600)[1]
+    assert "exceeded" in outcome_of(state, ran_seconds=3700, timeout_seconds=3600)[1]

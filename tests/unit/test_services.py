@@ -94,6 +94,14 @@ def test_an_event_submission_takes_the_same_path() -> None:
 # -- lifecycle -------------------------------------------------------------------------------
 
 
+def started(job_id: str, instance_id: str) -> NodeReport:
+    return NodeReport(job_id=job_id, instance_id=instance_id, phase="started")
+
+
+def finished(job_id: str, instance_id: str, exit_code: int = 0) -> NodeReport:
+    return NodeReport(job_id=job_id, instance_id=instance_id, phase="finished", exit_code=exit_code)
+
+
 def lifecycle_with_job(fleet: FakeFleet | None = None) -> tuple[LifecycleService, Any, str]:
     ports = local_ports(fleet)
     job_id = submit(ports).job_id
@@ -118,9 +126,9 @@ def test_the_happy_path_end_to_end_with_cost() -> None:
     instance = job.placement.instance_ids[0]
 
     service.await_node(job_id, "token-1")
-    service.node_started(NodeReport(job_id=job_id, instance_id=instance))
+    service.node_report(started(job_id, instance))
     cast(ManualClock, ports.clock).advance(1800)
-    service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+    service.node_report(finished(job_id, instance))
     assert cast(RecordingWorkflow, ports.workflow).completed["token-1"]["exit_code"] == 0
 
     assert service.release(job_id) == {"terminated": [instance]}
@@ -139,8 +147,8 @@ def test_every_step_can_run_twice() -> None:
     assert len(cast(FakeFleet, ports.fleet).requests) == 1  # no second fleet
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     for _ in range(2):
-        service.node_started(NodeReport(job_id=job_id, instance_id=instance))
-        service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+        service.node_report(started(job_id, instance))
+        service.node_report(finished(job_id, instance))
         service.release(job_id)
     first = service.record_outcome(job_id, {"run": {"exit_code": 0}})
     assert service.record_outcome(job_id, {"run": {"exit_code": 1}}) == first
@@ -150,17 +158,32 @@ def test_a_finish_that_overtakes_its_start_and_its_token_still_completes_the_tas
     service, ports, job_id = lifecycle_with_job()
     run_to_launch(service, job_id)
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
-    service.node_finished(NodeReport(job_id=job_id, instance_id=instance, exit_code=0))
+    service.node_report(finished(job_id, instance))
     assert ports.jobs.get(job_id).status is JobStatus.RUNNING
-    service.node_started(NodeReport(job_id=job_id, instance_id=instance))  # late, harmless
+    service.node_report(started(job_id, instance))  # late, harmless
     service.await_node(job_id, "late-token")
     assert cast(RecordingWorkflow, ports.workflow).completed["late-token"]["exit_code"] == 0
+
+
+def test_heartbeats_reach_the_waiting_task_and_stop_once_it_completed() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    beat = NodeReport(job_id=job_id, instance_id=instance, phase="heartbeat")
+    service.node_report(beat)  # before the token is parked: nothing to tell yet
+    service.await_node(job_id, "token")
+    service.node_report(beat)
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.heartbeats == ["token"]
+    service.node_report(finished(job_id, instance))
+    service.node_report(beat)  # a late heartbeat after the end is harmless
+    assert workflow.heartbeats == ["token"]
 
 
 def test_reports_from_instances_the_job_does_not_hold_are_ignored() -> None:
     service, ports, job_id = lifecycle_with_job()
     run_to_launch(service, job_id)
-    service.node_finished(NodeReport(job_id=job_id, instance_id="i-someone-else", exit_code=0))
+    service.node_report(finished(job_id, "i-someone-else"))
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING and job.run_result is None
 
@@ -211,6 +234,7 @@ def test_a_terminal_job_cannot_be_revived() -> None:
             "max_launch_attempts": 1,
             "retry_wait_seconds": 1,
             "run_timeout_seconds": 10,
+            "heartbeat_timeout_seconds": 5,
         }
     )
     assert service.launch(job_id, plan, 0, 0).give_up

@@ -9,7 +9,7 @@ import boto3
 
 from gpufleet.agent.aws import EventBridgeReporter, Imds, S3Manifests
 from gpufleet.agent.docker import DockerRuntime
-from gpufleet.agent.node import NodeAgent
+from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, NodeAgent
 
 
 def main() -> int:
@@ -17,6 +17,7 @@ def main() -> int:
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--bus", required=True)
     parser.add_argument("--region", required=True)
+    parser.add_argument("--heartbeat-seconds", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
     args = parser.parse_args()
     session = boto3.session.Session(region_name=args.region)
     agent = NodeAgent(
@@ -24,6 +25,7 @@ def main() -> int:
         manifests=S3Manifests(session.client("s3"), args.bucket),
         reporter=EventBridgeReporter(session.client("events"), args.bus),
         runtime=DockerRuntime(),
+        heartbeat_seconds=args.heartbeat_seconds,
     )
     outcome = agent.run()
     return 0 if outcome.exit_code == 0 else 1

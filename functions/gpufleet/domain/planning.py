@@ -50,6 +50,9 @@ class LaunchPlan(BaseModel):
     max_launch_attempts: int = Field(ge=1)
     retry_wait_seconds: int = Field(ge=1)
     run_timeout_seconds: int = Field(ge=1, description="The job's timeout plus boot allowance")
+    heartbeat_timeout_seconds: int = Field(
+        ge=1, description="Silence after which the node is taken for lost"
+    )
 
     def after_failure(self, step: int, attempts: int, category: ErrorCategory | None) -> NextMove:
         """Where to go after `attempts` launch calls, the last of which failed at `step`."""
@@ -61,8 +64,17 @@ class LaunchPlan(BaseModel):
         return NextMove(step=0, retry_later=True)
 
 
-def outcome_of(state: Mapping[str, Any]) -> tuple[JobStatus, str, int | None]:
-    """The final status, reason and exit code from the workflow's state at its end."""
+def outcome_of(
+    state: Mapping[str, Any],
+    *,
+    ran_seconds: float | None = None,
+    timeout_seconds: int | None = None,
+) -> tuple[JobStatus, str, int | None]:
+    """The final status, reason and exit code from the workflow's state at its end.
+
+    `ran_seconds` (since launch) tells a run that outlived its timeout from a node that went
+    silent: Step Functions may report either as `States.Timeout`.
+    """
     run = state.get("run")
     if isinstance(run, Mapping):
         exit_code = run.get("exit_code")
@@ -82,7 +94,12 @@ def outcome_of(state: Mapping[str, Any]) -> tuple[JobStatus, str, int | None]:
     error = state.get("error")
     if isinstance(error, Mapping):
         name = str(error.get("Error", "Error"))
+        lost = (JobStatus.FAILED, "the node was lost: its heartbeats stopped", None)
+        if name == "States.HeartbeatTimeout":
+            return lost
         if name == "States.Timeout":
+            if ran_seconds is not None and timeout_seconds and ran_seconds < timeout_seconds:
+                return lost
             return JobStatus.FAILED, "the run exceeded its timeout", None
         cause = str(error.get("Cause", ""))[:500]
         return JobStatus.FAILED, f"{name}: {cause}" if cause else name, None
@@ -110,6 +127,7 @@ def plan_launch(
     max_launch_attempts: int,
     retry_wait_seconds: int,
     boot_allowance_seconds: int,
+    heartbeat_timeout_seconds: int,
     unavailable: frozenset[str] = frozenset(),
     max_types: int = 3,
 ) -> LaunchPlan:
@@ -156,4 +174,6 @@ def plan_launch(
         max_launch_attempts=max_launch_attempts,
         retry_wait_seconds=retry_wait_seconds,
         run_timeout_seconds=spec.timeout_seconds + boot_allowance_seconds,
+        # The first heartbeat comes after boot, so the allowance covers the boot too.
+        heartbeat_timeout_seconds=heartbeat_timeout_seconds + boot_allowance_seconds,
     )

@@ -4,6 +4,7 @@ the scenario)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -23,11 +24,14 @@ class Behaviour:
 
     duration_seconds: float = 3.0
     exit_code: int = 0
+    # The machine dies mid-run without a word: no heartbeats, no finish report.
+    vanishes: bool = False
 
 
 @dataclass
 class NodeScenario:
     boot_seconds: float = 1.0
+    heartbeat_seconds: float = 60.0
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     default: Behaviour = field(default_factory=Behaviour)
 
@@ -57,6 +61,10 @@ class EmulatedIdentity:
         return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
 
 
+class NodeVanished(Exception):
+    """The simulated machine is gone; its agent dies with it."""
+
+
 class SimulatedRuntime:
     """Runs for the scenario's duration, unless the instance is terminated under it."""
 
@@ -72,6 +80,8 @@ class SimulatedRuntime:
             time.sleep(0.1)
             if not self._alive():
                 return RunOutcome(exit_code=None, reason="the instance was terminated")
+        if behaviour.vanishes:
+            raise NodeVanished(self._instance_id)
         return RunOutcome(exit_code=behaviour.exit_code)
 
     def _alive(self) -> bool:
@@ -138,5 +148,7 @@ class NodeSimulator:
                 manifests=S3Manifests(self._account.client("s3"), self._account.bucket),
                 reporter=EventBridgeReporter(self._account.client("events"), self._account.bus),
                 runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario),
+                heartbeat_seconds=self._scenario.heartbeat_seconds,
             )
-            agent.run()
+            with contextlib.suppress(NodeVanished):
+                agent.run()

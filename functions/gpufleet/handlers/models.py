@@ -55,10 +55,6 @@ class SubmittedEvent(EventBridgeModel):
     detail: Any
 
 
-class NodeReportEvent(EventBridgeModel):
-    detail: dict[str, Any]
-
-
 class Delivery(BaseModel):
     """One delivery of one spec; `delivery_key` names it uniquely (the idempotency key)."""
 

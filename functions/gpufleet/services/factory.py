@@ -24,5 +24,6 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         max_launch_attempts=settings.max_launch_attempts,
         retry_wait_seconds=settings.retry_wait_seconds,
         boot_allowance_seconds=settings.boot_allowance_seconds,
+        heartbeat_timeout_seconds=settings.node_heartbeat_timeout_seconds,
     )
     return LifecycleService(ports, planner)

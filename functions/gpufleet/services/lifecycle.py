@@ -8,7 +8,7 @@ its work already done returns what it would have returned the first time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,7 @@ class NodeReport(BaseModel):
 
     job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
     instance_id: str = Field(max_length=64)
+    phase: Literal["started", "heartbeat", "finished"]
     exit_code: int | None = None
     reason: str = Field(default="", max_length=2000)
 
@@ -105,16 +106,21 @@ class LifecycleService:
         if job.run_result is not None:
             self._ports.workflow.complete_task(task_token, job.run_result)
 
-    def node_started(self, report: NodeReport) -> None:
+    def node_report(self, report: NodeReport) -> None:
+        """A node's start, heartbeat or finish. Reports from instances the job does not hold
+        (stale, or forged) are ignored."""
         job = self._ports.jobs.get(report.job_id)
-        if not _reported_by_own_node(job, report):
+        if job.placement is None or report.instance_id not in job.placement.instance_ids:
             return
-        self._move(job, JobStatus.RUNNING)
+        if report.phase == "started":
+            self._move(job, JobStatus.RUNNING)
+        elif report.phase == "heartbeat":
+            if job.task_token is not None:
+                self._ports.workflow.heartbeat(job.task_token)
+        else:
+            self._node_finished(job, report)
 
-    def node_finished(self, report: NodeReport) -> None:
-        job = self._ports.jobs.get(report.job_id)
-        if not _reported_by_own_node(job, report):
-            return
+    def _node_finished(self, job: Job, report: NodeReport) -> None:
         # A finish can overtake its start; the node evidently ran.
         job = self._move(job, JobStatus.RUNNING)
         result = {"exit_code": report.exit_code, "reason": report.reason}
@@ -135,10 +141,13 @@ class LifecycleService:
         job = self._ports.jobs.get(job_id)
         if job.status.terminal:
             return job.summary()
-        status, reason, exit_code = outcome_of(state)
+        released_at = job.released_at if job.released_at is not None else self._now()
+        ran = held_seconds(job.placement, released_at) if job.placement else None
+        status, reason, exit_code = outcome_of(
+            state, ran_seconds=ran, timeout_seconds=job.spec.timeout_seconds
+        )
         changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
         if job.placement is not None:
-            released_at = job.released_at if job.released_at is not None else self._now()
             changes["cost_usd"] = round(run_cost_usd(job.placement, released_at), 6)
         job = self._move(job, status, changes)
         return job.summary()
@@ -183,11 +192,6 @@ class LifecycleService:
         self._ports.jobs.update(
             job.job_id, self._now(), {"placement": placement, "attempts": job.attempts + 1}
         )
-
-
-def _reported_by_own_node(job: Job, report: NodeReport) -> bool:
-    """Ignore reports from instances the job does not hold (stale or forged)."""
-    return job.placement is not None and report.instance_id in job.placement.instance_ids
 
 
 def _run_manifest(job: Job) -> dict[str, Any]:

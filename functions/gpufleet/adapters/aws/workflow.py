@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -33,8 +33,17 @@ class StepFunctionsWorkflow:
                 raise
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+        return self._unless_stale(
+            lambda: self._client.send_task_success(taskToken=token, output=json.dumps(output))
+        )
+
+    def heartbeat(self, token: str) -> bool:
+        return self._unless_stale(lambda: self._client.send_task_heartbeat(taskToken=token))
+
+    @staticmethod
+    def _unless_stale(call: Callable[[], object]) -> bool:
         try:
-            self._client.send_task_success(taskToken=token, output=json.dumps(output))
+            call()
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _STALE_TOKEN_ERRORS:
                 return False

@@ -106,6 +106,7 @@ class RecordingWorkflow:
 
     started: list[str] = field(default_factory=list)
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    heartbeats: list[str] = field(default_factory=list)
 
     def start(self, job_id: str) -> None:
         if job_id not in self.started:
@@ -115,6 +116,12 @@ class RecordingWorkflow:
         if token in self.completed:
             return False
         self.completed[token] = dict(output)
+        return True
+
+    def heartbeat(self, token: str) -> bool:
+        if token in self.completed:
+            return False
+        self.heartbeats.append(token)
         return True
 
 
