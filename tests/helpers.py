@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpufleet.adapters.local.memory import (
     FakeFleet,
+    InMemoryCapacityMemory,
     InMemoryJobStore,
     InMemoryObjects,
     ManualClock,
@@ -30,4 +31,5 @@ def local_ports(fleet: FakeFleet | None = None) -> Ports:
         objects=InMemoryObjects(),
         workflow=RecordingWorkflow(),
         fleet=fleet or FakeFleet(),
+        capacity=InMemoryCapacityMemory(),
     )

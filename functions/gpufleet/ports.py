@@ -6,7 +6,7 @@ implements them in memory (unit tests and the simulator). One contract suite run
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,20 @@ class JobStore(Protocol):
 
     def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
         """Jobs, newest first; only those in `status` when given."""
+        ...
+
+    def recent_for_team(self, team: str, limit: int) -> list[Job]:
+        """The team's most recent jobs, newest first."""
+        ...
+
+
+class CapacityMemory(Protocol):
+    """Offerings (`capacity-type:instance-type:zone`) that recently had no capacity."""
+
+    def remember(self, keys: Iterable[str], until: float) -> None: ...
+
+    def unavailable(self, now: float) -> frozenset[str]:
+        """Keys remembered and not yet expired at `now`."""
         ...
 
 
@@ -96,3 +110,4 @@ class Ports:
     objects: ObjectStore
     workflow: Workflow
     fleet: Fleet
+    capacity: CapacityMemory

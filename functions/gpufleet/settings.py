@@ -15,6 +15,7 @@ class Settings(BaseModel):
     region: str
     jobs_table: str
     idempotency_table: str
+    capacity_table: str
     event_bus_name: str
     intake_bucket: str
     job_state_machine_arn: str = ""
@@ -24,6 +25,8 @@ class Settings(BaseModel):
     max_launch_attempts: int = 20
     retry_wait_seconds: int = 60
     boot_allowance_seconds: int = 900
+    # How long an offering that failed for capacity is skipped by every launch.
+    capacity_memory_seconds: int = 300
     # A node that sends no heartbeat for this long is taken for lost.
     node_heartbeat_timeout_seconds: int = 900
 
@@ -33,6 +36,7 @@ class Settings(BaseModel):
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             jobs_table=env[topology.JOBS_TABLE.env_var],
             idempotency_table=env[topology.IDEMPOTENCY_TABLE.env_var],
+            capacity_table=env[topology.CAPACITY_TABLE.env_var],
             event_bus_name=env[topology.ENV_EVENT_BUS],
             intake_bucket=env[topology.ENV_INTAKE_BUCKET],
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
@@ -40,6 +44,7 @@ class Settings(BaseModel):
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),
             retry_wait_seconds=int(env.get("GPUFLEET_RETRY_WAIT_SECONDS", "60")),
+            capacity_memory_seconds=int(env.get("GPUFLEET_CAPACITY_MEMORY_SECONDS", "300")),
             boot_allowance_seconds=int(env.get("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "900")),
             node_heartbeat_timeout_seconds=int(
                 env.get("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "900")

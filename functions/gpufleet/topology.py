@@ -104,7 +104,15 @@ IDEMPOTENCY_TABLE = Table(
     partition_key="id",
     ttl_attribute="expiration",
 )
-TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE)
+# Offerings that just failed with capacity errors, per region, until `expires_at` (epoch s).
+CAPACITY_TABLE = Table(
+    construct_id="CapacityMemoryTable",
+    env_var="CAPACITY_TABLE",
+    partition_key="region",
+    sort_key="offering",
+    ttl_attribute="expires_at",
+)
+TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE, CAPACITY_TABLE)
 
 INTAKE_FROM_S3 = Function(
     "IntakeFromS3", "gpufleet.handlers.on_s3_upload.handler", "Accepts job specs uploaded to S3"

@@ -57,6 +57,7 @@ class Permission(enum.Enum):
     WRITE_RUNS = "write run manifests under runs/"
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
+    CAPACITY_MEMORY = "remember and read offerings that had no capacity"
 
 
 P = Permission
@@ -71,7 +72,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.PREPARE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind.
     topology.LAUNCH.construct_id: frozenset(
-        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.LAUNCH_FLEET, P.TERMINATE}
+        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.LAUNCH_FLEET, P.TERMINATE, P.CAPACITY_MEMORY}
     ),
     # AwaitNode completes the task itself when the node finished before the token was parked.
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
@@ -219,6 +220,16 @@ class Functions(Construct):
         wildcards: list[str] = []
         if P.JOBS in grants:
             role.add_to_policy(self._job_store.read_write_statement(jobs))
+        if P.CAPACITY_MEMORY in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="CapacityMemory",
+                    actions=["dynamodb:Query", "dynamodb:PutItem"],
+                    resources=[
+                        self._job_store.tables[topology.CAPACITY_TABLE.construct_id].table_arn
+                    ],
+                )
+            )
         if P.IDEMPOTENCY in grants:
             role.add_to_policy(
                 self._job_store.idempotency_statement(topology.IDEMPOTENCY_TABLE.construct_id)

@@ -140,3 +140,15 @@ def test_listing_by_status_is_newest_first(store: JobStore) -> None:
     cancelled = [j.job_id for j in store.list_jobs(JobStatus.CANCELLED)]
     assert cancelled.index(newer.job_id) < cancelled.index(older.job_id)
     assert all(j.status is JobStatus.CANCELLED for j in store.list_jobs(JobStatus.CANCELLED))
+
+
+def test_recent_for_team_is_that_teams_jobs_newest_first(store: JobStore) -> None:
+    team = f"team-{next(_counter)}"
+    spec = SPEC.model_copy(update={"team": team})
+    jobs = [new_job(created_at=float(t)).model_copy(update={"spec": spec}) for t in (1, 3, 2)]
+    for job in jobs:
+        store.put_new(job)
+    store.put_new(new_job(created_at=5.0))  # another team's
+    recent = store.recent_for_team(team, limit=2)
+    assert [j.created_at for j in recent] == [3.0, 2.0]
+    assert all(j.spec.team == team for j in recent)

@@ -145,3 +145,28 @@ def test_bad_hours_is_an_argparse_error() -> None:
     with pytest.raises(SystemExit) as info:
         run(["--gpus", "1", "--hours", "0"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "spec_line", "seconds", "source"),
+    [
+        ([], "expected_duration: 90m\n", 5400, "spec"),
+        ([], "", 3600, "default"),
+        (["--hours", "2"], "expected_duration: 90m\n", 7200, "flag"),
+    ],
+)
+def test_the_expected_duration_and_its_source_are_shown(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    spec_line: str,
+    seconds: int,
+    source: str,
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\nteam: t\nimage: i\ncommand: [x]\n" + spec_line)
+    assert run([str(path), "--json", *extra]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["expected_duration"] == {"seconds": seconds, "source": source}
+    assert run([str(path), *extra]) == 0
+    assert "expected run time" in capsys.readouterr().out

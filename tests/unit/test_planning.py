@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of, plan_launch
@@ -26,6 +27,7 @@ def plan(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -
         retry_wait_seconds=30,
         boot_allowance_seconds=600,
         heartbeat_timeout_seconds=300,
+        expected=DurationEstimate(3600, "default"),
     )
 
 
@@ -75,6 +77,8 @@ def two_step_plan(max_attempts: int = 5) -> LaunchPlan:
         retry_wait_seconds=10,
         run_timeout_seconds=100,
         heartbeat_timeout_seconds=50,
+        expected_seconds=3600,
+        expected_source="default",
     )
 
 

@@ -29,6 +29,7 @@ SETTINGS = Settings(
     idempotency_table="idem",
     event_bus_name="gpufleet",
     intake_bucket="bucket",
+    capacity_table="capacity",
     max_launch_attempts=4,
     retry_wait_seconds=5,
 )
@@ -235,7 +236,57 @@ def test_a_terminal_job_cannot_be_revived() -> None:
             "retry_wait_seconds": 1,
             "run_timeout_seconds": 10,
             "heartbeat_timeout_seconds": 5,
+            "expected_seconds": 60,
+            "expected_source": "spec",
         }
     )
     assert service.launch(job_id, plan, 0, 0).give_up
     assert cast(FakeFleet, ports.fleet).requests == []
+
+
+def test_offerings_without_capacity_are_skipped_by_later_launches_until_they_expire() -> None:
+    def no_spot(request: LaunchRequest) -> list[str] | None:
+        return ["InsufficientInstanceCapacity"] if request.capacity_type == "spot" else None
+
+    fleet = FakeFleet(no_spot)
+    service, ports, first = lifecycle_with_job(fleet)
+    plan, failed = run_to_launch(service, first)
+    assert not failed.launched
+    tried = {o.instance_type for o in fleet.requests[0].overrides}
+    remembered = ports.capacity.unavailable(ports.clock.now())
+    assert remembered == {f"spot:{t}:us-east-1" for t in tried}
+
+    # A second job, a minute later: its spot launch avoids every remembered offering.
+    second = submit(ports, "jobs/b.yaml").job_id
+    cast(ManualClock, ports.clock).advance(60)
+    service.prepare(second)
+    service.launch(second, plan, step=0, attempt=0)
+    assert not tried & {o.instance_type for o in fleet.requests[-1].overrides}
+
+    # Once the memory expires, spot is tried again on the best offerings.
+    third = submit(ports, "jobs/c.yaml").job_id
+    cast(ManualClock, ports.clock).advance(SETTINGS.capacity_memory_seconds)
+    service.prepare(third)
+    service.launch(third, plan, step=0, attempt=0)
+    assert fleet.requests[-1].capacity_type == "spot"
+    assert tried == {o.instance_type for o in fleet.requests[-1].overrides}
+
+
+def test_without_an_expected_duration_the_teams_similar_runs_set_it() -> None:
+    service, ports, first = lifecycle_with_job()
+    assert service.prepare(first)["plan"]["expected_source"] == "default"
+    # Three finished runs of the same image and resources, of 20, 30 and 40 minutes.
+    for index, minutes in enumerate((20, 30, 40)):
+        job_id = submit(ports, f"jobs/past-{index}.yaml").job_id
+        service.prepare(job_id)
+        plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
+        service.launch(job_id, plan, 0, 0)
+        cast(ManualClock, ports.clock).advance(minutes * 60)
+        service.release(job_id)
+        instance = ports.jobs.get(job_id).placement.instance_ids[0]
+        service.node_report(finished(job_id, instance))
+        service.record_outcome(job_id, {"run": {"exit_code": 0}})
+    new = submit(ports, "jobs/new.yaml").job_id
+    plan = service.prepare(new)["plan"]
+    assert plan["expected_source"] == "history"
+    assert plan["expected_seconds"] == 30 * 60

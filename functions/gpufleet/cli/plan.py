@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.duration import DEFAULT_SECONDS, DurationEstimate, estimate_duration
 from gpufleet.domain.selection import NoFeasibleOffering, Selection, select
 from gpufleet.domain.spec import Resources, SpecError, SpotPolicy, parse_spec
 
@@ -86,7 +87,11 @@ def _error(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     flags = [f for f in _RESOURCE_FLAGS if getattr(args, f) is not None]
     spot = SpotPolicy(args.spot) if args.spot else SpotPolicy.AUTO
-    hours: float = args.hours or 1.0
+    estimate = (
+        DurationEstimate(round(args.hours * 3600), "flag")
+        if args.hours
+        else DurationEstimate(DEFAULT_SECONDS, "default")
+    )
     checkpoint: float | None = args.checkpoint_hours
     if args.limit < 1:
         return _error("--limit must be >= 1")
@@ -108,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
         resources = spec.resources
         if not args.spot:
             spot = spec.spot
-        if args.hours is None and spec.expected_duration_seconds:
-            hours = spec.expected_duration_seconds / 3600
+        if args.hours is None:
+            estimate = estimate_duration(spec, history=[])
         if checkpoint is None and spec.checkpoint:
             checkpoint = DEFAULT_CHECKPOINT_HOURS
     else:
@@ -132,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
                 for e in exc.errors(include_url=False)
             )
             return _error(problems)
+    hours = estimate.seconds / 3600
     try:
         selection = select(
             resources,
@@ -145,9 +151,13 @@ def run(args: argparse.Namespace) -> int:
     except NoFeasibleOffering as exc:
         return _error(str(exc))
     if args.json:
-        print(json.dumps(to_json(selection), indent=2))
+        document = to_json(selection)
+        document["expected_duration"] = {"seconds": estimate.seconds, "source": estimate.source}
+        print(json.dumps(document, indent=2))
     else:
         print(render(selection, resources, spot, hours, checkpoint))
+        source = "--hours" if estimate.source == "flag" else estimate.describe()
+        print(f"\nexpected run time {_duration(estimate.seconds)}: {source}")
     return 0
 
 
@@ -217,3 +227,8 @@ def render(
     if more > 0:
         lines.append(f"... and {more} more feasible offerings (--limit to see them)")
     return "\n".join(lines)
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m"

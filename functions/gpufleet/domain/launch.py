@@ -111,3 +111,15 @@ class LaunchResult(BaseModel):
         if self.launched:
             return None
         return worst_category([error.code for error in self.errors] or ["UnfulfillableCapacity"])
+
+
+def shortage_keys(result: LaunchResult, region: str) -> list[str]:
+    """Capacity-memory keys (`capacity-type:instance-type:zone`, the region when the offering
+    has no zone) of the offerings a failed launch found without capacity."""
+    return sorted(
+        {
+            f"{result.capacity_type.value}:{error.instance_type}:{error.zone or region}"
+            for error in result.errors
+            if error.instance_type and classify_launch_error(error.code) is ErrorCategory.CAPACITY
+        }
+    )

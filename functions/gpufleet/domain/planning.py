@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.catalog import Catalog
+from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
 from gpufleet.domain.selection import NoFeasibleOffering, diversify, select
@@ -53,6 +54,8 @@ class LaunchPlan(BaseModel):
     heartbeat_timeout_seconds: int = Field(
         ge=1, description="Silence after which the node is taken for lost"
     )
+    expected_seconds: int = Field(ge=1, description="Expected run time offerings were ranked by")
+    expected_source: str = Field(description="Where the expected run time came from")
 
     def after_failure(self, step: int, attempts: int, category: ErrorCategory | None) -> NextMove:
         """Where to go after `attempts` launch calls, the last of which failed at `step`."""
@@ -115,9 +118,6 @@ _STEP_ORDER: dict[SpotPolicy, tuple[tuple[CapacityType, SpotPolicy], ...]] = {
     SpotPolicy.NEVER: ((CapacityType.ON_DEMAND, SpotPolicy.NEVER),),
 }
 
-# Without an expected duration, offerings are compared over one hour.
-DEFAULT_EXPECTED_HOURS = 1.0
-
 
 def plan_launch(
     spec: JobSpec,
@@ -128,6 +128,7 @@ def plan_launch(
     retry_wait_seconds: int,
     boot_allowance_seconds: int,
     heartbeat_timeout_seconds: int,
+    expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
     max_types: int = 3,
 ) -> LaunchPlan:
@@ -135,11 +136,7 @@ def plan_launch(
 
     Raises NoFeasibleOffering when no capacity type has an offering that fits.
     """
-    hours = (
-        spec.expected_duration_seconds / 3600
-        if spec.expected_duration_seconds
-        else DEFAULT_EXPECTED_HOURS
-    )
+    hours = expected.seconds / 3600
     steps: list[LaunchStep] = []
     last_refusal: NoFeasibleOffering | None = None
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
@@ -176,4 +173,6 @@ def plan_launch(
         run_timeout_seconds=spec.timeout_seconds + boot_allowance_seconds,
         # The first heartbeat comes after boot, so the allowance covers the boot too.
         heartbeat_timeout_seconds=heartbeat_timeout_seconds + boot_allowance_seconds,
+        expected_seconds=expected.seconds,
+        expected_source=expected.source,
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.domain.planning import plan_launch
+from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.planning import LaunchPlan, plan_launch
+from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports
 from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
 from gpufleet.settings import Settings
 
 
@@ -17,13 +17,24 @@ def build_intake(ports: Ports) -> IntakeService:
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
-    planner = partial(
-        plan_launch,
-        catalog=load_bundled(),
-        region=settings.region,
-        max_launch_attempts=settings.max_launch_attempts,
-        retry_wait_seconds=settings.retry_wait_seconds,
-        boot_allowance_seconds=settings.boot_allowance_seconds,
-        heartbeat_timeout_seconds=settings.node_heartbeat_timeout_seconds,
+    catalog = load_bundled()
+
+    def planner(
+        spec: JobSpec, *, unavailable: frozenset[str], expected: DurationEstimate
+    ) -> LaunchPlan:
+        return plan_launch(
+            spec,
+            catalog,
+            settings.region,
+            max_launch_attempts=settings.max_launch_attempts,
+            retry_wait_seconds=settings.retry_wait_seconds,
+            boot_allowance_seconds=settings.boot_allowance_seconds,
+            heartbeat_timeout_seconds=settings.node_heartbeat_timeout_seconds,
+            expected=expected,
+            unavailable=unavailable,
+        )
+
+    policy = LifecyclePolicy(
+        region=settings.region, capacity_memory_seconds=settings.capacity_memory_seconds
     )
-    return LifecycleService(ports, planner)
+    return LifecycleService(ports, planner, policy)

@@ -7,20 +7,43 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.cost import fleet_hourly_usd, held_seconds, run_cost_usd
+from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
-from gpufleet.domain.launch import LaunchRequest, LaunchResult
-from gpufleet.domain.planning import LaunchPlan, outcome_of
+from gpufleet.domain.launch import (
+    CapacityType,
+    LaunchError,
+    LaunchRequest,
+    LaunchResult,
+    shortage_keys,
+)
+from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
+from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, RUNS_PREFIX
 
-Planner = Callable[[JobSpec], LaunchPlan]
+
+class Planner(Protocol):
+    def __call__(
+        self, spec: JobSpec, *, unavailable: frozenset[str], expected: DurationEstimate
+    ) -> LaunchPlan: ...
+
+
+# How many of a team's recent jobs are read to estimate a run time.
+HISTORY_DEPTH = 100
+
+
+@dataclass(frozen=True)
+class LifecyclePolicy:
+    region: str
+    capacity_memory_seconds: int = 300
 
 
 class NodeReport(BaseModel):
@@ -51,16 +74,21 @@ def run_manifest_key(job_id: str) -> str:
 
 
 class LifecycleService:
-    def __init__(self, ports: Ports, planner: Planner) -> None:
+    def __init__(self, ports: Ports, planner: Planner, policy: LifecyclePolicy) -> None:
         self._ports = ports
         self._planner = planner
+        self._policy = policy
 
     # -- state machine tasks -------------------------------------------------------------------
 
     def prepare(self, job_id: str) -> dict[str, Any]:
         """Check the stored job, queue it, and plan its launch."""
         job = self._ports.jobs.get(job_id)
-        plan = self._planner(job.spec)
+        # The plan fixes the order of capacity types and the timeouts; which offerings to try
+        # is decided at each launch, against the capacity memory of that moment.
+        plan = self._planner(
+            job.spec, unavailable=frozenset(), expected=self._expected_duration(job.spec)
+        )
         self._move(job, JobStatus.QUEUED)
         return {
             "job_id": job_id,
@@ -78,19 +106,37 @@ class LifecycleService:
             # A retry of a launch that already succeeded: do not launch again.
             return LaunchStepResult(step=step, attempt=attempt, launched=True)
         self._ports.objects.put_json(run_manifest_key(job_id), _run_manifest(job))
-        launch_step = plan.steps[step]
-        result = self._ports.fleet.launch(
-            LaunchRequest(
-                job_id=job_id,
-                attempt=attempt,
-                capacity_type=launch_step.capacity_type,
-                nodes=plan.nodes,
-                overrides=launch_step.overrides,
+        capacity_type = plan.steps[step].capacity_type
+        expected = DurationEstimate(plan.expected_seconds, plan.expected_source)
+        launch_step = self._current_offerings(job.spec, capacity_type, expected)
+        if launch_step is None:
+            # Every offering of this capacity type failed moments ago: skip EC2 entirely.
+            result = LaunchResult(
+                capacity_type=capacity_type,
+                errors=[
+                    LaunchError(
+                        code="InsufficientInstanceCapacity",
+                        message="every offering of this capacity type is in the capacity memory",
+                    )
+                ],
             )
-        )
-        if result.launched:
-            self._record_placement(job, result, plan, step)
-            return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
+        else:
+            result = self._ports.fleet.launch(
+                LaunchRequest(
+                    job_id=job_id,
+                    attempt=attempt,
+                    capacity_type=capacity_type,
+                    nodes=plan.nodes,
+                    overrides=launch_step.overrides,
+                )
+            )
+            if result.launched:
+                self._record_placement(job, result, launch_step)
+                return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
+            self._ports.capacity.remember(
+                shortage_keys(result, self._policy.region),
+                until=self._now() + self._policy.capacity_memory_seconds,
+            )
         next_move = plan.after_failure(step, attempt + 1, result.error_category)
         return LaunchStepResult(
             step=next_move.step,
@@ -177,16 +223,37 @@ class LifecycleService:
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
         return moved
 
-    def _record_placement(
-        self, job: Job, result: LaunchResult, plan: LaunchPlan, step: int
-    ) -> None:
+    def _expected_duration(self, spec: JobSpec) -> DurationEstimate:
+        if spec.expected_duration_seconds:
+            return estimate_duration(spec, [])
+        history = [
+            PastRun(past.spec.image, past.spec.resources, held_seconds(past.placement, released))
+            for past in self._ports.jobs.recent_for_team(spec.team, HISTORY_DEPTH)
+            if past.status is JobStatus.SUCCEEDED
+            and past.placement is not None
+            and (released := past.released_at) is not None
+        ]
+        return estimate_duration(spec, history)
+
+    def _current_offerings(
+        self, spec: JobSpec, capacity_type: CapacityType, expected: DurationEstimate
+    ) -> LaunchStep | None:
+        """This capacity type's offerings for the spec, minus those without capacity now."""
+        unavailable = self._ports.capacity.unavailable(self._now())
+        try:
+            plan = self._planner(spec, unavailable=unavailable, expected=expected)
+        except NoFeasibleOffering:
+            return None
+        return next((s for s in plan.steps if s.capacity_type == capacity_type), None)
+
+    def _record_placement(self, job: Job, result: LaunchResult, launch_step: LaunchStep) -> None:
         assert result.instance_type is not None
         placement = Placement(
             instance_ids=result.instance_ids,
             instance_type=result.instance_type,
             capacity_type=result.capacity_type.value,
             zone=result.zone,
-            hourly_usd=plan.steps[step].price_of(result.instance_type, result.zone),
+            hourly_usd=launch_step.price_of(result.instance_type, result.zone),
             launched_at=self._now(),
         )
         self._ports.jobs.update(

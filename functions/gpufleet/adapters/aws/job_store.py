@@ -167,6 +167,17 @@ class DynamoJobStore:
             raise
         return item_to_job(response["Attributes"])
 
+    def recent_for_team(self, team: str, limit: int) -> list[Job]:
+        response = self._client.query(
+            TableName=self._table,
+            IndexName="by_team",
+            KeyConditionExpression="team = :team",
+            ExpressionAttributeValues={":team": {"S": team}},
+            ScanIndexForward=False,
+            Limit=limit,
+        )
+        return [item_to_job(item) for item in response.get("Items", [])]
+
     def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
         jobs: list[Job] = []
         kwargs: dict[str, Any]

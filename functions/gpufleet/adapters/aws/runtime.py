@@ -7,6 +7,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from gpufleet.adapters.aws.capacity_memory import DynamoCapacityMemory
 from gpufleet.adapters.aws.clock import SystemClock
 from gpufleet.adapters.aws.events import EventBridgePublisher
 from gpufleet.adapters.aws.fleet import Ec2Fleet
@@ -36,4 +37,5 @@ def aws_ports(settings: Settings) -> Ports:
             client("stepfunctions", region), settings.job_state_machine_arn
         ),
         fleet=Ec2Fleet(client("ec2", region), settings.launch_template_id, settings.subnet_ids),
+        capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
     )

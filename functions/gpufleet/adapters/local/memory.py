@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,12 @@ class InMemoryJobStore:
             self._jobs[job_id] = updated
             return updated
 
+    def recent_for_team(self, team: str, limit: int) -> list[Job]:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if j.spec.team == team]
+        jobs.sort(key=lambda job: job.created_at, reverse=True)
+        return jobs[:limit]
+
     def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
         with self._lock:
             jobs = [j for j in self._jobs.values() if status is None or j.status == status]
@@ -125,6 +131,18 @@ class RecordingWorkflow:
         return True
 
 
+class InMemoryCapacityMemory:
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def remember(self, keys: Iterable[str], until: float) -> None:
+        for key in keys:
+            self._until[key] = max(until, self._until.get(key, 0.0))
+
+    def unavailable(self, now: float) -> frozenset[str]:
+        return frozenset(key for key, until in self._until.items() if until > now)
+
+
 # Decides a launch's fate: None launches it, a list of error codes fails it.
 LaunchRule = Callable[[LaunchRequest], list[str] | None]
 
@@ -142,9 +160,14 @@ class FakeFleet:
         self.requests.append(request)
         codes = self._rule(request)
         if codes:
+            # Like EC2: one error per override it could not fill.
             return LaunchResult(
                 capacity_type=request.capacity_type,
-                errors=[LaunchError(code=code) for code in codes],
+                errors=[
+                    LaunchError(code=code, instance_type=o.instance_type, zone=o.zone)
+                    for code in codes
+                    for o in request.overrides
+                ],
             )
         first = request.overrides[0]
         instance_ids = []

@@ -1,0 +1,56 @@
+"""How long a job is expected to run: from its spec, else from its team's similar jobs.
+
+Selection compares offerings by the expected cost of finishing, so it needs a duration. A spec
+that says `expected_duration` is taken at its word. Otherwise the team's recent successful runs
+of the same image and resources say it: their median (robust to the odd outlier), once there
+are enough of them. With neither, one hour: the unit prices are quoted in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpufleet.domain.spec import JobSpec, Resources
+
+DEFAULT_SECONDS = 3600
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PastRun:
+    """A finished run of a team's job: what it ran and for how long."""
+
+    image: str
+    resources: Resources
+    run_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DurationEstimate:
+    seconds: int
+    source: str  # "spec" | "history" | "default"
+    samples: int = 0
+
+    def describe(self) -> str:
+        if self.source == "history":
+            return f"median of {self.samples} similar past runs"
+        if self.source == "spec":
+            return "the spec's expected_duration"
+        return "default (no expected_duration and too little history)"
+
+
+def estimate_duration(
+    spec: JobSpec, history: Sequence[PastRun], *, min_samples: int = MIN_SAMPLES
+) -> DurationEstimate:
+    if spec.expected_duration_seconds:
+        return DurationEstimate(spec.expected_duration_seconds, "spec")
+    similar = [
+        run.run_seconds
+        for run in history
+        if run.image == spec.image and run.resources == spec.resources and run.run_seconds > 0
+    ]
+    if len(similar) >= min_samples:
+        return DurationEstimate(round(statistics.median(similar)), "history", len(similar))
+    return DurationEstimate(DEFAULT_SECONDS, "default")
