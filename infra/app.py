@@ -25,6 +25,7 @@ for _path in (str(ROOT / "functions"), str(ROOT)):
 
 import aws_cdk as cdk  # noqa: E402
 
+from gpufleet.domain.config import ConfigFileError, config_from_yaml  # noqa: E402
 from infra.config import ConfigError, GpuFleetConfig  # noqa: E402
 from infra.stack import STACK_NAME, GpuFleetStack  # noqa: E402
 
@@ -53,11 +54,21 @@ def build_app(
         code_path = ROOT / code_path
     if not code_path.is_dir():
         raise SystemExit(f"lambda_asset {code_path} is not a directory (run `make package`?)")
+    config_path = Path(config.config_file)
+    if not config_path.is_absolute():
+        config_path = ROOT / config_path
+    try:
+        fleet_config = config_from_yaml(config_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config_file {config_path}: {exc.strerror}") from None
+    except ConfigFileError as exc:
+        raise ConfigError(f"config_file {config_path}: {exc}") from None
     # Environment-agnostic: account and region come from the deploy's credentials.
     stack = GpuFleetStack(
         app,
         STACK_NAME,
         config=config,
+        fleet_config=fleet_config,
         code_path=code_path,
         description="gpufleet: serverless control plane for GPU training jobs on EC2",
     )

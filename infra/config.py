@@ -96,6 +96,8 @@ class GpuFleetConfig:
     event_max_age_hours: int = 6
     # The node agent imports gpufleet.agent and gpufleet.topology only: boto3 is all it needs.
     agent_pip_packages: str = "boto3"
+    # The policy config (reservations, ...), relative to the repository root.
+    config_file: str = "gpufleet.yaml"
 
     @property
     def uses_placeholder_network(self) -> bool:

@@ -10,6 +10,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 
 from constructs import Construct
 from gpufleet import topology
+from gpufleet.domain.config import FleetConfig
 from infra.config import GpuFleetConfig
 from infra.constructs.fleet import Fleet
 from infra.constructs.functions import ASSET_EXCLUDE, Functions
@@ -27,6 +28,7 @@ class GpuFleetStack(Stack):
         construct_id: str,
         *,
         config: GpuFleetConfig,
+        fleet_config: FleetConfig,
         code_path: Path,
         **kwargs: Any,
     ) -> None:
@@ -54,6 +56,7 @@ class GpuFleetStack(Stack):
             self,
             "Functions",
             config=config,
+            fleet_config=fleet_config,
             code=code,
             job_store=job_store,
             bus=intake.bus,

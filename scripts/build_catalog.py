@@ -21,16 +21,25 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+# Shared with `gpufleet catalog refresh`: the spot clamp, price rounding, region/zone patterns,
+# spec corrections (applied here after reading vantage) and the writer.
+from gpufleet.domain.catalog_refresh import (
+    SCHEMA_VERSION,
+    SPEC_CORRECTIONS,
+    dumps,
+)
+from gpufleet.domain.catalog_refresh import STD_AZ_ID as _STD_AZ_ID
+from gpufleet.domain.catalog_refresh import STD_REGION as _STD_REGION
+from gpufleet.domain.catalog_refresh import clean_spot as _clean_spot
+from gpufleet.domain.catalog_refresh import price as _price
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "functions" / "gpufleet" / "catalog" / "catalog.json"
-
-SCHEMA_VERSION = 1
 
 VANTAGE_DIR = "prices/ec2instances-vantage-2025-11-30"
 VANTAGE_JSON = f"{VANTAGE_DIR}/gpu_instances_raw.json"
@@ -156,39 +165,6 @@ EFA_TYPES = frozenset(
     }
 )
 
-# Spec corrections: instance type -> (fields to set, reason). Applied after reading vantage.
-SPEC_CORRECTIONS: dict[str, tuple[dict[str, Any], str]] = {
-    "trn1.2xlarge": (
-        {"accelerator": "trainium", "gpu_model": "Trainium"},
-        "vantage labels trn1 'AWS Inferentia'; trn1 carries AWS Trainium (training) chips",
-    ),
-    "trn1.32xlarge": (
-        {"accelerator": "trainium", "gpu_model": "Trainium"},
-        "vantage labels trn1 'AWS Inferentia'; trn1 carries AWS Trainium (training) chips",
-    ),
-    "trn1n.32xlarge": (
-        {"accelerator": "trainium", "gpu_model": "Trainium"},
-        "vantage labels trn1n 'AWS Inferentia'; trn1n carries AWS Trainium (training) chips",
-    ),
-    "trn2.48xlarge": (
-        {"gpu_memory_gib": 96.0},
-        "vantage GPU_memory=96 is per Trainium2 chip, not the instance total (16 x 96 GiB)",
-    ),
-    "p2.8xlarge": (
-        {"gpus": 8, "gpu_memory_gib": 12.0},
-        "vantage counts 4 K80 boards x 24 GiB; a K80 board is two GPUs: 8 GPUs x 12 GiB",
-    ),
-    "p2.16xlarge": (
-        {"gpus": 16, "gpu_memory_gib": 12.0},
-        "vantage counts 8 K80 boards x 24 GiB; a K80 board is two GPUs: 16 GPUs x 12 GiB",
-    ),
-    "p6e-gb200.36xlarge": (
-        {"gpus": 4, "gpu_memory_gib": 185.0, "arch": "arm64", "gpu_model": "GB200"},
-        "vantage gives the 36-GPU UltraServer totals (36 GPUs, 6660 GiB) and x86_64; one "
-        "instance has 4 Blackwell GPUs (185 GiB each) on NVIDIA Grace (arm64) CPUs",
-    ),
-}
-
 _FRACTIONAL_REASON = (
     "vantage gives a fractional GPU count ({count}) and its CSV flattening a per-device memory "
     "of 24 GiB; the instance gets a {share} slice of one L4 with {mem} GiB. Recorded as 0 whole "
@@ -196,31 +172,11 @@ _FRACTIONAL_REASON = (
     "that asks for whole GPUs"
 )
 
-_STD_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-_STD_AZ_ID = re.compile(r"^[a-z]+\d-az\d+$")
-
 
 def _num(value: str | float | int | None) -> float | None:
     if value is None or value == "":
         return None
     return float(value)
-
-
-def _price(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
-
-
-def _clean_spot(
-    spot: float | None, on_demand: float | None, where: str, notes: list[str]
-) -> float | None:
-    """Spot above on-demand cannot launch at the default max price; a tiny excess is rounding."""
-    if spot is None or on_demand is None or spot <= on_demand:
-        return spot
-    if spot - on_demand <= 0.001:
-        notes.append(f"{where}: spot {spot} rounded above on-demand {on_demand}; clamped")
-        return on_demand
-    notes.append(f"{where}: spot {spot} above on-demand {on_demand}; dropped")
-    return None
 
 
 def _load_advisor(data: Path) -> dict[tuple[str, str], int]:
@@ -447,27 +403,6 @@ def build(data: Path) -> dict[str, Any]:
         "instance_types": [types[k] for k in sorted(types)],
         "offerings": offering_rows,
     }
-
-
-def dumps(doc: dict[str, Any]) -> str:
-    """JSON with one instance type / offering per line: small, and diffs stay readable."""
-    compact = {"separators": (",", ":"), "ensure_ascii": False}
-    lines = ["{"]
-    keys = list(doc)
-    for i, key in enumerate(keys):
-        value = doc[key]
-        comma = "," if i < len(keys) - 1 else ""
-        if isinstance(value, list) and value and isinstance(value[0], dict):
-            lines.append(f"{json.dumps(key)}:[")
-            lines.extend(
-                json.dumps(item, **compact) + ("," if j < len(value) - 1 else "")  # type: ignore[arg-type]
-                for j, item in enumerate(value)
-            )
-            lines.append("]" + comma)
-        else:
-            lines.append(f"{json.dumps(key)}:{json.dumps(value, **compact)}{comma}")  # type: ignore[arg-type]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

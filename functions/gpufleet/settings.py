@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet import topology
+from gpufleet.domain.config import FleetConfig, config_from_env
 
 
 class Settings(BaseModel):
@@ -21,6 +22,7 @@ class Settings(BaseModel):
     job_state_machine_arn: str = ""
     launch_template_id: str = ""
     subnet_ids: list[str] = Field(default_factory=list)
+    config: FleetConfig = Field(default_factory=FleetConfig)
     # Launch policy: how often and how long to wait for capacity before a job fails.
     max_launch_attempts: int = 20
     retry_wait_seconds: int = 60
@@ -42,6 +44,7 @@ class Settings(BaseModel):
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
             launch_template_id=env.get(topology.ENV_LAUNCH_TEMPLATE, ""),
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
+            config=config_from_env(env.get(topology.ENV_CONFIG)),
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),
             retry_wait_seconds=int(env.get("GPUFLEET_RETRY_WAIT_SECONDS", "60")),
             capacity_memory_seconds=int(env.get("GPUFLEET_CAPACITY_MEMORY_SECONDS", "300")),

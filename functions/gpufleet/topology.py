@@ -195,10 +195,12 @@ ENV_STATE_MACHINE = "JOB_STATE_MACHINE_ARN"
 ENV_INTAKE_BUCKET = "INTAKE_BUCKET"
 ENV_LAUNCH_TEMPLATE = "LAUNCH_TEMPLATE_ID"
 ENV_SUBNETS = "SUBNET_IDS"
+ENV_CONFIG = "GPUFLEET_CONFIG"  # the validated policy config (gpufleet.yaml) as compact JSON
 COMMON_ENV: tuple[str, ...] = (
     *(table.env_var for table in TABLES),
     ENV_EVENT_BUS,
     ENV_INTAKE_BUCKET,
+    ENV_CONFIG,
 )
 EXTRA_ENV: dict[str, tuple[str, ...]] = {
     INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),

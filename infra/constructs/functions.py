@@ -22,6 +22,7 @@ from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
 from gpufleet import topology
+from gpufleet.domain.config import FleetConfig, config_to_env
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
 from infra.constructs.fleet import Fleet
@@ -91,6 +92,7 @@ class Functions(Construct):
         construct_id: str,
         *,
         config: GpuFleetConfig,
+        fleet_config: FleetConfig,
         code: s3_assets.Asset,
         job_store: JobStore,
         bus: events.IEventBus,
@@ -128,6 +130,7 @@ class Functions(Construct):
             "POWERTOOLS_SERVICE_NAME": "gpufleet",
             "POWERTOOLS_METRICS_NAMESPACE": "GpuFleet",
             "LOG_LEVEL": config.log_level.upper(),
+            topology.ENV_CONFIG: config_to_env(fleet_config),
         }
         launch_environment = {
             topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",

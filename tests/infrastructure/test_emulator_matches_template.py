@@ -97,7 +97,9 @@ def test_functions_match_handlers_and_deployment_variables(synth: Synth, account
         assert live["Handler"] == synth.props(synth.function_id(function.construct_id))["Handler"]
         assert set(live["Environment"]["Variables"]) == set(template_env) & deployment_vars
         # What the template gives a function is enough for its handler's settings.
-        settings = Settings.from_env(dict.fromkeys(template_env, "x"))
+        settings = Settings.from_env(
+            {**dict.fromkeys(template_env, "x"), topology.ENV_CONFIG: "{}"}
+        )
         if topology.ENV_STATE_MACHINE in topology.environment_of(function):
             assert settings.job_state_machine_arn
         if topology.ENV_LAUNCH_TEMPLATE in topology.environment_of(function):

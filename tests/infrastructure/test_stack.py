@@ -17,6 +17,8 @@ from infra.constructs.functions import PERMISSIONS, STARTS_WORKFLOW, Permission
 from infra.stack import STACK_NAME
 
 from gpufleet import topology
+from gpufleet.domain.config import config_from_env
+from gpufleet.emulator.account import repository_config
 
 if TYPE_CHECKING:
     from conftest import Synth
@@ -134,6 +136,7 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
     expected = {table.env_var for table in topology.TABLES} | {
         topology.ENV_EVENT_BUS,
         topology.ENV_INTAKE_BUCKET,
+        topology.ENV_CONFIG,
         "POWERTOOLS_SERVICE_NAME",
         "POWERTOOLS_METRICS_NAMESPACE",
         "LOG_LEVEL",
@@ -150,6 +153,8 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
     assert env["POWERTOOLS_SERVICE_NAME"] == "gpufleet"
     assert env["POWERTOOLS_METRICS_NAMESPACE"] == "GpuFleet"
     assert env["LOG_LEVEL"] == "INFO"
+    # The repository's gpufleet.yaml, validated at synth, as compact JSON.
+    assert config_from_env(env[topology.ENV_CONFIG]) == repository_config()
     if topology.ENV_STATE_MACHINE in env:
         target = env[topology.ENV_STATE_MACHINE]["Ref"]
         assert synth.resources[target]["Type"] == "AWS::StepFunctions::StateMachine"

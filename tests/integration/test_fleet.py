@@ -135,3 +135,68 @@ def test_release_terminates_only_the_jobs_tagged_instances(fleet: Ec2Fleet, ec2:
     assert states(ec2, survivor) == {"running"}
     assert states(ec2, [untagged]) == {"running"}
     assert fleet.terminate_job_instances(mine) == []  # already released: a no-op
+
+
+def test_a_capacity_block_is_targeted_by_id_with_run_instances(fleet: Ec2Fleet, ec2: Any) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def capture(params: dict[str, Any], **_: Any) -> None:
+        sent.append(params)
+
+    ec2.meta.events.register("provide-client-params.ec2.RunInstances", capture)
+    try:
+        result = fleet.launch(
+            LaunchRequest(
+                job_id=job_id(),
+                attempt=0,
+                capacity_type=CapacityType.RESERVED,
+                nodes=2,
+                overrides=[
+                    LaunchOverride(
+                        instance_type="p4d.24xlarge",
+                        zone="us-east-1a",
+                        hourly_usd=0.0,
+                        reservation_id="cr-0123456789abcdef0",
+                        capacity_block=True,
+                    )
+                ],
+            )
+        )
+    finally:
+        ec2.meta.events.unregister("provide-client-params.ec2.RunInstances", capture)
+    assert result.launched and len(result.instance_ids) == 2
+    [params] = sent
+    assert params["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert params["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
+    }
+    assert params["MinCount"] == params["MaxCount"] == 2
+
+
+def test_an_odcr_launch_uses_reservations_first(fleet: Ec2Fleet, ec2: Any) -> None:
+    sent: list[dict[str, Any]] = []
+    ec2.meta.events.register(
+        "provide-client-params.ec2.CreateFleet", lambda params, **_: sent.append(params)
+    )
+    result = fleet.launch(
+        LaunchRequest(
+            job_id=job_id(),
+            attempt=0,
+            capacity_type=CapacityType.RESERVED,
+            nodes=1,
+            overrides=[
+                LaunchOverride(
+                    instance_type="p4d.24xlarge",
+                    zone="us-east-1a",
+                    hourly_usd=0.0,
+                    reservation_id="cr-0123456789abcdef0",
+                )
+            ],
+        )
+    )
+    assert result.launched
+    options = sent[-1]["OnDemandOptions"]
+    assert options["CapacityReservationOptions"] == {
+        "UsageStrategy": "use-capacity-reservations-first"
+    }
+    assert sent[-1]["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand"

@@ -94,7 +94,7 @@ def test_configuration_errors_give_up_at_once() -> None:
     assert two_step_plan().after_failure(0, 1, ErrorCategory.CONFIGURATION).give_up
 
 
-def test_price_of_prefers_the_zone_specific_price() -> None:
+def test_the_override_chosen_prefers_the_zone_specific_one() -> None:
     step = LaunchStep(
         capacity_type=CapacityType.SPOT,
         overrides=[
@@ -102,10 +102,10 @@ def test_price_of_prefers_the_zone_specific_price() -> None:
             LaunchOverride(instance_type="g5.xlarge", zone="us-east-1b", hourly_usd=2.0),
         ],
     )
-    assert step.price_of("g5.xlarge", "us-east-1b") == 2.0
-    assert step.price_of("g5.xlarge", "us-east-1f") == 1.0
+    assert step.override_for("g5.xlarge", "us-east-1b").hourly_usd == 2.0
+    assert step.override_for("g5.xlarge", "us-east-1f").hourly_usd == 1.0
     with pytest.raises(ValueError, match="not among"):
-        step.price_of("p5.48xlarge", None)
+        step.override_for("p5.48xlarge", None)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from gpufleet.adapters.local.memory import (
     RecordingPublisher,
     RecordingWorkflow,
 )
+from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.job import IllegalTransition, JobStatus
 from gpufleet.domain.launch import LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
@@ -290,3 +291,32 @@ def test_without_an_expected_duration_the_teams_similar_runs_set_it() -> None:
     plan = service.prepare(new)["plan"]
     assert plan["expected_source"] == "history"
     assert plan["expected_seconds"] == 30 * 60
+
+
+def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> None:
+    reservation = Reservation(
+        id="cr-0123456789abcdef0",
+        kind=ReservationKind.ODCR,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=1,
+    )
+    ports = local_ports()
+    settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[reservation])})
+    service = build_lifecycle(ports, settings)
+    first, second = submit(ports, "jobs/1.yaml").job_id, submit(ports, "jobs/2.yaml").job_id
+    for job_id in (first, second):
+        plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
+        assert service.launch(job_id, plan, 0, 0).launched
+    placed = {job_id: ports.jobs.get(job_id).placement for job_id in (first, second)}
+    assert placed[first].capacity_type == "reserved"
+    assert placed[first].reservation_id == reservation.id and placed[first].hourly_usd == 0.0
+    assert placed[second].capacity_type == "spot"  # the reservation was full
+
+    service.node_report(finished(first, placed[first].instance_ids[0]))
+    service.release(first)
+    service.record_outcome(first, {"run": {"exit_code": 0}})
+    third = submit(ports, "jobs/3.yaml").job_id
+    plan = LaunchPlan.model_validate(service.prepare(third)["plan"])
+    service.launch(third, plan, 0, 0)
+    assert ports.jobs.get(third).placement.reservation_id == reservation.id

@@ -84,6 +84,7 @@ class Placement(BaseModel):
     capacity_type: str
     zone: str | None = None
     hourly_usd: float = Field(ge=0, description="Price of one node per hour")
+    reservation_id: str | None = None
     launched_at: float = Field(description="Epoch seconds")
 
 

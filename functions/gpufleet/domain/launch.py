@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class CapacityType(StrEnum):
+    RESERVED = "reserved"  # an ODCR or Capacity Block named in the config
     SPOT = "spot"
     ON_DEMAND = "on-demand"
 
@@ -29,6 +30,7 @@ _CAPACITY_CODES = frozenset(
         "UnfulfillableCapacity",
         "Unsupported",
         "InsufficientCapacityOnHost",
+        "ReservationCapacityExceeded",
     }
 )
 _QUOTA_CODES = frozenset(
@@ -70,6 +72,9 @@ class LaunchOverride(BaseModel):
     instance_type: str
     zone: str | None = None
     hourly_usd: float = Field(ge=0)
+    # Reserved capacity only: which reservation, and whether it is a Capacity Block.
+    reservation_id: str | None = None
+    capacity_block: bool = False
 
 
 class LaunchRequest(BaseModel):

@@ -8,16 +8,17 @@ only follows `step`, `retry_later` and `give_up`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.catalog import Catalog
+from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
-from gpufleet.domain.selection import NoFeasibleOffering, diversify, select
+from gpufleet.domain.selection import NoFeasibleOffering, diversify, is_feasible, select
 from gpufleet.domain.spec import JobSpec, SpotPolicy
 
 
@@ -27,14 +28,14 @@ class LaunchStep(BaseModel):
     capacity_type: CapacityType
     overrides: list[LaunchOverride] = Field(min_length=1)
 
-    def price_of(self, instance_type: str, zone: str | None) -> float:
-        """Hourly price of the override EC2 chose (zone-specific when the plan knows it)."""
+    def override_for(self, instance_type: str, zone: str | None) -> LaunchOverride:
+        """The override EC2 chose (zone-specific when the plan knows the zone)."""
         same_type = [o for o in self.overrides if o.instance_type == instance_type]
         exact = [o for o in same_type if o.zone == zone]
         chosen = exact or same_type
         if not chosen:
             raise ValueError(f"{instance_type} is not among this step's overrides")
-        return chosen[0].hourly_usd
+        return chosen[0]
 
 
 class NextMove(BaseModel):
@@ -130,14 +131,20 @@ def plan_launch(
     heartbeat_timeout_seconds: int,
     expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
+    free_reservations: Sequence[tuple[Reservation, int]] = (),
     max_types: int = 3,
 ) -> LaunchPlan:
-    """The launch plan for a job: one step per allowed capacity type, spot first.
+    """The launch plan for a job: one step per allowed capacity type. Reserved capacity the job
+    fits comes first (already paid for), then spot, then on-demand, as the spot policy allows.
 
+    `free_reservations` are the active reservations with how many instances each has free.
     Raises NoFeasibleOffering when no capacity type has an offering that fits.
     """
     hours = expected.seconds / 3600
     steps: list[LaunchStep] = []
+    reserved = reserved_step(spec, catalog, free_reservations, unavailable)
+    if reserved is not None:
+        steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
         try:
@@ -159,7 +166,11 @@ def plan_launch(
                 zone=ranked.offering.zone,
                 hourly_usd=ranked.offering.hourly_usd,
             )
-            for ranked in diversify(selection, max_types, capacity_type=capacity_type.value)
+            for ranked in diversify(
+                selection,
+                max_types,
+                capacity_type="spot" if capacity_type is CapacityType.SPOT else "on-demand",
+            )
         ]
         steps.append(LaunchStep(capacity_type=capacity_type, overrides=overrides))
     if not steps:
@@ -176,3 +187,40 @@ def plan_launch(
         expected_seconds=expected.seconds,
         expected_source=expected.source,
     )
+
+
+def reserved_step(
+    spec: JobSpec,
+    catalog: Catalog,
+    free_reservations: Sequence[tuple[Reservation, int]],
+    unavailable: frozenset[str],
+) -> LaunchStep | None:
+    """A launch into the best reservation the job fits, if any: Capacity Blocks before ODCRs
+    (a block's hours are lost if unused), then the smallest that holds the job."""
+    fitting = []
+    for reservation, free in free_reservations:
+        key = f"{CapacityType.RESERVED.value}:{reservation.instance_type}:{reservation.zone}"
+        try:
+            instance = catalog.instance_type(reservation.instance_type)
+        except KeyError:
+            continue
+        if (
+            free >= spec.resources.nodes
+            and key not in unavailable
+            and is_feasible(instance, spec.resources)
+        ):
+            fitting.append(reservation)
+    if not fitting:
+        return None
+    best = min(
+        fitting,
+        key=lambda r: (r.kind is not ReservationKind.CAPACITY_BLOCK, r.count, r.id),
+    )
+    override = LaunchOverride(
+        instance_type=best.instance_type,
+        zone=best.zone,
+        hourly_usd=0.0,  # marginal: the reservation is paid for whether used or not
+        reservation_id=best.id,
+        capacity_block=best.kind is ReservationKind.CAPACITY_BLOCK,
+    )
+    return LaunchStep(capacity_type=CapacityType.RESERVED, overrides=[override])

@@ -17,17 +17,20 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import boto3
 
 from gpufleet import topology
+from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
 BUS_NAME = "gpufleet"
 BUCKET_NAME = "gpufleet-intake-123456789012"
+CONFIG_FILE = Path(__file__).resolve().parents[3] / "gpufleet.yaml"
 # moto ships real AMI ids; any one does for a launch template in the emulator.
 AMI_ID = "ami-12c6146b"
 
@@ -55,6 +58,7 @@ class Account:
     bus: str = BUS_NAME
     launch_template_id: str = ""
     subnet_ids: list[str] = field(default_factory=list)
+    config: FleetConfig = field(default_factory=FleetConfig)
 
     def client(self, service: str) -> Any:
         return boto3.session.Session().client(service, region_name=self.region)
@@ -77,6 +81,7 @@ class Account:
                 ),
                 topology.ENV_LAUNCH_TEMPLATE: self.launch_template_id,
                 topology.ENV_SUBNETS: ",".join(self.subnet_ids),
+                topology.ENV_CONFIG: config_to_env(self.config),
                 "AWS_REGION": self.region,
             }
         )
@@ -105,8 +110,15 @@ def _write_log(log_group: str, text: str) -> None:
     )
 
 
+def repository_config() -> FleetConfig:
+    """The policy config the demo runs with: the repository's gpufleet.yaml."""
+    return config_from_yaml(CONFIG_FILE.read_text(encoding="utf-8"))
+
+
 @contextmanager
-def embedded_account(extra_env: Mapping[str, str] | None = None) -> Iterator[Account]:
+def embedded_account(
+    extra_env: Mapping[str, str] | None = None, config: FleetConfig | None = None
+) -> Iterator[Account]:
     """Start moto, create the stack's resources, and patch in the real handlers."""
     from moto import mock_aws
 
@@ -134,7 +146,7 @@ def embedded_account(extra_env: Mapping[str, str] | None = None) -> Iterator[Acc
     patches = install(recorder, _write_log)
     try:
         with acting_as(EMULATOR):
-            account = _create_resources(recorder)
+            account = _create_resources(recorder, config or repository_config())
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
@@ -154,8 +166,8 @@ def _forget_cold_starts() -> None:
         cached.cache_clear()
 
 
-def _create_resources(recorder: Recorder) -> Account:
-    account = Account(region=REGION, recorder=recorder)
+def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
+    account = Account(region=REGION, recorder=recorder, config=config)
     dynamodb = account.client("dynamodb")
     for table in topology.TABLES:
         name = f"gpufleet-{table.construct_id}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.config import Reservation
 from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.planning import LaunchPlan, plan_launch
 from gpufleet.domain.spec import JobSpec
@@ -20,7 +23,11 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
     catalog = load_bundled()
 
     def planner(
-        spec: JobSpec, *, unavailable: frozenset[str], expected: DurationEstimate
+        spec: JobSpec,
+        *,
+        unavailable: frozenset[str],
+        expected: DurationEstimate,
+        free_reservations: Sequence[tuple[Reservation, int]],
     ) -> LaunchPlan:
         return plan_launch(
             spec,
@@ -32,9 +39,12 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
             heartbeat_timeout_seconds=settings.node_heartbeat_timeout_seconds,
             expected=expected,
             unavailable=unavailable,
+            free_reservations=free_reservations,
         )
 
     policy = LifecyclePolicy(
-        region=settings.region, capacity_memory_seconds=settings.capacity_memory_seconds
+        region=settings.region,
+        capacity_memory_seconds=settings.capacity_memory_seconds,
+        reservations=tuple(settings.config.reservations),
     )
     return LifecycleService(ports, planner, policy)

@@ -7,12 +7,13 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.domain.config import Reservation
 from gpufleet.domain.cost import fleet_hourly_usd, held_seconds, run_cost_usd
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
@@ -32,7 +33,12 @@ from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, R
 
 class Planner(Protocol):
     def __call__(
-        self, spec: JobSpec, *, unavailable: frozenset[str], expected: DurationEstimate
+        self,
+        spec: JobSpec,
+        *,
+        unavailable: frozenset[str],
+        expected: DurationEstimate,
+        free_reservations: Sequence[tuple[Reservation, int]],
     ) -> LaunchPlan: ...
 
 
@@ -44,6 +50,7 @@ HISTORY_DEPTH = 100
 class LifecyclePolicy:
     region: str
     capacity_memory_seconds: int = 300
+    reservations: tuple[Reservation, ...] = ()
 
 
 class NodeReport(BaseModel):
@@ -87,7 +94,10 @@ class LifecycleService:
         # The plan fixes the order of capacity types and the timeouts; which offerings to try
         # is decided at each launch, against the capacity memory of that moment.
         plan = self._planner(
-            job.spec, unavailable=frozenset(), expected=self._expected_duration(job.spec)
+            job.spec,
+            unavailable=frozenset(),
+            expected=self._expected_duration(job.spec),
+            free_reservations=self._free_reservations(),
         )
         self._move(job, JobStatus.QUEUED)
         return {
@@ -223,6 +233,20 @@ class LifecycleService:
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
         return moved
 
+    def _free_reservations(self) -> list[tuple[Reservation, int]]:
+        """Active reservations with the instances live jobs do not hold."""
+        active = [r for r in self._policy.reservations if r.active_at(self._now())]
+        if not active:
+            return []
+        held: dict[str, int] = {}
+        for status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
+            for job in self._ports.jobs.list_jobs(status):
+                if job.placement is not None and job.placement.reservation_id:
+                    held[job.placement.reservation_id] = held.get(
+                        job.placement.reservation_id, 0
+                    ) + len(job.placement.instance_ids)
+        return [(r, r.count - held.get(r.id, 0)) for r in active]
+
     def _expected_duration(self, spec: JobSpec) -> DurationEstimate:
         if spec.expected_duration_seconds:
             return estimate_duration(spec, [])
@@ -241,19 +265,26 @@ class LifecycleService:
         """This capacity type's offerings for the spec, minus those without capacity now."""
         unavailable = self._ports.capacity.unavailable(self._now())
         try:
-            plan = self._planner(spec, unavailable=unavailable, expected=expected)
+            plan = self._planner(
+                spec,
+                unavailable=unavailable,
+                expected=expected,
+                free_reservations=self._free_reservations(),
+            )
         except NoFeasibleOffering:
             return None
         return next((s for s in plan.steps if s.capacity_type == capacity_type), None)
 
     def _record_placement(self, job: Job, result: LaunchResult, launch_step: LaunchStep) -> None:
         assert result.instance_type is not None
+        override = launch_step.override_for(result.instance_type, result.zone)
         placement = Placement(
             instance_ids=result.instance_ids,
             instance_type=result.instance_type,
             capacity_type=result.capacity_type.value,
             zone=result.zone,
-            hourly_usd=launch_step.price_of(result.instance_type, result.zone),
+            hourly_usd=override.hourly_usd,
+            reservation_id=override.reservation_id,
             launched_at=self._now(),
         )
         self._ports.jobs.update(

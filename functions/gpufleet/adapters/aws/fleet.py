@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
@@ -40,6 +42,8 @@ class Ec2Fleet:
         return sorted({subnet["AvailabilityZone"] for subnet in response["Subnets"]})
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
+        if request.capacity_type is CapacityType.RESERVED and request.overrides[0].capacity_block:
+            return self._launch_capacity_block(request)
         # (instance type, subnet) -> the zone as the plan named it, to price what EC2 chose.
         planned_zone: dict[tuple[str, str], str | None] = {}
         overrides: list[dict[str, Any]] = []
@@ -100,10 +104,7 @@ class Ec2Fleet:
     def _fleet_parameters(
         self, request: LaunchRequest, overrides: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        tags = [
-            {"Key": TAG_MANAGED, "Value": "true"},
-            {"Key": TAG_JOB_ID, "Value": request.job_id},
-        ]
+        tags = _tags(request.job_id)
         # One type in one zone for every node: a multi-node job must share a network.
         all_or_nothing = {
             "SingleInstanceType": True,
@@ -112,9 +113,7 @@ class Ec2Fleet:
         }
         parameters: dict[str, Any] = {
             "Type": "instant",
-            # Same job, attempt and capacity type -> same token: a retried call after a crash
-            # returns the first call's fleet instead of launching a second one.
-            "ClientToken": f"{request.job_id}-{request.attempt}-{request.capacity_type.value}",
+            "ClientToken": _client_token(request),
             "LaunchTemplateConfigs": [
                 {
                     "LaunchTemplateSpecification": {
@@ -126,7 +125,9 @@ class Ec2Fleet:
             ],
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.nodes,
-                "DefaultTargetCapacityType": request.capacity_type.value,
+                "DefaultTargetCapacityType": "spot"
+                if request.capacity_type is CapacityType.SPOT
+                else "on-demand",
             },
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
@@ -140,7 +141,58 @@ class Ec2Fleet:
             }
         else:
             parameters["OnDemandOptions"] = {"AllocationStrategy": "lowest-price", **all_or_nothing}
+        if request.capacity_type is CapacityType.RESERVED:
+            # Open ODCRs that match the type and zone are used before plain on-demand.
+            parameters["OnDemandOptions"]["CapacityReservationOptions"] = {
+                "UsageStrategy": "use-capacity-reservations-first"
+            }
         return parameters
+
+    def _launch_capacity_block(self, request: LaunchRequest) -> LaunchResult:
+        """Capacity Blocks are targeted by id, which CreateFleet overrides cannot do:
+        RunInstances with all nodes at once (MinCount = nodes) keeps it all or nothing."""
+        override = request.overrides[0]
+        subnet = self._subnet_by_zone.get(override.zone or "")
+        if subnet is None:
+            return LaunchResult(
+                capacity_type=request.capacity_type,
+                errors=[
+                    LaunchError(code="NoSubnetInZone", message=f"no subnet in {override.zone}")
+                ],
+            )
+        try:
+            response = self._client.run_instances(
+                LaunchTemplate={"LaunchTemplateId": self._launch_template_id, "Version": "$Latest"},
+                InstanceType=override.instance_type,
+                SubnetId=subnet,
+                MinCount=request.nodes,
+                MaxCount=request.nodes,
+                InstanceMarketOptions={"MarketType": "capacity-block"},
+                CapacityReservationSpecification={
+                    "CapacityReservationTarget": {"CapacityReservationId": override.reservation_id}
+                },
+                TagSpecifications=[{"ResourceType": "instance", "Tags": _tags(request.job_id)}],
+                ClientToken=_client_token(request),
+            )
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            return LaunchResult(
+                capacity_type=request.capacity_type,
+                errors=[
+                    LaunchError(
+                        code=str(error.get("Code", "Unknown")),
+                        message=str(error.get("Message", "")),
+                        instance_type=override.instance_type,
+                        zone=override.zone,
+                    )
+                ],
+            )
+        return LaunchResult(
+            instance_ids=[i["InstanceId"] for i in response["Instances"]],
+            instance_type=override.instance_type,
+            zone=override.zone,
+            capacity_type=request.capacity_type,
+        )
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         paginator = self._client.get_paginator("describe_instances")
@@ -166,3 +218,13 @@ def _zone_of(
 ) -> str | None:
     overrides = template_and_overrides.get("Overrides", {})
     return planned_zone.get((overrides.get("InstanceType", ""), overrides.get("SubnetId", "")))
+
+
+def _tags(job_id: str) -> list[dict[str, str]]:
+    return [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_JOB_ID, "Value": job_id}]
+
+
+def _client_token(request: LaunchRequest) -> str:
+    # Same job, attempt and capacity type -> same token: a retried call after a crash returns
+    # the first call's instances instead of launching more.
+    return f"{request.job_id}-{request.attempt}-{request.capacity_type.value}"

@@ -1,0 +1,83 @@
+"""The fleet's policy configuration: one YAML file (`gpufleet.yaml`), validated here.
+
+It is read at deploy time (CDK validates it and hands it to the functions as compact JSON in
+`GPUFLEET_CONFIG`) and by the emulator from the same file, so a bad config fails `cdk synth`,
+not a job.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Lambda environment variables hold at most 4 KiB in all.
+MAX_CONFIG_JSON_BYTES = 3072
+
+
+class ReservationKind(StrEnum):
+    ODCR = "odcr"  # an open On-Demand Capacity Reservation
+    CAPACITY_BLOCK = "capacity-block"  # an EC2 Capacity Block for ML (fixed window)
+
+
+class Reservation(BaseModel):
+    """Capacity the account already pays for: launching into it costs nothing more."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$")
+    kind: ReservationKind
+    instance_type: str = Field(pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
+    zone: str = Field(pattern=r"^[a-z0-9-]+$")
+    count: int = Field(ge=1, le=1000, description="Instances the reservation holds")
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @model_validator(mode="after")
+    def _window(self) -> Reservation:
+        if self.kind is ReservationKind.CAPACITY_BLOCK and (self.start is None or self.end is None):
+            raise ValueError("a capacity block needs its start and end")
+        if self.start and self.end and self.end <= self.start:
+            raise ValueError("end must be after start")
+        return self
+
+    def active_at(self, epoch_seconds: float) -> bool:
+        if self.start and epoch_seconds < self.start.timestamp():
+            return False
+        return not (self.end and epoch_seconds >= self.end.timestamp())
+
+
+class FleetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reservations: list[Reservation] = Field(default_factory=list, max_length=50)
+
+
+class ConfigFileError(ValueError):
+    pass
+
+
+def config_from_yaml(text: str) -> FleetConfig:
+    try:
+        document: Any = yaml.safe_load(text) or {}
+        return FleetConfig.model_validate(document)
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise ConfigFileError(f"invalid gpufleet config: {exc}") from None
+
+
+def config_to_env(config: FleetConfig) -> str:
+    """The compact JSON the functions receive; refuse what Lambda's environment cannot hold."""
+    text = json.dumps(config.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
+    if len(text.encode()) > MAX_CONFIG_JSON_BYTES:
+        raise ConfigFileError(
+            f"the config is {len(text)} bytes as JSON; the limit is {MAX_CONFIG_JSON_BYTES}"
+        )
+    return text
+
+
+def config_from_env(text: str | None) -> FleetConfig:
+    return FleetConfig.model_validate_json(text) if text else FleetConfig()
