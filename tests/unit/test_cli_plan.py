@@ -170,3 +170,19 @@ def test_the_expected_duration_and_its_source_are_shown(
     assert document["expected_duration"] == {"seconds": seconds, "source": source}
     assert run([str(path), *extra]) == 0
     assert "expected run time" in capsys.readouterr().out
+
+
+def test_a_refreshed_catalog_file_can_be_planned_against(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufleet.domain.catalog import _bundled_text
+
+    document = json.loads(_bundled_text())
+    # Keep one type only: the plan must come from this file, not the bundled catalog.
+    document["offerings"] = [o for o in document["offerings"] if o["instance_type"] == "g5.xlarge"]
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(document))
+    assert run(["--gpus", "1", "--catalog", str(path), "--json"]) == 0
+    types = {o["instance_type"] for o in json.loads(capsys.readouterr().out)["offerings"]}
+    assert types == {"g5.xlarge"}
+    assert run(["--gpus", "1", "--catalog", str(tmp_path / "missing.json")]) == 2

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.duration import DEFAULT_SECONDS, DurationEstimate, estimate_duration
 from gpufleet.domain.selection import NoFeasibleOffering, Selection, select
 from gpufleet.domain.spec import Resources, SpecError, SpotPolicy, parse_spec
@@ -63,6 +63,11 @@ def register(commands: Any) -> None:
         help="spot policy (default: the spec's, else auto)",
     )
     parser.add_argument("--region", default=DEFAULT_REGION, help="AWS region (%(default)s)")
+    parser.add_argument(
+        "--catalog",
+        metavar="PATH",
+        help="a catalog written by `gpufleet catalog refresh` (default: the bundled one)",
+    )
     parser.add_argument(
         "--hours",
         type=_positive,
@@ -139,10 +144,18 @@ def run(args: argparse.Namespace) -> int:
             return _error(problems)
     hours = estimate.seconds / 3600
     try:
+        catalog = (
+            Catalog.from_document(json.loads(Path(args.catalog).read_text(encoding="utf-8")))
+            if args.catalog
+            else load_bundled()
+        )
+    except (OSError, ValueError) as exc:
+        return _error(f"cannot load the catalog {args.catalog}: {exc}")
+    try:
         selection = select(
             resources,
             spot,
-            load_bundled(),
+            catalog,
             args.region,
             expected_hours=hours,
             checkpoint_interval_hours=checkpoint,
