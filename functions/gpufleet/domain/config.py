@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpufleet.domain.queueing import QueuePolicy
+
 # Lambda environment variables hold at most 4 KiB in all.
 MAX_CONFIG_JSON_BYTES = 3072
 
@@ -55,6 +57,7 @@ class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reservations: list[Reservation] = Field(default_factory=list, max_length=50)
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
 
 
 class ConfigFileError(ValueError):
