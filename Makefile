@@ -65,7 +65,8 @@ package: $(STAMP)
 	@echo "deploy with: cdk deploy -c lambda_asset=build/lambda ..."
 
 lock:
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpufleet' > requirements.lock.new
+	(grep '^#' requirements.lock; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpufleet') \
+		> requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
 clean:

@@ -80,6 +80,7 @@ class QueuePolicy(BaseModel):
     reserve_share: float = Field(default=0.05, ge=0, le=0.5)
     aging_per_hour: float = Field(default=0.5, ge=0, description="class ranks per hour waited")
     min_runtime_seconds: int = Field(default=600, ge=0)
+    preemption: bool = Field(default=True, description="whether waiting work may preempt")
     preemption_grace_seconds: int = Field(default=120, ge=0)
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
     # Teams the config does not name: no guarantee, may borrow idle quota.
@@ -378,7 +379,11 @@ def decide(
             continue
         if job.job_id in draining_for:
             reason = WaitReason.PREEMPTING
-        elif reason in (WaitReason.QUOTA, WaitReason.CAPACITY, WaitReason.WINDOW):
+        elif policy.preemption and reason in (
+            WaitReason.QUOTA,
+            WaitReason.CAPACITY,
+            WaitReason.WINDOW,
+        ):
             victims = _choose_victims(state, job)
             if victims:
                 for victim in victims:
