@@ -16,6 +16,7 @@ from infra.constructs.fleet import Fleet
 from infra.constructs.functions import ASSET_EXCLUDE, Functions
 from infra.constructs.intake import Intake
 from infra.constructs.job_store import JobStore
+from infra.constructs.schedules import Schedules
 from infra.constructs.workflow import Workflow, state_machine_arn
 
 STACK_NAME = "GpuFleetStack"
@@ -79,12 +80,16 @@ class GpuFleetStack(Stack):
             workflow.state_machines[lifecycle.construct_id], state_machine_arn(self, lifecycle)
         )
         intake.connect(functions.by_id())
+        schedules = Schedules(
+            self, "Schedules", functions=functions.by_id(), fleet_config=fleet_config
+        )
 
         self.job_store = job_store
         self.intake = intake
         self.fleet = fleet
         self.functions = functions
         self.workflow = workflow
+        self.schedules = schedules
 
         CfnOutput(self, "IntakeBucketName", value=intake.bucket.bucket_name)
         CfnOutput(self, "EventBusName", value=intake.bus.event_bus_name)

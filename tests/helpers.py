@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpufleet.adapters.local.memory import (
     FakeFleet,
     InMemoryCapacityMemory,
+    InMemoryJobQueue,
     InMemoryJobStore,
     InMemoryObjects,
     ManualClock,
@@ -32,4 +33,5 @@ def local_ports(fleet: FakeFleet | None = None) -> Ports:
         workflow=RecordingWorkflow(),
         fleet=fleet or FakeFleet(),
         capacity=InMemoryCapacityMemory(),
+        queue=InMemoryJobQueue(),
     )

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
+from gpufleet.domain.queueing import Booking, QueuedJob, QueuePolicy, RunningJob
 
 
 class Clock(Protocol):
@@ -56,6 +57,78 @@ class CapacityMemory(Protocol):
 
     def unavailable(self, now: float) -> frozenset[str]:
         """Keys remembered and not yet expired at `now`."""
+        ...
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """A waiting job and the workflow task parked until it is admitted."""
+
+    job: QueuedJob
+    task_token: str
+    queued_at: float  # when this wait began (a requeued job keeps its place, not this)
+
+
+@dataclass(frozen=True)
+class RunningEntry:
+    """An admitted job, holding its share of the quotas until it is released."""
+
+    job: RunningJob
+    task_token: str
+    notified: bool  # its workflow was told it was admitted
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """What the admission write is conditioned on, so that concurrent dispatchers can never
+    exceed a cap or a quota between reading the queue and writing."""
+
+    max_gpus: int
+    max_instances: int
+    team_gpus: int | None  # None: not bound by the team quota (the shared reserve)
+
+
+class JobQueue(Protocol):
+    def enqueue(self, entry: QueueEntry) -> None:
+        """Put a job in the queue (again, with a new token, if it is already there)."""
+        ...
+
+    def candidates(self, now: float, policy: QueuePolicy, limit: int) -> list[QueueEntry]:
+        """The `limit` waiting jobs with the highest effective priority, best first."""
+        ...
+
+    def waiting(self) -> list[QueueEntry]:
+        """Every waiting job (for listings)."""
+        ...
+
+    def running(self) -> list[RunningEntry]: ...
+
+    def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
+        """Move a job from the queue to the running set and count it against the caps, in one
+        conditional write; False (and no change) if another dispatcher got there first or a
+        cap would be exceeded."""
+        ...
+
+    def mark_notified(self, job_id: str) -> None: ...
+
+    def mark_draining(self, job_id: str, for_job_id: str) -> bool:
+        """Record that a running job was asked to make room; False if it already was."""
+        ...
+
+    def release(self, job_id: str) -> bool:
+        """Give back a running job's share; False if it was not running (already released)."""
+        ...
+
+    def remove(self, job_id: str) -> QueueEntry | None:
+        """Take a waiting job out of the queue (cancel); None if it was not waiting."""
+        ...
+
+    def book(self, booking: Booking) -> None: ...
+
+    def bookings(self) -> list[Booking]: ...
+
+    def items_read(self) -> int:
+        """Queue items read so far (for the admission benchmark)."""
         ...
 
 
@@ -111,3 +184,4 @@ class Ports:
     workflow: Workflow
     fleet: Fleet
     capacity: CapacityMemory
+    queue: JobQueue

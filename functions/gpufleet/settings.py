@@ -17,6 +17,7 @@ class Settings(BaseModel):
     jobs_table: str
     idempotency_table: str
     capacity_table: str
+    queue_table: str
     event_bus_name: str
     intake_bucket: str
     job_state_machine_arn: str = ""
@@ -39,6 +40,7 @@ class Settings(BaseModel):
             jobs_table=env[topology.JOBS_TABLE.env_var],
             idempotency_table=env[topology.IDEMPOTENCY_TABLE.env_var],
             capacity_table=env[topology.CAPACITY_TABLE.env_var],
+            queue_table=env[topology.QUEUE_TABLE.env_var],
             event_bus_name=env[topology.ENV_EVENT_BUS],
             intake_bucket=env[topology.ENV_INTAKE_BUCKET],
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),

@@ -21,6 +21,8 @@ AGENT_SOURCE = "gpufleet.agent"
 DETAIL_JOB_SUBMITTED = "Job Submitted"
 DETAIL_JOB_REJECTED = "Job Rejected"
 DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
+DETAIL_JOB_QUEUED = "Job Queued"
+DETAIL_CAPACITY_FREED = "Capacity Freed"
 DETAIL_NODE_STARTED = "Node Started"
 DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
@@ -77,6 +79,14 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    construct_id: str
+    description: str
+    expression: str  # EventBridge Scheduler: rate(...) or cron(...)
+    target_function: str
+
+
+@dataclass(frozen=True)
 class StateMachine:
     construct_id: str
     definition_file: str
@@ -112,7 +122,15 @@ CAPACITY_TABLE = Table(
     sort_key="offering",
     ttl_attribute="expires_at",
 )
-TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE, CAPACITY_TABLE)
+# The admission queue: waiting jobs sharded by job id and sorted by class then submission time,
+# the running set, usage counters and bookings (see docs/queues.md for the key design).
+QUEUE_TABLE = Table(
+    construct_id="QueueTable",
+    env_var="QUEUE_TABLE",
+    partition_key="pk",
+    sort_key="sk",
+)
+TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE, CAPACITY_TABLE, QUEUE_TABLE)
 
 INTAKE_FROM_S3 = Function(
     "IntakeFromS3", "gpufleet.handlers.on_s3_upload.handler", "Accepts job specs uploaded to S3"
@@ -127,6 +145,22 @@ PREPARE = Function(
 )
 LAUNCH = Function(
     "Launch", "gpufleet.handlers.on_launch.handler", "Launches a job's nodes with CreateFleet"
+)
+ENQUEUE = Function(
+    "Enqueue",
+    "gpufleet.handlers.on_enqueue.handler",
+    "Parks a job in the admission queue until a dispatcher admits it",
+)
+DISPATCH = Function(
+    "Dispatch",
+    "gpufleet.handlers.on_dispatch.handler",
+    "Admits queued jobs in order, within quotas, and preempts for them",
+    timeout_seconds=60,
+)
+REQUEUE = Function(
+    "Requeue",
+    "gpufleet.handlers.on_requeue.handler",
+    "Sends a checkpointed job back to the queue",
 )
 AWAIT_NODE = Function(
     "AwaitNode",
@@ -150,8 +184,11 @@ FUNCTIONS: tuple[Function, ...] = (
     INTAKE_FROM_S3,
     INTAKE_FROM_EVENT,
     PREPARE,
+    ENQUEUE,
+    DISPATCH,
     LAUNCH,
     AWAIT_NODE,
+    REQUEUE,
     NODE_REPORT,
     RELEASE,
     RECORD_OUTCOME,
@@ -173,6 +210,26 @@ RULES: tuple[Rule, ...] = (
         },
         target_function=NODE_REPORT.construct_id,
     ),
+    Rule(
+        construct_id="DispatchRule",
+        description="Wake a dispatcher when a job is queued or capacity is freed",
+        pattern={
+            "source": [CONTROL_PLANE_SOURCE],
+            "detail-type": [DETAIL_JOB_QUEUED, DETAIL_CAPACITY_FREED],
+        },
+        target_function=DISPATCH.construct_id,
+    ),
+)
+
+# A pass every minute: catches lost events, time windows opening and closing, and checkpoint
+# grace periods running out.
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule(
+        construct_id="DispatchSchedule",
+        description="Admission pass every minute",
+        expression="rate(1 minute)",
+        target_function=DISPATCH.construct_id,
+    ),
 )
 
 JOB_LIFECYCLE = StateMachine(
@@ -180,7 +237,9 @@ JOB_LIFECYCLE = StateMachine(
     definition_file="job_lifecycle.asl.json",
     function_substitutions={
         "PrepareFunctionArn": PREPARE.construct_id,
+        "EnqueueFunctionArn": ENQUEUE.construct_id,
         "LaunchFunctionArn": LAUNCH.construct_id,
+        "RequeueFunctionArn": REQUEUE.construct_id,
         "AwaitNodeFunctionArn": AWAIT_NODE.construct_id,
         "ReleaseFunctionArn": RELEASE.construct_id,
         "RecordOutcomeFunctionArn": RECORD_OUTCOME.construct_id,

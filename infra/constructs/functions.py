@@ -59,6 +59,7 @@ class Permission(enum.Enum):
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
+    QUEUE = "read and conditionally write the admission queue, usage counters and bookings"
 
 
 P = Permission
@@ -71,6 +72,14 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
         {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
     ),
     topology.PREPARE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
+    # Enqueue completes its own task when the job was cancelled meanwhile.
+    topology.ENQUEUE.construct_id: frozenset({P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE}),
+    # Dispatch admits (completing the waiting task), asks victims to checkpoint through their
+    # control object under runs/, and stops by force those that overstay the grace period.
+    topology.DISPATCH.construct_id: frozenset(
+        {P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE}
+    ),
+    topology.REQUEUE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind.
     topology.LAUNCH.construct_id: frozenset(
         {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.LAUNCH_FLEET, P.TERMINATE, P.CAPACITY_MEMORY}
@@ -78,7 +87,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     # AwaitNode completes the task itself when the node finished before the token was parked.
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
-    topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE}),
+    topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH}),
     topology.RECORD_OUTCOME.construct_id: frozenset({P.JOBS, P.PUBLISH}),
 }
 # The functions that start workflows get the state machine's ARN in their environment.
@@ -223,6 +232,21 @@ class Functions(Construct):
         wildcards: list[str] = []
         if P.JOBS in grants:
             role.add_to_policy(self._job_store.read_write_statement(jobs))
+        if P.QUEUE in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="AdmissionQueue",
+                    actions=[
+                        "dynamodb:GetItem",
+                        "dynamodb:Query",
+                        "dynamodb:PutItem",
+                        "dynamodb:UpdateItem",
+                        "dynamodb:DeleteItem",
+                        "dynamodb:ConditionCheckItem",
+                    ],
+                    resources=[self._job_store.tables[topology.QUEUE_TABLE.construct_id].table_arn],
+                )
+            )
         if P.CAPACITY_MEMORY in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

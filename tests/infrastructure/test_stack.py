@@ -259,7 +259,8 @@ def test_rule_matches_topology(synth: Synth, spec: topology.Rule) -> None:
 
 def test_queues_are_encrypted_and_ssl_only(synth: Synth) -> None:
     queues = synth.of_type("AWS::SQS::Queue")
-    assert len(queues) == len(topology.FUNCTIONS) + len(topology.RULES)
+    # One dead-letter queue per function, per rule target, and one for the schedules.
+    assert len(queues) == len(topology.FUNCTIONS) + len(topology.RULES) + 1
     policies = synth.of_type("AWS::SQS::QueuePolicy").values()
     for queue_id, queue in queues.items():
         assert queue["Properties"]["SqsManagedSseEnabled"] is True
@@ -390,7 +391,8 @@ def test_terminate_is_always_conditioned_on_the_managed_tag(synth: Synth) -> Non
             assert [synth.render(r).rsplit(":", 1)[-1] for r in synth.resources_of(statement)] == [
                 "instance/*"
             ]
-    assert seen == 3  # Launch (partial launches), Release, the state machine
+    # Launch (partial launches), Release, Dispatch (overdue checkpoints), the state machine.
+    assert seen == 4
 
 
 def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth) -> None:
@@ -433,19 +435,24 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
-    "states:SendTaskSuccess": {"AwaitNode", "NodeReport"},
-    "dynamodb:DeleteItem": {"IntakeFromS3", "IntakeFromEvent"},  # idempotency table only
+    "states:SendTaskSuccess": {"AwaitNode", "NodeReport", "Enqueue", "Dispatch"},
+    # The idempotency table (intake) and the admission queue (admit, release).
+    "dynamodb:DeleteItem": {"IntakeFromS3", "IntakeFromEvent", "Enqueue", "Dispatch", "Release"},
     "s3:GetObject": {"IntakeFromS3", "IntakeFromEvent"},
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
-    "ec2:TerminateInstances": {"Launch", "Release"},
+    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch"},
     "events:PutEvents": {
         "IntakeFromS3",
         "IntakeFromEvent",
         "Prepare",
+        "Enqueue",
+        "Dispatch",
         "Launch",
         "NodeReport",
+        "Requeue",
+        "Release",
         "RecordOutcome",
     },
 }
@@ -647,3 +654,15 @@ def test_config_parses_cli_strings() -> None:
 def test_config_rejects_bad_values(context: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         GpuFleetConfig.from_context(context)
+
+
+def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth) -> None:
+    schedules = synth.of_type("AWS::Scheduler::Schedule")
+    expressions = sorted(s["Properties"]["ScheduleExpression"] for s in schedules.values())
+    # gpufleet.yaml's night window: 22:00-06:00 UTC.
+    assert expressions == ["cron(0 22 * * ? *)", "cron(0 6 * * ? *)", "rate(1 minute)"]
+    dispatch = synth.function_id(topology.DISPATCH.construct_id)
+    for schedule in schedules.values():
+        target = schedule["Properties"]["Target"]
+        assert target["Arn"] == {"Fn::GetAtt": [dispatch, "Arn"]}
+        assert "DeadLetterConfig" in target

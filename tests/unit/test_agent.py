@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ def manifest(**overrides: Any) -> RunManifest:
 
 def test_docker_gets_argv_as_a_list_and_env_values_never_on_the_command_line() -> None:
     argv = docker_argv(manifest())
-    assert argv[:5] == ["docker", "run", "--rm", "--gpus", "all"]
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[argv.index("--gpus") : argv.index("--gpus") + 2] == ["--gpus", "all"]
     # The hostile argument is one argv element, after the image and '--'.
     separator = argv.index("--")
     assert argv[separator + 1 :] == ["img:1", "python", "train.py", HOSTILE]
@@ -68,7 +70,7 @@ class FakeRuntime:
     outcome: RunOutcome
     seen: list[RunManifest] = field(default_factory=list)
 
-    def run(self, manifest: RunManifest) -> RunOutcome:
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         self.seen.append(manifest)
         return self.outcome
 
@@ -109,8 +111,9 @@ def test_a_missing_manifest_is_reported_as_a_failure_not_a_hang() -> None:
 class SlowRuntime:
     seconds: float
 
-    def run(self, manifest: RunManifest) -> RunOutcome:
-        time.sleep(self.seconds)
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+        if stop.wait(self.seconds):
+            return RunOutcome(exit_code=0, reason="checkpointed on request")
         return RunOutcome(exit_code=0)
 
 
@@ -130,3 +133,31 @@ def test_the_agent_heartbeats_while_the_container_runs_and_stops_after() -> None
     assert 2 <= kinds.count(DETAIL_NODE_HEARTBEAT) <= 4
     time.sleep(0.25)
     assert len(reporter.reports) == len(kinds)  # no heartbeat after the finish
+
+
+def test_a_checkpoint_instruction_stops_the_run_and_is_reported() -> None:
+    job = "j-0123456789abcdef0123"
+    document = json.dumps({"job_id": job, "image": "i", "command": ["a"]}).encode()
+    manifests = FakeManifests({f"runs/{job}/run.json": document})
+    reporter = FakeReporter()
+    agent = NodeAgent(
+        FakeIdentity(), manifests, reporter, SlowRuntime(5.0), control_poll_seconds=0.05
+    )
+    threading.Timer(
+        0.2,
+        lambda: manifests.documents.update(
+            {f"runs/{job}/control.json": b'{"action": "checkpoint", "reason": "preempted"}'}
+        ),
+    ).start()
+    started = time.monotonic()
+    outcome = agent.run()
+    assert time.monotonic() - started < 2.0  # stopped long before its 5 s run
+    assert outcome.reason == "checkpointed on request"
+    assert reporter.reports[-1][1]["reason"] == "checkpointed on request"
+
+
+def test_a_resumed_run_is_told_where_its_checkpoint_is_by_environment_only() -> None:
+    resumed = manifest(resume=True, checkpoint="s3://ckpt/job/")
+    argv = docker_argv(resumed)
+    assert "GPUFLEET_RESUME_FROM" in argv
+    assert not any("s3://ckpt" in arg for arg in argv)

@@ -31,6 +31,7 @@ SETTINGS = Settings(
     event_bus_name="gpufleet",
     intake_bucket="bucket",
     capacity_table="capacity",
+    queue_table="queue",
     max_launch_attempts=4,
     retry_wait_seconds=5,
 )

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 
 from gpufleet.agent.node import RunManifest, RunOutcome
+
+RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
+
+
+def container_name(manifest: RunManifest) -> str:
+    return f"gpufleet-{manifest.job_id}"
 
 
 def docker_argv(manifest: RunManifest) -> list[str]:
     """The argv for `docker run`. Environment values are not on the command line: `-e NAME`
     makes docker read NAME from its own environment, which `run` sets."""
-    argv = ["docker", "run", "--rm", "--gpus", "all", "--network", "host", "--ipc", "host"]
+    argv = ["docker", "run", "--rm", "--name", container_name(manifest), "--gpus", "all"]
+    argv += ["--network", "host", "--ipc", "host"]
+    if manifest.resume and manifest.checkpoint:
+        # The job resumes from its checkpoint: its code reads where from the environment.
+        argv += ["-e", RESUME_VARIABLE]
     for name in sorted(manifest.env):
         argv += ["-e", name]
     argv += ["--", manifest.image, *manifest.command]
@@ -19,14 +31,28 @@ def docker_argv(manifest: RunManifest) -> list[str]:
 
 
 class DockerRuntime:
-    def run(self, manifest: RunManifest) -> RunOutcome:
+    def __init__(self, grace_seconds: int = 110) -> None:
+        self._grace_seconds = grace_seconds
+
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         env = {**os.environ, **manifest.env}
+        if manifest.resume and manifest.checkpoint:
+            env[RESUME_VARIABLE] = manifest.checkpoint
         try:
-            completed = subprocess.run(  # noqa: S603 - argv list, no shell
-                docker_argv(manifest), env=env, timeout=manifest.timeout_seconds, check=False
-            )
-        except subprocess.TimeoutExpired:
-            return RunOutcome(exit_code=None, reason="the run exceeded its timeout")
+            process = subprocess.Popen(docker_argv(manifest), env=env)  # noqa: S603 - argv list
         except OSError as exc:
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
-        return RunOutcome(exit_code=completed.returncode)
+        deadline = time.monotonic() + manifest.timeout_seconds
+        while process.poll() is None:
+            if stop.wait(1.0):
+                # SIGTERM: the job writes its checkpoint and exits; SIGKILL after the grace.
+                stop_argv = ["docker", "stop", "--time", str(self._grace_seconds)]
+                stop_argv.append(container_name(manifest))
+                subprocess.run(stop_argv, check=False)  # noqa: S603 - fixed argv
+                process.wait()
+                return RunOutcome(exit_code=process.returncode, reason="checkpointed on request")
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                return RunOutcome(exit_code=None, reason="the run exceeded its timeout")
+        return RunOutcome(exit_code=process.returncode)

@@ -34,6 +34,7 @@ class RunManifest:
     gpus: int = 1
     timeout_seconds: int = 86400
     checkpoint: str | None = None
+    resume: bool = False
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
@@ -47,6 +48,7 @@ class RunManifest:
             gpus=int(document.get("gpus", 1)),
             timeout_seconds=int(document.get("timeout_seconds", 86400)),
             checkpoint=document.get("checkpoint"),
+            resume=bool(document.get("resume", False)),
         )
 
 
@@ -71,12 +73,17 @@ class Reporter(Protocol):
 
 
 class ContainerRuntime(Protocol):
-    def run(self, manifest: RunManifest) -> RunOutcome: ...
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+        """Run the job's container; when `stop` is set, have it checkpoint and exit (SIGTERM,
+        then SIGKILL after the grace period)."""
+        ...
 
 
 # Between heartbeats while the container runs. The control plane takes a node for lost after
 # its own (longer) heartbeat timeout, so a few lost heartbeats are harmless.
 DEFAULT_HEARTBEAT_SECONDS = 300.0
+# How often the agent looks for a checkpoint instruction; well inside the grace period.
+DEFAULT_CONTROL_POLL_SECONDS = 10.0
 
 
 class NodeAgent:
@@ -87,12 +94,14 @@ class NodeAgent:
         reporter: Reporter,
         runtime: ContainerRuntime,
         heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
+        control_poll_seconds: float = DEFAULT_CONTROL_POLL_SECONDS,
     ) -> None:
         self._identity = identity
         self._manifests = manifests
         self._reporter = reporter
         self._runtime = runtime
         self._heartbeat_seconds = heartbeat_seconds
+        self._control_poll_seconds = control_poll_seconds
 
     def run(self) -> RunOutcome:
         instance_id = self._identity.instance_id()
@@ -106,14 +115,21 @@ class NodeAgent:
             self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
             return outcome
         self._report(DETAIL_NODE_STARTED, base, "started")
-        finished = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True)
-        beat.start()
+        finished, stop = threading.Event(), threading.Event()
+        helpers = [
+            threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
+            threading.Thread(
+                target=self._watch_control, args=(job_id, finished, stop), daemon=True
+            ),
+        ]
+        for helper in helpers:
+            helper.start()
         try:
-            outcome = self._runtime.run(manifest)
+            outcome = self._runtime.run(manifest, stop)
         finally:
             finished.set()
-            beat.join()
+            for helper in helpers:
+                helper.join()
         self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
         return outcome
 
@@ -123,6 +139,18 @@ class NodeAgent:
                 self._report(DETAIL_NODE_HEARTBEAT, base, "heartbeat")
             except Exception:  # noqa: S112 - a missed heartbeat is retried at the next one
                 continue
+
+    def _watch_control(self, job_id: str, finished: threading.Event, stop: threading.Event) -> None:
+        """The control plane asks a node to checkpoint and stop (preemption, spot interruption)
+        by writing runs/<job>/control.json; the node has no inbound connection to be told."""
+        while not finished.wait(self._control_poll_seconds):
+            try:
+                document = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
+            except Exception:  # noqa: S112 - no instruction yet (or unreadable): look again
+                continue
+            if document.get("action") == "checkpoint":
+                stop.set()
+                return
 
     def _report(
         self, detail_type: str, base: dict[str, str], phase: str, outcome: RunOutcome | None = None

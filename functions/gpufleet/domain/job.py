@@ -109,6 +109,17 @@ class Job(BaseModel):
     # arrived before the token was parked (the two race; whichever lands second completes).
     task_token: str | None = None
     run_result: dict[str, Any] | None = None
+    # Checkpoint-and-requeue: why the current run was asked to stop (preempted, reclaimed,
+    # interrupted), for whom, and what the job's earlier runs held and cost.
+    drain_reason: str | None = None
+    drain_requested_at: float | None = None
+    preempted_for: str | None = None
+    preemptions: int = 0
+    interruptions: int = 0
+    prior_cost_usd: float = 0.0
+    prior_held_seconds: float = 0.0
+    first_admitted_at: float | None = None
+    waited_seconds: float = 0.0  # in the admission queue, over every run
 
     @property
     def name(self) -> str:

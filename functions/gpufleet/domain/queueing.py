@@ -83,8 +83,8 @@ class QueuePolicy(BaseModel):
     preemption: bool = Field(default=True, description="whether waiting work may preempt")
     preemption_grace_seconds: int = Field(default=120, ge=0)
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
-    # Teams the config does not name: no guarantee, may borrow idle quota.
-    default_team: TeamQuota = Field(default_factory=lambda: TeamQuota(gpus=0, borrow=8))
+    # Each team the config does not name gets this quota.
+    default_team: TeamQuota = Field(default_factory=lambda: TeamQuota(gpus=16, borrow=0))
     windows: list[TimeWindow] = Field(default_factory=list, max_length=10)
 
     @model_validator(mode="after")

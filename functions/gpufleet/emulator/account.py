@@ -162,7 +162,13 @@ def _forget_cold_starts() -> None:
     """Services are cached per cold start; a new account is a new cold start."""
     from gpufleet.handlers import common
 
-    for cached in (common.settings, common.intake, common.lifecycle, common.idempotency_store):
+    for cached in (
+        common.settings,
+        common.intake,
+        common.lifecycle,
+        common.dispatcher,
+        common.idempotency_store,
+    ):
         cached.cache_clear()
 
 

@@ -14,6 +14,7 @@ from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.scheduler import ScheduleRunner
 from gpufleet.services.lifecycle import cost_report
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
@@ -160,6 +161,8 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             observer = _Observer(account)
             nodes = NodeSimulator(account, scenario.nodes)
             nodes.start()
+            scheduler = ScheduleRunner(account)
+            scheduler.start()
             count = len(scenario.submissions)
             say(f"embedded AWS account ready in {account.region}; submitting {count} jobs")
             for submission in scenario.submissions:
@@ -190,6 +193,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                 time.sleep(0.25)
             for rejection in observer.rejections:
                 say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
+            scheduler.stop()
             nodes.stop()
             result.jobs = [_job_entry(job) for job in sorted(jobs, key=lambda j: j.spec.name)]
             result.rejected = len(observer.rejections)

@@ -68,16 +68,22 @@ class NodeVanished(Exception):
 class SimulatedRuntime:
     """Runs for the scenario's duration, unless the instance is terminated under it."""
 
-    def __init__(self, ec2: Any, instance_id: str, scenario: NodeScenario) -> None:
+    def __init__(
+        self, ec2: Any, instance_id: str, scenario: NodeScenario, resumed: set[str]
+    ) -> None:
         self._ec2 = ec2
         self._instance_id = instance_id
         self._scenario = scenario
+        self.resumed = resumed
 
-    def run(self, manifest: RunManifest) -> RunOutcome:
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         behaviour = self._scenario.behaviour(manifest.name)
+        if manifest.resume:
+            self.resumed.add(manifest.job_id)
         deadline = time.monotonic() + min(behaviour.duration_seconds, manifest.timeout_seconds)
         while time.monotonic() < deadline:
-            time.sleep(0.1)
+            if stop.wait(0.1):
+                return RunOutcome(exit_code=0, reason="checkpointed on request")
             if not self._alive():
                 return RunOutcome(exit_code=None, reason="the instance was terminated")
         if behaviour.vanishes:
@@ -90,6 +96,22 @@ class SimulatedRuntime:
         return state in ("pending", "running")
 
 
+class _AsNode:
+    """Calls made by the agent's own threads count as the node's, not the control plane's."""
+
+    def __init__(self, manifests: S3Manifests, reporter: EventBridgeReporter) -> None:
+        self._manifests = manifests
+        self._reporter = reporter
+
+    def fetch(self, key: str) -> bytes:
+        with acting_as(NODE):
+            return self._manifests.fetch(key)
+
+    def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+        with acting_as(NODE):
+            self._reporter.report(source, detail_type, detail)
+
+
 class NodeSimulator:
     """Watches for instances gpufleet launches and boots a node agent on each."""
 
@@ -98,6 +120,8 @@ class NodeSimulator:
         self._scenario = scenario
         self._ec2 = account.client("ec2")
         self._seen: set[str] = set()
+        # Jobs whose containers were started to resume from a checkpoint.
+        self.resumed: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
@@ -143,12 +167,17 @@ class NodeSimulator:
     def _boot(self, instance_id: str) -> None:
         time.sleep(self._scenario.boot_seconds)
         with acting_as(NODE):
+            node = _AsNode(
+                S3Manifests(self._account.client("s3"), self._account.bucket),
+                EventBridgeReporter(self._account.client("events"), self._account.bus),
+            )
             agent = NodeAgent(
                 identity=EmulatedIdentity(self._ec2, instance_id),
-                manifests=S3Manifests(self._account.client("s3"), self._account.bucket),
-                reporter=EventBridgeReporter(self._account.client("events"), self._account.bus),
-                runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario),
+                manifests=node,
+                reporter=node,
+                runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario, self.resumed),
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
+                control_poll_seconds=0.2,
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()

@@ -12,7 +12,8 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 
 from gpufleet.adapters.aws.runtime import aws_ports
-from gpufleet.services.factory import build_intake, build_lifecycle
+from gpufleet.services.dispatcher import DispatcherService
+from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.settings import Settings
@@ -35,6 +36,11 @@ def intake() -> IntakeService:
 @cache
 def lifecycle() -> LifecycleService:
     return build_lifecycle(aws_ports(settings()), settings())
+
+
+@cache
+def dispatcher() -> DispatcherService:
+    return build_dispatcher(aws_ports(settings()), settings(), lifecycle())
 
 
 @cache

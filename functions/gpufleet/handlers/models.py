@@ -80,3 +80,8 @@ class AwaitNodeTask(JobTask):
 
 class RecordOutcomeTask(JobTask):
     state: dict[str, Any]
+
+
+class RequeueTask(JobTask):
+    plan: dict[str, Any]
+    attempt: int = Field(ge=0)

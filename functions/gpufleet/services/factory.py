@@ -10,6 +10,7 @@ from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.planning import LaunchPlan, plan_launch
 from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports
+from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
 from gpufleet.settings import Settings
@@ -17,6 +18,12 @@ from gpufleet.settings import Settings
 
 def build_intake(ports: Ports) -> IntakeService:
     return IntakeService(ports)
+
+
+def build_dispatcher(
+    ports: Ports, settings: Settings, lifecycle: LifecycleService
+) -> DispatcherService:
+    return DispatcherService(ports, lifecycle, settings.config.queue)
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:

@@ -25,10 +25,17 @@ from gpufleet.domain.launch import (
     shortage_keys,
 )
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
+from gpufleet.domain.queueing import QueuedJob
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec
-from gpufleet.ports import Ports
-from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, RUNS_PREFIX
+from gpufleet.ports import Ports, QueueEntry
+from gpufleet.topology import (
+    CONTROL_PLANE_SOURCE,
+    DETAIL_CAPACITY_FREED,
+    DETAIL_JOB_QUEUED,
+    DETAIL_JOB_STATUS_CHANGED,
+    RUNS_PREFIX,
+)
 
 
 class Planner(Protocol):
@@ -51,6 +58,11 @@ class LifecyclePolicy:
     region: str
     capacity_memory_seconds: int = 300
     reservations: tuple[Reservation, ...] = ()
+
+
+class JobAlreadyEnded(Exception):
+    def __init__(self, job_id: str, status: JobStatus) -> None:
+        super().__init__(f"job {job_id} already ended: {status.value}")
 
 
 class NodeReport(BaseModel):
@@ -76,8 +88,18 @@ class LaunchStepResult(BaseModel):
     error: str = ""
 
 
+DRAIN_PREEMPTED = "preempted"
+DRAIN_RECLAIMED = "reclaimed"
+DRAIN_INTERRUPTED = "interrupted"
+
+
 def run_manifest_key(job_id: str) -> str:
     return f"{RUNS_PREFIX}{job_id}/run.json"
+
+
+def control_key(job_id: str) -> str:
+    """Where the node agent looks for instructions (checkpoint and stop)."""
+    return f"{RUNS_PREFIX}{job_id}/control.json"
 
 
 class LifecycleService:
@@ -105,6 +127,101 @@ class LifecycleService:
             "plan": plan.model_dump(mode="json"),
             "launch": LaunchStepResult(step=0, attempt=0).model_dump(),
         }
+
+    def enqueue(self, job_id: str, task_token: str) -> None:
+        """Put the job in the admission queue with the workflow's token, and wake a dispatcher."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            self._ports.workflow.complete_task(task_token, {"cancelled": True})
+            return
+        spec = job.spec
+        entry = QueueEntry(
+            job=QueuedJob(
+                job_id=job_id,
+                team=spec.team,
+                priority=spec.priority,
+                gpus=spec.resources.total_gpus,
+                instances=spec.resources.nodes,
+                enqueued_at=job.created_at,
+                preempted_for=job.preempted_for,
+            ),
+            task_token=task_token,
+            queued_at=self._now(),
+        )
+        self._ports.queue.enqueue(entry)
+        self._ports.events.publish(
+            CONTROL_PLANE_SOURCE,
+            DETAIL_JOB_QUEUED,
+            {"job_id": job_id, "team": spec.team, "priority": spec.priority.value},
+        )
+
+    def requeue(self, job_id: str) -> None:
+        """Back to the queue after a checkpoint (preemption, reclaim, spot interruption): the
+        run's cost is kept, its placement and workflow plumbing are cleared."""
+        job = self._ports.jobs.get(job_id)
+        if job.status is JobStatus.QUEUED:
+            return  # a repeated step
+        run_cost, run_held = 0.0, 0.0
+        if job.placement is not None:
+            released_at = job.released_at if job.released_at is not None else self._now()
+            run_cost = run_cost_usd(job.placement, released_at)
+            run_held = held_seconds(job.placement, released_at)
+        counter = "interruptions" if job.drain_reason == DRAIN_INTERRUPTED else "preemptions"
+        self._move(
+            job,
+            JobStatus.QUEUED,
+            {
+                "placement": None,
+                "released_at": None,
+                "task_token": None,
+                "run_result": None,
+                "drain_reason": None,
+                "drain_requested_at": None,
+                "prior_cost_usd": job.prior_cost_usd + run_cost,
+                "prior_held_seconds": job.prior_held_seconds + run_held,
+                counter: getattr(job, counter) + 1,
+            },
+        )
+
+    def drain(self, job_id: str, reason: str, for_job_id: str | None = None) -> bool:
+        """Ask a running job's node to checkpoint and stop; the job is then requeued."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal or job.drain_reason is not None:
+            return False
+        self._ports.jobs.update(
+            job_id,
+            self._now(),
+            {"drain_reason": reason, "drain_requested_at": self._now()},
+        )
+        self._ports.objects.put_json(
+            control_key(job_id),
+            {"action": "checkpoint", "reason": reason, "for_job_id": for_job_id},
+        )
+        return True
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a waiting or running job. A running job's instances are terminated now, not
+        when its workflow gets round to it; the workflow then records the cost."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            raise JobAlreadyEnded(job_id, job.status)
+        entry = self._ports.queue.remove(job_id)
+        job = self._move(job, JobStatus.CANCELLED, {"failure_reason": "cancelled"})
+        if entry is not None:
+            self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
+            return job.summary()
+        self._ports.fleet.terminate_job_instances(job_id)
+        if job.placement is not None and job.released_at is None:
+            job = self._ports.jobs.update(job_id, self._now(), {"released_at": self._now()})
+        if self._ports.queue.release(job_id):
+            self._ports.events.publish(
+                CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
+            )
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(
+                job.task_token, {"exit_code": None, "reason": "cancelled", "cancelled": True}
+            )
+        return job.summary()
 
     def launch(self, job_id: str, plan: LaunchPlan, step: int, attempt: int) -> LaunchStepResult:
         """Try one step of the plan (one capacity type over its offerings)."""
@@ -179,32 +296,46 @@ class LifecycleService:
     def _node_finished(self, job: Job, report: NodeReport) -> None:
         # A finish can overtake its start; the node evidently ran.
         job = self._move(job, JobStatus.RUNNING)
-        result = {"exit_code": report.exit_code, "reason": report.reason}
+        # A node that stopped because it was asked to checkpoint goes back to the queue.
+        result = {
+            "exit_code": report.exit_code,
+            "reason": report.reason,
+            "requeue": job.drain_reason is not None,
+        }
         job = self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"run_result": result})
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
 
     def release(self, job_id: str) -> dict[str, Any]:
-        """Terminate every instance of the job and note when its cost stopped."""
+        """Terminate every instance of the job, note when its cost stopped, and give its share
+        of the quotas back to the queue."""
         terminated = self._ports.fleet.terminate_job_instances(job_id)
         job = self._ports.jobs.get(job_id)
         if job.released_at is None and job.placement is not None:
             self._ports.jobs.update(job_id, self._ports.clock.now(), {"released_at": self._now()})
+        if self._ports.queue.release(job_id):
+            self._ports.events.publish(
+                CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
+            )
         return {"terminated": terminated}
 
     def record_outcome(self, job_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
         """Set the final status and cost from what the workflow saw."""
         job = self._ports.jobs.get(job_id)
-        if job.status.terminal:
-            return job.summary()
         released_at = job.released_at if job.released_at is not None else self._now()
+        if job.status.terminal:
+            if job.cost_usd is None and job.placement is not None:  # cancelled while running
+                cost = job.prior_cost_usd + run_cost_usd(job.placement, released_at)
+                job = self._ports.jobs.update(job_id, self._now(), {"cost_usd": round(cost, 6)})
+            return job.summary()
         ran = held_seconds(job.placement, released_at) if job.placement else None
         status, reason, exit_code = outcome_of(
             state, ran_seconds=ran, timeout_seconds=job.spec.timeout_seconds
         )
         changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
-        if job.placement is not None:
-            changes["cost_usd"] = round(run_cost_usd(job.placement, released_at), 6)
+        run_cost = run_cost_usd(job.placement, released_at) if job.placement else 0.0
+        if job.placement is not None or job.prior_cost_usd:
+            changes["cost_usd"] = round(job.prior_cost_usd + run_cost, 6)
         job = self._move(job, status, changes)
         return job.summary()
 
@@ -304,6 +435,8 @@ def _run_manifest(job: Job) -> dict[str, Any]:
         "gpus": spec.resources.gpus,
         "checkpoint": spec.checkpoint,
         "timeout_seconds": spec.timeout_seconds,
+        # An earlier run was stopped at a checkpoint: the job resumes from it.
+        "resume": bool(job.preemptions or job.interruptions) and spec.checkpoint is not None,
     }
 
 

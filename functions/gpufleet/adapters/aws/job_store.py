@@ -36,6 +36,15 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "attempts": ("attempts", "num"),
     "task_token": ("task_token", "str"),
     "run_result": ("run_result", "json"),
+    "drain_reason": ("drain_reason", "str"),
+    "drain_requested_at": ("drain_requested_ts", "num"),
+    "preempted_for": ("preempted_for", "str"),
+    "preemptions": ("preemptions", "num"),
+    "interruptions": ("interruptions", "num"),
+    "prior_cost_usd": ("prior_cost_usd", "num"),
+    "prior_held_seconds": ("prior_held_seconds", "num"),
+    "first_admitted_at": ("first_admitted_ts", "num"),
+    "waited_seconds": ("waited_seconds", "num"),
 }
 
 

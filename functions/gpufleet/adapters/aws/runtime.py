@@ -13,6 +13,7 @@ from gpufleet.adapters.aws.events import EventBridgePublisher
 from gpufleet.adapters.aws.fleet import Ec2Fleet
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.aws.objects import S3ObjectStore
+from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.aws.workflow import StepFunctionsWorkflow
 from gpufleet.ports import Ports
 from gpufleet.settings import Settings
@@ -38,4 +39,5 @@ def aws_ports(settings: Settings) -> Ports:
         ),
         fleet=Ec2Fleet(client("ec2", region), settings.launch_template_id, settings.subnet_ids),
         capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
+        queue=DynamoJobQueue(client("dynamodb", region), settings.queue_table),
     )

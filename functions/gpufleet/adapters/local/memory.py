@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
-from gpufleet.ports import ObjectTooLarge
+from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
+from gpufleet.ports import AdmissionLimits, ObjectTooLarge, QueueEntry, RunningEntry
 
 
 class ManualClock:
@@ -188,3 +189,84 @@ class FakeFleet:
         for instance_id in ids:
             del self.live[instance_id]
         return ids
+
+
+class InMemoryJobQueue:
+    """The queue's semantics without DynamoDB: the same conditions, checked under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, QueueEntry] = {}
+        self._running: dict[str, RunningEntry] = {}
+        self._bookings: list[Booking] = []
+        self._read = 0
+
+    def items_read(self) -> int:
+        return self._read
+
+    def enqueue(self, entry: QueueEntry) -> None:
+        with self._lock:
+            self._waiting[entry.job.job_id] = entry
+
+    def waiting(self) -> list[QueueEntry]:
+        with self._lock:
+            self._read += len(self._waiting)
+            return list(self._waiting.values())
+
+    def candidates(self, now: float, policy: QueuePolicy, limit: int) -> list[QueueEntry]:
+        with self._lock:
+            entries = list(self._waiting.values())
+        order = admission_order([e.job for e in entries], now, policy)[:limit]
+        by_id = {e.job.job_id: e for e in entries}
+        self._read += len(order)
+        return [by_id[job.job_id] for job in order]
+
+    def running(self) -> list[RunningEntry]:
+        with self._lock:
+            return list(self._running.values())
+
+    def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
+        with self._lock:
+            if entry.job.job_id not in self._waiting or job.job_id in self._running:
+                return False
+            held = list(self._running.values())
+            gpus = sum(r.job.gpus for r in held) + job.gpus
+            instances = sum(r.job.instances for r in held) + job.instances
+            team = sum(r.job.gpus for r in held if r.job.team == job.team) + job.gpus
+            if gpus > limits.max_gpus or instances > limits.max_instances:
+                return False
+            if limits.team_gpus is not None and team > limits.team_gpus:
+                return False
+            del self._waiting[entry.job.job_id]
+            self._running[job.job_id] = RunningEntry(job, entry.task_token, notified=False)
+            return True
+
+    def mark_notified(self, job_id: str) -> None:
+        with self._lock:
+            entry = self._running[job_id]
+            self._running[job_id] = RunningEntry(entry.job, entry.task_token, notified=True)
+
+    def mark_draining(self, job_id: str, for_job_id: str) -> bool:
+        with self._lock:
+            entry = self._running.get(job_id)
+            if entry is None or entry.job.draining:
+                return False
+            job = replace(entry.job, draining_for=for_job_id)
+            self._running[job_id] = RunningEntry(job, entry.task_token, entry.notified)
+            return True
+
+    def release(self, job_id: str) -> bool:
+        with self._lock:
+            return self._running.pop(job_id, None) is not None
+
+    def remove(self, job_id: str) -> QueueEntry | None:
+        with self._lock:
+            return self._waiting.pop(job_id, None)
+
+    def book(self, booking: Booking) -> None:
+        with self._lock:
+            self._bookings.append(booking)
+
+    def bookings(self) -> list[Booking]:
+        with self._lock:
+            return list(self._bookings)

@@ -1,0 +1,17 @@
+"""Workflow task (.waitForTaskToken): park the job in the admission queue."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import lifecycle, logger, tracer
+from gpufleet.handlers.models import AwaitNodeTask
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@event_parser(model=AwaitNodeTask)
+def handler(task: AwaitNodeTask, context: LambdaContext) -> None:
+    logger.append_keys(job_id=task.job_id)
+    lifecycle().enqueue(task.job_id, task.task_token)

@@ -1,0 +1,26 @@
+"""Workflow task: a checkpointed job goes back to the queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import lifecycle, logger, tracer
+from gpufleet.handlers.models import RequeueTask
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@event_parser(model=RequeueTask)
+def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:
+    logger.append_keys(job_id=task.job_id)
+    lifecycle().requeue(task.job_id)
+    # A fresh state for the next run: the plan again, and launch attempts counted on, so that a
+    # new launch never reuses an earlier one's idempotency token.
+    return {
+        "job_id": task.job_id,
+        "plan": task.plan,
+        "launch": {"step": 0, "attempt": task.attempt},
+    }

@@ -1,0 +1,197 @@
+"""The dispatcher: one admission pass over the queue, applied exactly once.
+
+Triggered by `Job Queued` and `Capacity Freed` events and by a schedule (which also catches time
+window boundaries). Several can run at once: each admission is one conditional transaction
+(the queue item must still exist, the caps and the team's quota must still have room), so a job
+is never admitted twice and no quota is exceeded, whoever wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.domain.job import JobNotFound
+from gpufleet.domain.queueing import (
+    Admission,
+    Booking,
+    QueuePolicy,
+    RunningJob,
+    admission_order,
+    decide,
+    effective_priority,
+)
+from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, RunningEntry
+from gpufleet.services.lifecycle import DRAIN_PREEMPTED, DRAIN_RECLAIMED, LifecycleService
+
+# How many of the best waiting jobs one pass considers (the queue is read lazily, best first).
+CANDIDATES_PER_PASS = 200
+
+
+@dataclass
+class PassResult:
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    reclaimed: list[str] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)
+    lost_races: int = 0
+    waiting: dict[str, str] = field(default_factory=dict)
+    items_read: int = 0
+
+
+class DispatcherService:
+    def __init__(
+        self,
+        ports: Ports,
+        lifecycle: LifecycleService,
+        policy: QueuePolicy,
+        candidates_per_pass: int = CANDIDATES_PER_PASS,
+    ) -> None:
+        self._ports = ports
+        self._lifecycle = lifecycle
+        self._policy = policy
+        self._limit = candidates_per_pass
+
+    def run_pass(self) -> PassResult:
+        ports, policy = self._ports, self._policy
+        now = ports.clock.now()
+        read_before = ports.queue.items_read()
+        result = PassResult()
+        running = ports.queue.running()
+        self._notify_admitted(running)
+        result.forced = self._stop_overdue(running, now)
+        candidates = ports.queue.candidates(now, policy, self._limit)
+        bookings = ports.queue.bookings()
+        decision = decide(
+            [c.job for c in candidates], [r.job for r in running], bookings, now, policy
+        )
+        by_id = {c.job.job_id: c for c in candidates}
+        for admission in decision.admitted:
+            entry = by_id[admission.job_id]
+            if self._admit(entry, admission, bookings, now):
+                result.admitted.append(admission.job_id)
+            else:
+                result.lost_races += 1
+        for preemption in decision.preemptions:
+            if ports.queue.mark_draining(preemption.victim_id, preemption.for_job_id):
+                self._lifecycle.drain(preemption.victim_id, DRAIN_PREEMPTED, preemption.for_job_id)
+                ports.jobs.update(
+                    preemption.victim_id, now, {"preempted_for": preemption.for_job_id}
+                )
+                result.preempted.append(preemption.victim_id)
+        for job_id in decision.reclaims:
+            if ports.queue.mark_draining(job_id, "reserve"):
+                self._lifecycle.drain(job_id, DRAIN_RECLAIMED)
+                result.reclaimed.append(job_id)
+        result.waiting = {job_id: reason.value for job_id, reason in decision.waiting.items()}
+        result.items_read = ports.queue.items_read() - read_before
+        return result
+
+    def _admit(
+        self, entry: QueueEntry, admission: Admission, bookings: list[Booking], now: float
+    ) -> bool:
+        policy = self._policy
+        job = entry.job
+        booked = sum(b.gpus for b in bookings if b.team == job.team and b.active_at(now))
+        quota = policy.quota(job.team)
+        limits = AdmissionLimits(
+            max_gpus=policy.max_gpus
+            if admission.in_reserve
+            else policy.max_gpus - policy.reserve_gpus,
+            max_instances=policy.max_instances,
+            team_gpus=None if admission.in_reserve else quota.gpus + booked + quota.borrow,
+        )
+        running = RunningJob(
+            job_id=job.job_id,
+            team=job.team,
+            priority=job.priority,
+            gpus=job.gpus,
+            instances=job.instances,
+            admitted_at=now,
+            borrowed=admission.borrowed,
+            in_reserve=admission.in_reserve,
+        )
+        if not self._ports.queue.admit(entry, running, limits):
+            return False
+        self._ports.workflow.complete_task(entry.task_token, {"admitted": True})
+        self._ports.queue.mark_notified(job.job_id)
+        try:
+            stored = self._ports.jobs.get(job.job_id)
+            changes: dict[str, Any] = {
+                "preempted_for": None,
+                "waited_seconds": stored.waited_seconds + max(0.0, now - entry.queued_at),
+            }
+            if stored.first_admitted_at is None:
+                changes["first_admitted_at"] = now
+            self._ports.jobs.update(job.job_id, now, changes)
+        except JobNotFound:
+            pass
+        return True
+
+    def _notify_admitted(self, running: list[RunningEntry]) -> None:
+        """An admission whose workflow was never told (the dispatcher died in between)."""
+        for entry in running:
+            if not entry.notified:
+                self._ports.workflow.complete_task(entry.task_token, {"admitted": True})
+                self._ports.queue.mark_notified(entry.job.job_id)
+
+    def _stop_overdue(self, running: list[RunningEntry], now: float) -> list[str]:
+        """Victims that did not checkpoint within the grace period are stopped by force; the
+        work since their last checkpoint is lost, and they are requeued all the same."""
+        forced = []
+        for entry in running:
+            if not entry.job.draining:
+                continue
+            job = self._ports.jobs.get(entry.job.job_id)
+            started = job.drain_requested_at
+            if started is None or now - started < self._policy.preemption_grace_seconds:
+                continue
+            self._ports.fleet.terminate_job_instances(job.job_id)
+            if job.task_token is not None:
+                self._ports.workflow.complete_task(
+                    job.task_token,
+                    {
+                        "exit_code": None,
+                        "reason": "stopped after the grace period",
+                        "requeue": True,
+                    },
+                )
+            forced.append(job.job_id)
+        return forced
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    position: int
+    job_id: str
+    team: str
+    priority: str
+    gpus: int
+    waited_seconds: float
+    effective_priority: float
+    reason: str  # "next" when the next pass would admit it
+
+
+def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], list[Booking]]:
+    """Every waiting job in admission order, with the reason it waits (read-only)."""
+    now = ports.clock.now()
+    waiting = ports.queue.waiting()
+    bookings = ports.queue.bookings()
+    running = [r.job for r in ports.queue.running()]
+    jobs = [w.job for w in waiting]
+    decision = decide(jobs, running, bookings, now, policy)
+    admitted = {a.job_id for a in decision.admitted}
+    rows = [
+        QueueRow(
+            position=index,
+            job_id=job.job_id,
+            team=job.team,
+            priority=job.priority.value,
+            gpus=job.gpus,
+            waited_seconds=round(now - job.enqueued_at, 1),
+            effective_priority=round(effective_priority(job, now, policy), 3),
+            reason="next" if job.job_id in admitted else decision.waiting[job.job_id].value,
+        )
+        for index, job in enumerate(admission_order(jobs, now, policy), start=1)
+    ]
+    return rows, sorted(bookings, key=lambda b: b.start)
