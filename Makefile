@@ -7,13 +7,14 @@ PYTEST_WORKERS ?= 2
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test lint typecheck unit integration infra synth bench package lock clean
+.PHONY: help install demo test lint typecheck unit integration infra synth bench simulate package lock clean
 
 help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
 	@echo "make test       lint, type-check and run every test"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
-	@echo "make bench      print selection timings"
+	@echo "make bench      print selection, admission and simulator timings"
+	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
 	@echo "make package    build the Lambda bundle into build/lambda for cdk deploy"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -52,6 +53,11 @@ synth: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_selection.py
+	$(BIN)/python scripts/bench_admission.py
+	$(BIN)/python scripts/bench_simulator.py
+
+simulate: $(STAMP)
+	$(BIN)/gpufleet simulate --format philly --start-days 30 --days 7 --report build/sim-report
 
 # The Lambda code asset: the gpufleet package plus the one dependency the Powertools layer
 # does not carry (PyYAML), built for the Lambda runtime (Python 3.12, x86_64).

@@ -9,7 +9,14 @@ from typing import Any
 import botocore.handlers
 import pytest
 
-from gpufleet.emulator.demo import DemoResult, DemoScenario, Submission, basic_scenario, run_demo
+from gpufleet.emulator.demo import (
+    DemoResult,
+    DemoScenario,
+    Submission,
+    basic_scenario,
+    preemption_scenario,
+    run_demo,
+)
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 
 JOB_FIELDS = {
@@ -155,3 +162,19 @@ def test_a_node_that_goes_silent_is_taken_for_lost_and_released(
     assert jobs["ghost"]["status"] == "FAILED"
     assert "heartbeats stopped" in jobs["ghost"]["failure_reason"]
     assert jobs["steady"]["status"] == "SUCCEEDED"
+
+
+def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkpoint() -> None:
+    result = run_demo(preemption_scenario())
+    assert result.completed and result.instances_running == 0
+    jobs = by_name(result)
+    low, high = jobs["low-sweep"], jobs["high-urgent"]
+    assert (low["priority"], high["priority"]) == ("low", "high")
+    assert low["status"] == high["status"] == "SUCCEEDED"
+    assert low["preemptions"] == 1 and high["preemptions"] == 0
+    assert low["resumed_from_checkpoint"] and not high["resumed_from_checkpoint"]
+    # The low job waited for the high one to finish; both runs of it were paid for.
+    assert low["wait_seconds"] >= 2.0
+    assert low["cost_usd"] == pytest.approx(
+        low["hourly_usd"] * low["held_seconds"] / 3600, rel=1e-3
+    )

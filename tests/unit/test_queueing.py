@@ -247,7 +247,16 @@ def test_repeated_passes_never_exceed_caps_or_quotas_and_preemption_settles(
             victim = run.pop(preemption.victim_id)
             preempted[victim.job_id] = preempted.get(victim.job_id, 0) + 1
             waiting[victim.job_id] = next(
-                QueuedJob(f"j{i}", t, p, g, 1, NOW - w, preempted_for=preemption.for_job_id)
+                QueuedJob(
+                    f"j{i}",
+                    t,
+                    p,
+                    g,
+                    1,
+                    NOW - w,
+                    preempted_for=preemption.for_job_id,
+                    preemptions=preempted[victim.job_id],
+                )
                 for i, (t, p, g, w) in enumerate(specs)
                 if f"j{i}" == victim.job_id
             )

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpufleet.cli import catalog, demo, plan, schema
+from gpufleet.cli import catalog, demo, plan, queue, schema, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpufleet", description="Run GPU training jobs on EC2, spot first."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (schema, plan, catalog, demo):
+    for module in (schema, plan, catalog, queue, simulate, demo):
         module.register(commands)
     return parser
 

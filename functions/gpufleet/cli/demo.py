@@ -7,14 +7,12 @@ import json
 import sys
 from typing import Any
 
-SCENARIOS = ("basic",)
-
 
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo", help="run sample jobs end to end on an embedded (moto) AWS account"
     )
-    parser.add_argument("--scenario", choices=SCENARIOS, default="basic")
+    parser.add_argument("--scenario", choices=("basic", "preemption"), default="basic")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (progress goes to stderr)"
     )
@@ -23,9 +21,10 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the emulator pulls in moto, which the other commands do not need.
-    from gpufleet.emulator.demo import basic_scenario, run_demo
+    from gpufleet.emulator.demo import SCENARIOS, run_demo
 
-    result = run_demo(basic_scenario(), progress=sys.stderr if args.json else sys.stdout)
+    scenario = SCENARIOS[args.scenario]()
+    result = run_demo(scenario, progress=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -113,6 +113,7 @@ class QueuedJob:
     instances: int
     enqueued_at: float  # first submission; kept across requeues so a preempted job ages on
     preempted_for: str | None = None  # requeued to make room for this job
+    preemptions: int = 0  # times it was stopped to make room: such a job no longer borrows
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +260,14 @@ class _Pass:
         over = team_used + job.gpus - self.entitlement(job.team)
         if over <= 0:
             return None, False, in_reserve
-        if over <= policy.quota(job.team).borrow and over <= self.idle_quota_of_others(job.team):
+        # A job once preempted runs within its team's own quota only: borrowing again would
+        # make it the first victim of the next reclaim, over and over.
+        may_borrow = job.preemptions == 0
+        if (
+            may_borrow
+            and over <= policy.quota(job.team).borrow
+            and over <= self.idle_quota_of_others(job.team)
+        ):
             return None, True, in_reserve
         # The reserve is shared, outside the teams' quotas: urgent work may run in it even
         # when its team has used up its own.
@@ -365,6 +373,9 @@ def decide(
     ordered = [j for j in ordered if j.job_id in nominated] + [
         j for j in ordered if j.job_id not in nominated
     ]
+    # (team, class) -> the fewest GPUs a job of that kind could not find victims for: a later job
+    # of the same kind that needs as many cannot either, so the search is skipped.
+    no_victims: dict[tuple[str, Priority], int] = {}
     considered = 0
     for job in ordered:
         if limit is not None and considered >= limit:
@@ -384,7 +395,14 @@ def decide(
             WaitReason.CAPACITY,
             WaitReason.WINDOW,
         ):
-            victims = _choose_victims(state, job)
+            kind = (job.team, job.priority)
+            victims = (
+                None
+                if job.gpus >= no_victims.get(kind, math.inf)
+                else (_choose_victims(state, job))
+            )
+            if not victims:
+                no_victims[kind] = min(job.gpus, no_victims.get(kind, job.gpus))
             if victims:
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.faults import CapacityFaults, injected
@@ -33,6 +34,9 @@ class Submission:
 
     via: str  # "s3" or "event"
     path: Path
+    # Held back until the named job has been RUNNING this long (to stage a preemption).
+    after_running: str | None = None
+    delay_seconds: float = 0.0
 
 
 @dataclass
@@ -42,6 +46,7 @@ class DemoScenario:
     nodes: NodeScenario
     spot_capacity_errors: frozenset[str] = frozenset()
     timeout_seconds: float = 180.0
+    config: FleetConfig | None = None  # None: the repository's gpufleet.yaml
 
 
 @dataclass
@@ -86,6 +91,35 @@ def basic_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
         ),
         spot_capacity_errors=frozenset(config.get("spot_capacity_errors", [])),
     )
+
+
+def preemption_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A low-priority job preempted by a high-priority one, then resumed from its checkpoint."""
+    folder = events_dir / "scenarios" / "preemption"
+    config = json.loads((folder / "scenario.json").read_text())
+    return DemoScenario(
+        name="preemption",
+        submissions=[
+            Submission(
+                "s3",
+                folder / item["file"],
+                after_running=item.get("after_running"),
+                delay_seconds=float(item.get("delay_seconds", 0.0)),
+            )
+            for item in config["submissions"]
+        ],
+        nodes=NodeScenario(
+            boot_seconds=float(config["boot_seconds"]),
+            behaviours={
+                name: Behaviour(float(b["duration_seconds"]), int(b["exit_code"]))
+                for name, b in config["jobs"].items()
+            },
+        ),
+        config=FleetConfig.model_validate(config["config"]),
+    )
+
+
+SCENARIOS = {"basic": basic_scenario, "preemption": preemption_scenario}
 
 
 class _Observer:
@@ -153,7 +187,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
         BUCKET_NAME,
         lambda name, capacity: capacity == "spot" and name in scenario.spot_capacity_errors,
     )
-    with injected(faults), embedded_account() as account:
+    with injected(faults), embedded_account(config=scenario.config) as account:
         with acting_as(EMULATOR):
             store = DynamoJobStore(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
@@ -165,10 +199,13 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             scheduler.start()
             count = len(scenario.submissions)
             say(f"embedded AWS account ready in {account.region}; submitting {count} jobs")
+            held_back = [s for s in scenario.submissions if s.after_running]
             for submission in scenario.submissions:
-                _submit(account, submission)
-                say(f"submitted {submission.path.name} via {submission.via}")
+                if not submission.after_running:
+                    _submit(account, submission)
+                    say(f"submitted {submission.path.name} via {submission.via}")
             seen: dict[str, str] = {}
+            running_since: dict[str, float] = {}
             deadline = time.monotonic() + scenario.timeout_seconds
             jobs: list[Job] = []
             while time.monotonic() < deadline:
@@ -184,6 +221,14 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                         )
                         reason = f": {job.failure_reason}" if job.failure_reason else ""
                         say(f"{job.job_id} {job.spec.name:<16} {job.status.value}{where}{reason}")
+                        if job.status.value == "RUNNING":
+                            running_since.setdefault(job.spec.name, time.monotonic())
+                for submission in list(held_back):
+                    since = running_since.get(submission.after_running or "")
+                    if since is not None and time.monotonic() - since >= submission.delay_seconds:
+                        held_back.remove(submission)
+                        _submit(account, submission)
+                        say(f"submitted {submission.path.name} via {submission.via}")
                 running = nodes.running_instances()
                 settled = len(jobs) + len(observer.rejections) >= len(scenario.submissions)
                 if settled and all(j.status.terminal for j in jobs) and not running:
@@ -195,7 +240,10 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                 say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
             scheduler.stop()
             nodes.stop()
-            result.jobs = [_job_entry(job) for job in sorted(jobs, key=lambda j: j.spec.name)]
+            result.jobs = [
+                _job_entry(job, job.job_id in nodes.resumed)
+                for job in sorted(jobs, key=lambda j: j.spec.name)
+            ]
             result.rejected = len(observer.rejections)
             result.instances_running = len(nodes.running_instances())
             result.state_transitions = _state_transitions(account)
@@ -205,17 +253,21 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
     return result
 
 
-def _job_entry(job: Job) -> dict[str, Any]:
+def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
     placement = job.placement
     return {
         "id": job.job_id,
         "name": job.spec.name,
         "team": job.spec.team,
+        "priority": job.spec.priority.value,
         "status": job.status.value,
         "instance_type": placement.instance_type if placement else None,
         "capacity_type": placement.capacity_type if placement else None,
         **cost_report(job),
         "failure_reason": job.failure_reason,
+        "preemptions": job.preemptions,
+        "wait_seconds": round(job.waited_seconds, 2),
+        "resumed_from_checkpoint": resumed,
     }
 
 

@@ -17,6 +17,7 @@ moto is pinned exactly (see requirements.lock): these patches rely on its intern
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -237,11 +238,32 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
     botocore.handlers.BUILTIN_HANDLERS.append(handler_entry)
     undo.append(lambda: botocore.handlers.BUILTIN_HANDLERS.remove(handler_entry))
 
+    # EMF metrics are printed: the print inside Powertools' CloudWatch provider writes to the
+    # invocation's log, whatever sys.stdout is at the time (test harnesses swap it).
+    from aws_lambda_powertools.metrics.provider.cloudwatch_emf import cloudwatch as emf
+
+    def routed_print(*values: Any, **kwargs: Any) -> None:
+        buffer = getattr(_local, "log_buffer", None)
+        if buffer is not None and "file" not in kwargs:
+            kwargs["file"] = buffer
+        print(*values, **kwargs)
+
+    emf.print = routed_print  # type: ignore[attr-defined]
+    undo.append(lambda: delattr(emf, "print"))
+
     # Handler output (Powertools Logger, EMF metrics) goes to each invocation's log group.
-    if not isinstance(sys.stdout, _ThreadRoutedStream):
-        saved_stdout = sys.stdout
-        sys.stdout = _ThreadRoutedStream(saved_stdout)
-        undo.append(lambda: setattr(sys, "stdout", saved_stdout))
+    routed = _ThreadRoutedStream(sys.stdout)
+    saved_stdout = sys.stdout
+    sys.stdout = routed
+    undo.append(lambda: setattr(sys, "stdout", saved_stdout))
+    # The shared Powertools Logger keeps the stream it was created with: point it here too,
+    # whenever the handlers were first imported.
+    from gpufleet.handlers import common
+
+    for handler in common.logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            previous = handler.setStream(routed)
+            undo.append(functools.partial(handler.setStream, previous))
     logging.getLogger("botocore").setLevel(logging.WARNING)
     return Patches(recorder=recorder, undo=undo)
 

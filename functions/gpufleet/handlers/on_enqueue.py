@@ -9,7 +9,7 @@ from gpufleet.handlers.common import lifecycle, logger, tracer
 from gpufleet.handlers.models import AwaitNodeTask
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @event_parser(model=AwaitNodeTask)
 def handler(task: AwaitNodeTask, context: LambdaContext) -> None:

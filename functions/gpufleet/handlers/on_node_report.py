@@ -11,7 +11,7 @@ from gpufleet.handlers.common import lifecycle, logger, tracer
 from gpufleet.services.lifecycle import NodeReport
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @event_parser(model=NodeReport, envelope=envelopes.EventBridgeEnvelope)
 def handler(report: NodeReport, context: LambdaContext) -> dict[str, Any]:

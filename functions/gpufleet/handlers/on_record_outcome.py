@@ -11,7 +11,7 @@ from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import RecordOutcomeTask
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 @event_parser(model=RecordOutcomeTask)

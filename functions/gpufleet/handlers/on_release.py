@@ -11,7 +11,7 @@ from gpufleet.handlers.common import lifecycle, logger, tracer
 from gpufleet.handlers.models import JobTask
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @event_parser(model=JobTask)
 def handler(task: JobTask, context: LambdaContext) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from gpufleet.handlers.common import lifecycle, logger, tracer
 from gpufleet.handlers.models import RequeueTask
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @event_parser(model=RequeueTask)
 def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def submit(delivery: Delivery) -> dict[str, Any]:
     return dict(describe(outcome))
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

@@ -113,8 +113,7 @@ class DispatcherService:
         )
         if not self._ports.queue.admit(entry, running, limits):
             return False
-        self._ports.workflow.complete_task(entry.task_token, {"admitted": True})
-        self._ports.queue.mark_notified(job.job_id)
+        self._tell_admitted(job.job_id, entry.task_token)
         try:
             stored = self._ports.jobs.get(job.job_id)
             changes: dict[str, Any] = {
@@ -132,8 +131,20 @@ class DispatcherService:
         """An admission whose workflow was never told (the dispatcher died in between)."""
         for entry in running:
             if not entry.notified:
-                self._ports.workflow.complete_task(entry.task_token, {"admitted": True})
-                self._ports.queue.mark_notified(entry.job.job_id)
+                self._tell_admitted(entry.job.job_id, entry.task_token)
+
+    def _tell_admitted(self, job_id: str, token: str) -> None:
+        if self._ports.workflow.complete_task(token, {"admitted": True}):
+            self._ports.queue.mark_notified(job_id)
+            return
+        # The workflow no longer waits: if the job ended (cancelled, stopped), its share goes
+        # back; otherwise the next pass tells it again.
+        try:
+            ended = self._ports.jobs.get(job_id).status.terminal
+        except JobNotFound:
+            ended = True
+        if ended:
+            self._ports.queue.release(job_id)
 
     def _stop_overdue(self, running: list[RunningEntry], now: float) -> list[str]:
         """Victims that did not checkpoint within the grace period are stopped by force; the

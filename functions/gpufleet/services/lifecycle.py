@@ -144,6 +144,7 @@ class LifecycleService:
                 instances=spec.resources.nodes,
                 enqueued_at=job.created_at,
                 preempted_for=job.preempted_for,
+                preemptions=job.preemptions,
             ),
             task_token=task_token,
             queued_at=self._now(),
@@ -233,6 +234,8 @@ class LifecycleService:
             # A retry of a launch that already succeeded: do not launch again.
             return LaunchStepResult(step=step, attempt=attempt, launched=True)
         self._ports.objects.put_json(run_manifest_key(job_id), _run_manifest(job))
+        # A new run starts with no instruction pending: a checkpoint request was for the last.
+        self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
         expected = DurationEstimate(plan.expected_seconds, plan.expected_source)
         launch_step = self._current_offerings(job.spec, capacity_type, expected)
@@ -444,9 +447,14 @@ def cost_report(job: Job) -> dict[str, Any]:
     """The job's cost line, as the demo and the CLI print it."""
     placement = job.placement
     if placement is None or job.released_at is None:
-        return {"hourly_usd": None, "held_seconds": 0.0, "cost_usd": job.cost_usd or 0.0}
+        return {
+            "hourly_usd": None,
+            "held_seconds": round(job.prior_held_seconds, 3),
+            "cost_usd": job.cost_usd or 0.0,
+        }
+    # Every run of the job counts: a preempted or interrupted run was paid for too.
     return {
         "hourly_usd": round(fleet_hourly_usd(placement), 6),
-        "held_seconds": round(held_seconds(placement, job.released_at), 3),
+        "held_seconds": round(job.prior_held_seconds + held_seconds(placement, job.released_at), 3),
         "cost_usd": job.cost_usd,
     }

@@ -70,6 +70,7 @@ def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
         "enqueued_at": _n(job.enqueued_at),
         "task_token": _s(entry.task_token),
         "queued_at": _n(entry.queued_at),
+        "preemptions": _n(job.preemptions),
     }
     if job.preempted_for:
         item["preempted_for"] = _s(job.preempted_for)
@@ -85,6 +86,7 @@ def _entry(item: dict[str, Any]) -> QueueEntry:
         instances=int(item["instances"]["N"]),
         enqueued_at=float(item["enqueued_at"]["N"]),
         preempted_for=item.get("preempted_for", {}).get("S"),
+        preemptions=int(item.get("preemptions", {}).get("N", "0")),
     )
     return QueueEntry(
         job=job, task_token=item["task_token"]["S"], queued_at=float(item["queued_at"]["N"])

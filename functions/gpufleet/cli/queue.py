@@ -1,0 +1,125 @@
+"""`gpufleet queue`, `gpufleet cancel ID`, `gpufleet book`: the admission queue by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufleet.cli.target import TargetError, add_target_arguments, resolve
+
+
+def register(commands: Any) -> None:
+    queue = commands.add_parser(
+        "queue", help="waiting jobs in admission order, with the reason each waits"
+    )
+    add_target_arguments(queue)
+    queue.add_argument("--json", action="store_true")
+    queue.set_defaults(run=run_queue)
+
+    cancel = commands.add_parser("cancel", help="cancel a waiting or running job")
+    cancel.add_argument("job_id", metavar="ID")
+    add_target_arguments(cancel)
+    cancel.add_argument("--json", action="store_true")
+    cancel.set_defaults(run=run_cancel)
+
+    book = commands.add_parser("book", help="book GPUs for a team over a future window")
+    book.add_argument("--team", required=True)
+    book.add_argument("--gpus", type=int, required=True)
+    book.add_argument(
+        "--from", dest="start", required=True, help="ISO time, e.g. 2026-12-01T08:00Z"
+    )
+    book.add_argument("--to", dest="end", required=True, help="ISO time")
+    add_target_arguments(book)
+    book.add_argument("--json", action="store_true")
+    book.set_defaults(run=run_book)
+
+
+def _services(args: argparse.Namespace) -> tuple[Any, Any]:
+    # Imported here: boto3 and the adapters are not needed for --help.
+    from gpufleet.adapters.aws.runtime import aws_ports
+    from gpufleet.services.factory import build_lifecycle
+
+    settings = resolve(args)
+    ports = aws_ports(settings)
+    return settings, (ports, build_lifecycle(ports, settings))
+
+
+def _error(message: str) -> int:
+    print(f"gpufleet: {message}", file=sys.stderr)
+    return 2
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    from gpufleet.services.dispatcher import queue_listing
+
+    try:
+        settings, (ports, _) = _services(args)
+    except TargetError as exc:
+        return _error(str(exc))
+    rows, bookings = queue_listing(ports, settings.config.queue)
+    names = {row.job_id: ports.jobs.get(row.job_id).spec.name for row in rows}
+    if args.json:
+        document = {
+            "waiting": [{**asdict(row), "name": names[row.job_id]} for row in rows],
+            "bookings": [asdict(b) for b in bookings],
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    header = (
+        f"{'#':>3}  {'job':<24}{'name':<20}{'team':<12}{'priority':<10}{'gpus':>5}  "
+        f"{'waited':>8}  reason"
+    )
+    print(header)
+    for row in rows:
+        print(
+            f"{row.position:>3}  {row.job_id:<24}{names[row.job_id]:<20}{row.team:<12}"
+            f"{row.priority:<10}{row.gpus:>5}  {row.waited_seconds:>7.0f}s  {row.reason}"
+        )
+    if not rows:
+        print("  (no job is waiting)")
+    for booking in bookings:
+        start = datetime.fromtimestamp(booking.start, UTC).isoformat(timespec="minutes")
+        end = datetime.fromtimestamp(booking.end, UTC).isoformat(timespec="minutes")
+        print(f"booked: {booking.team} {booking.gpus} GPUs {start} .. {end} ({booking.booking_id})")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from gpufleet.domain.job import JobNotFound
+    from gpufleet.services.lifecycle import JobAlreadyEnded
+
+    try:
+        _, (_, lifecycle) = _services(args)
+        summary = lifecycle.cancel(args.job_id)
+    except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
+        return _error(str(exc))
+    print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: {summary['status']}")
+    return 0
+
+
+def _parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
+
+
+def run_book(args: argparse.Namespace) -> int:
+    from gpufleet.domain.queueing import Booking
+
+    try:
+        start, end = _parse_time(args.start), _parse_time(args.end)
+    except ValueError as exc:
+        return _error(f"bad time: {exc}")
+    if end <= start or args.gpus < 1:
+        return _error("a booking needs --gpus >= 1 and --to after --from")
+    try:
+        _, (ports, _) = _services(args)
+    except TargetError as exc:
+        return _error(str(exc))
+    booking = Booking(f"b-{uuid.uuid4().hex[:12]}", args.team, args.gpus, start, end)
+    ports.queue.book(booking)
+    print(json.dumps(asdict(booking)) if args.json else f"booked {booking.booking_id}")
+    return 0

@@ -1,0 +1,233 @@
+"""`gpufleet simulate`: replay a real cluster trace through the domain core and compare policies.
+
+    gpufleet simulate --format philly|itp|openb [--trace PATH] [--start-days S] [--days D]
+                      [--region us-east-1] [--min-gpu-memory-gib 16] [--high-share 0.1]
+                      [--seed N] [--policy gpufleet]
+                      [--compare static-ondemand,fifo-spot,batch-like] [--json] [--report DIR]
+
+`--trace` defaults to the format's folder under ../shared/data/traces next to the repository
+(Philly: philly-2017-pollux-derived). `--compare none` runs `--policy` alone. With `--json` one
+JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG plots and
+DIR/index.html.
+
+Exit codes: 0 ok, 2 bad input (unknown policy, unreadable trace, empty window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.sim.engine import SimResult, Workload, simulate
+from gpufleet.sim.mapping import TraceMapping
+from gpufleet.sim.market import MarketModel
+from gpufleet.sim.policies import BASELINES, GPUFLEET, POLICY_NAMES, build_policies
+from gpufleet.sim.report import cost_lower_bound_usd, summary, write_report
+from gpufleet.sim.traces import FORMATS, TraceError, load_trace
+
+# functions/gpufleet/cli/simulate.py -> the repository root, then ../shared/data.
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+SHARED_TRACES = _REPO_ROOT.parent / "shared" / "data" / "traces"
+DEFAULT_TRACE_DIRS: dict[str, str] = {
+    "philly": "philly-2017-pollux-derived",
+    "itp": "microsoft-itp-elasticflow-2021",
+    "openb": "alibaba-openb-gpu-2023",
+}
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _non_negative(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _share(text: str) -> float:
+    value = _non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "simulate",
+        help="replay a cluster trace through the scheduler and compare policies",
+        description="Replay a real cluster trace (Philly, ITP, openb) through the same domain "
+        "core the Lambdas use, on a simulated clock and spot market, and compare gpufleet "
+        "with baseline policies by cost, wait and utilization.",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="trace file or folder (default: the format's folder in ../shared/data/traces)",
+    )
+    parser.add_argument("--format", required=True, choices=FORMATS, help="trace format")
+    parser.add_argument(
+        "--start-days",
+        type=_non_negative,
+        default=0.0,
+        metavar="S",
+        help="window start, days after the trace's start (%(default)s)",
+    )
+    parser.add_argument(
+        "--days", type=_positive, metavar="D", help="window length in days (default: all)"
+    )
+    parser.add_argument("--region", default="us-east-1", help="AWS region (%(default)s)")
+    parser.add_argument(
+        "--min-gpu-memory-gib",
+        type=_non_negative,
+        default=16.0,
+        help="GPU memory every job needs per GPU (%(default)s)",
+    )
+    parser.add_argument(
+        "--high-share",
+        type=_share,
+        default=0.1,
+        help="share of jobs made high priority when the trace has no QoS (%(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (%(default)s)")
+    parser.add_argument(
+        "--policy", default=GPUFLEET, choices=POLICY_NAMES, help="policy (%(default)s)"
+    )
+    parser.add_argument(
+        "--compare",
+        default=",".join(BASELINES),
+        metavar="P1,P2",
+        help="baselines run in the same simulation, comma-separated, or 'none' (%(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="DIR", help="write PNG plots and DIR/index.html")
+    parser.set_defaults(run=run)
+
+
+def _policy_names(args: argparse.Namespace) -> list[str]:
+    names = [args.policy]
+    if args.compare.strip().lower() not in ("", "none"):
+        for name in (n.strip() for n in args.compare.split(",")):
+            if name not in POLICY_NAMES:
+                raise ValueError(
+                    f"unknown policy {name!r} in --compare; known: {', '.join(POLICY_NAMES)}"
+                )
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def _trace_path(args: argparse.Namespace) -> Path:
+    if args.trace:
+        return Path(args.trace)
+    path = SHARED_TRACES / DEFAULT_TRACE_DIRS[args.format]
+    if not path.exists():
+        raise TraceError(f"no --trace given and the default {path} does not exist")
+    return path
+
+
+def _fail(message: str) -> int:
+    print(f"gpufleet simulate: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        names = _policy_names(args)
+        path = _trace_path(args)
+        mapping = TraceMapping(
+            region=args.region,
+            min_gpu_memory_gib=args.min_gpu_memory_gib,
+            high_share=args.high_share,
+        )
+        trace = load_trace(path, args.format, args.start_days, args.days)
+    except (ValueError, TraceError, ValidationError) as exc:
+        return _fail(str(exc))
+    if not len(trace):
+        return _fail(f"no jobs in the window ({path}, start {args.start_days:g} days)")
+    catalog = load_bundled()
+    try:
+        workload = Workload.from_trace(trace, mapping)
+        policies = build_policies(names, workload, catalog=catalog, region=args.region)
+        lower_bound = cost_lower_bound_usd(workload, catalog, args.region)
+    except (ValueError, NoFeasibleOffering) as exc:
+        return _fail(str(exc))
+    results: list[SimResult] = []
+    started = time.perf_counter()
+    for policy in policies:
+        market = MarketModel(catalog, args.region, seed=args.seed)
+        results.append(simulate(workload, policy, seed=args.seed, market=market))
+    wall = time.perf_counter() - started
+    context = {
+        "trace": {
+            "format": args.format,
+            "path": str(path),
+            "start_days": args.start_days,
+            "days": args.days,
+            "jobs": len(trace),
+            "gpu_hours": round(trace.gpu_hours, 2),
+            "skipped": dict(sorted(trace.skipped.items())),
+        },
+        "region": args.region,
+        "seed": args.seed,
+        "cap_gpus": policies[0].queue.max_gpus,
+        "descriptions": {p.name: p.description for p in policies},
+    }
+    document = summary(results, lower_bound, context=context, sim_wall_seconds=wall)
+    if args.report:
+        write_report(args.report, results, document)
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        _print_table(document, results)
+        if args.report:
+            print(f"\nreport: {Path(args.report) / 'index.html'}")
+    return 0
+
+
+def _print_table(document: dict[str, Any], results: list[SimResult]) -> None:
+    trace = document["trace"]
+    print(
+        f"{trace['format']} {trace['path']}: {trace['jobs']} jobs, "
+        f"{trace['gpu_hours']:,.0f} GPU-hours; region {document['region']}, "
+        f"seed {document['seed']}, cap {document['cap_gpus']} GPUs"
+    )
+    rows: list[tuple[str, Any]] = [
+        ("completed / jobs", lambda m: f"{m['completed']}/{m['jobs']}"),
+        ("cost USD", lambda m: f"{m['cost_usd']:,.0f}"),
+        ("lower bound USD", lambda m: f"{m['cost_lower_bound_usd']:,.0f}"),
+        ("GPU-h paid", lambda m: f"{m['gpu_hours_paid']:,.0f}"),
+        ("GPU-h useful", lambda m: f"{m['gpu_hours_useful']:,.0f}"),
+        ("utilization", lambda m: f"{m['utilization']:.1%}"),
+        ("wait p50 s", lambda m: f"{m['wait_seconds']['p50']:,.0f}"),
+        ("wait p95 s", lambda m: f"{m['wait_seconds']['p95']:,.0f}"),
+        ("wait max s", lambda m: f"{m['wait_seconds']['max']:,.0f}"),
+        ("JCT p50 s", lambda m: f"{m['jct_seconds']['p50']:,.0f}"),
+        ("interruptions", lambda m: str(m["interruptions"])),
+        ("requeues", lambda m: str(m["requeues"])),
+        ("on-demand fallbacks", lambda m: str(m["ondemand_fallbacks"])),
+        ("preemptions", lambda m: str(m["preemptions"])),
+    ]
+    metrics = document["policies"]
+    width = max(14, *(len(n) + 2 for n in metrics))
+    print(f"{'':22}" + "".join(f"{name:>{width}}" for name in metrics))
+    for label, cell in rows:
+        print(f"{label:22}" + "".join(f"{cell(m):>{width}}" for m in metrics.values()))
+    for r in results:
+        print(f"  {r.policy}: {r.wall_seconds:.2f} s simulated wall, {r.dispatch_passes} passes")
+    print(f"sim wall: {document['sim_wall_seconds']:.2f} s")

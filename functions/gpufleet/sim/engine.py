@@ -1,0 +1,786 @@
+"""The discrete-event loop: a trace replayed through the domain core on a simulated clock.
+
+One run replays one workload (trace jobs mapped to job specs) under one policy configuration
+(`SimPolicy`, built by `gpufleet.sim.policies`). Nothing here decides policy: the loop only
+moves jobs between states and asks the core what to do.
+
+- Queue, admission, quotas, borrowing, preemption: `gpufleet.domain.queueing.decide`, called
+  by a simulated dispatcher (see "Dispatch passes").
+- Instance choice and launch order: `gpufleet.domain.planning.plan_launch` (which ranks with
+  `selection.select` and `diversify`); after a failed launch `LaunchPlan.after_failure` says
+  whether to try the next capacity type, wait `retry_wait_seconds`, or give up. Offerings that
+  failed are remembered (`launch.shortage_keys`) in an in-memory capacity memory
+  (`adapters.local.memory.InMemoryCapacityMemory`) for `capacity_memory_seconds` and skipped by
+  the next plans, as the lifecycle service does.
+- Launch failures, spot interruptions, boot and restore: `gpufleet.sim.market.MarketModel`.
+- Cost: `domain.cost.run_cost_usd` per held interval (one `Placement` per launch).
+
+Per job: arrival -> queued -> admitted by `decide` -> launch attempts per the plan -> boot
+(`boot_seconds`, plus `restore_seconds` when resuming from a checkpoint) -> running -> one of
+
+- completion: released at once, cost recorded;
+- spot interruption (market): work since the last checkpoint is lost (`checkpointed_progress`
+  on the run's own progress: periodic checkpoints every `checkpoint_interval_seconds` of work),
+  released, requeued (`interruptions`, `requeues`);
+- preemption (`decide`): the victim is marked draining for its preemptor, checkpoints at once
+  (keeps all its progress) and is released `preemption_grace_seconds` later, then requeued with
+  `preempted_for` (`preemptions`, `requeues`). A victim still launching or booting is released
+  at once.
+
+Dispatch passes. A pass (one `decide` call) runs when something changed: an arrival, a
+release, a requeue. Passes are coalesced to at most one per `dispatch_interval_seconds` (a
+dispatcher's batching window); while jobs wait under a preempting policy a pass also runs every
+`recheck_seconds` (victims come of age after `min_runtime_seconds`). A pass reads the best
+`dispatch_limit` queued jobs (a dispatcher's page); when it admits something and more jobs wait
+beyond the page, the next page is read at once. No pass runs while the queue is empty.
+
+Simplifications (documented in sim/README.md): the simulated fleet picks the first override of a
+step that the market does not fail (cheapest first), the 2-minute interruption notice is not
+used for an extra checkpoint, run timeouts are not enforced (every mapped timeout is at least
+twice the trace duration, except for jobs longer than the spec's 14-day cap, which the trace
+says did finish), and a static pool packs jobs by GPU count (no fragmentation).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.adapters.local.memory import InMemoryCapacityMemory
+from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
+from gpufleet.domain.cost import held_seconds, run_cost_usd
+from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.job import Placement
+from gpufleet.domain.launch import CapacityType, LaunchError, LaunchResult, shortage_keys
+from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
+from gpufleet.domain.queueing import Decision, QueuedJob, QueuePolicy, RunningJob, decide
+from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
+from gpufleet.sim.mapping import TraceMapping, to_spec
+from gpufleet.sim.market import MarketConfig, MarketModel, checkpointed_progress
+from gpufleet.sim.traces import Trace, TraceJob
+
+# --- Inputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The trace jobs of a window and the job specs they map to (same order)."""
+
+    jobs: tuple[TraceJob, ...]
+    specs: tuple[JobSpec, ...]
+    mapping: TraceMapping
+    name: str = "workload"
+
+    @classmethod
+    def from_trace(cls, trace: Trace | Sequence[TraceJob], mapping: TraceMapping) -> Workload:
+        jobs = tuple(trace)
+        name = f"{trace.fmt}:{trace.source}" if isinstance(trace, Trace) else "jobs"
+        return cls(jobs, tuple(to_spec(j, mapping) for j in jobs), mapping, name)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def start_seconds(self) -> float:
+        return min((j.submit_seconds for j in self.jobs), default=0.0)
+
+    def peak_gpus(self) -> int:
+        """Most GPUs the jobs hold at once if each runs from its submission, without waiting
+        (the trace durations, requested GPU counts of the mapped specs)."""
+        deltas: list[tuple[float, int]] = []
+        for job, spec in zip(self.jobs, self.specs, strict=True):
+            gpus = spec.resources.total_gpus
+            deltas.append((job.submit_seconds, gpus))
+            deltas.append((job.submit_seconds + job.duration_seconds, -gpus))
+        deltas.sort()  # at equal times releases (negative) come first
+        held = peak = 0
+        for _, delta in deltas:
+            held += delta
+            peak = max(peak, held)
+        return peak
+
+
+@dataclass(frozen=True)
+class StaticPool:
+    """A fixed fleet held for the whole run: `count` instances of one offering."""
+
+    offering: Offering
+    count: int
+
+    @property
+    def gpus(self) -> int:
+        return self.offering.instance_type.gpus * self.count
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    """A policy is a configuration of the one engine and the one core."""
+
+    name: str
+    queue: QueuePolicy
+    # Rewrite each job's queue identity before it meets `decide` (None: the spec's own team
+    # and priority). E.g. FIFO = one team, one class.
+    team_of: str | None = None
+    priority_of: Priority | None = None
+    spot: SpotPolicy | None = None  # None: the spec's spot policy
+    static_pool: StaticPool | None = None
+    # Requeued jobs keep their first submission time (they age on and keep their place);
+    # False puts them at the back of their class.
+    requeue_keeps_place: bool = True
+    # Spot interruptions consume the spec's `max_retries`; when they run out the job fails.
+    interruptions_use_retries: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The simulated control plane's timings (defaults are the Lambda settings' defaults)."""
+
+    max_launch_attempts: int = 20
+    retry_wait_seconds: int = 60
+    boot_allowance_seconds: int = 900
+    heartbeat_timeout_seconds: int = 900
+    capacity_memory_seconds: int = 300
+    dispatch_interval_seconds: float = 60.0
+    recheck_seconds: float = 300.0
+    dispatch_limit: int = 128
+    # Time series resolution for reports; None: the run's span / 400, at least 60 s.
+    sample_seconds: float | None = None
+
+
+# --- Output -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """Samples of the fleet's state over time (for plots)."""
+
+    t: list[float] = field(default_factory=list)
+    cost_usd: list[float] = field(default_factory=list)  # spent so far
+    queued: list[int] = field(default_factory=list)
+    gpus_held: list[int] = field(default_factory=list)  # GPUs on held instances
+    gpus_used: list[int] = field(default_factory=list)  # GPUs of jobs doing work
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: int
+    completed: int = 0
+    failed: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # reason -> jobs
+    cost_usd: float = 0.0
+    gpu_seconds_paid: float = 0.0
+    gpu_seconds_useful: float = 0.0
+    interruptions: int = 0
+    requeues: int = 0
+    preemptions: int = 0
+    ondemand_fallbacks: int = 0
+    launches: int = 0
+    launch_failures: int = 0
+    dispatch_passes: int = 0
+    decide_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    end_seconds: float = 0.0  # simulated time of the last event
+    # Per job (workload order): trace priority, wait until first running (None: never ran),
+    # completion time after submission (None: did not complete).
+    priorities: list[str] = field(default_factory=list)
+    waits: list[float | None] = field(default_factory=list)
+    jcts: list[float | None] = field(default_factory=list)
+    series: Series = field(default_factory=Series)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# --- The loop ---------------------------------------------------------------------------------
+
+# Job states.
+_PENDING, _QUEUED, _LAUNCHING, _BOOTING, _RUNNING, _DRAINING, _DONE, _FAILED = range(8)
+# Event kinds; at equal times, lower kinds go first (releases before the dispatch pass).
+_END, _INTERRUPT, _DRAINED, _START, _LAUNCH, _DISPATCH = range(6)
+
+
+class _Job:
+    __slots__ = (
+        "attempts",
+        "base_plan",
+        "duration",
+        "enqueued_at",
+        "first_start",
+        "gpus",
+        "idx",
+        "instance_gpus",
+        "job_id",
+        "nodes",
+        "offering",
+        "placement",
+        "preempted_for",
+        "priority",
+        "progress",
+        "retries",
+        "run_from",
+        "spec",
+        "state",
+        "step",
+        "submit",
+        "team",
+        "version",
+        "work_start",
+    )
+
+    def __init__(self, idx: int, trace: TraceJob, spec: JobSpec, policy: SimPolicy) -> None:
+        self.idx = idx
+        self.job_id = spec.name
+        self.spec = spec
+        self.submit = trace.submit_seconds
+        self.duration = trace.duration_seconds
+        self.gpus = trace.gpus  # useful GPUs (the trace's)
+        self.nodes = spec.resources.nodes
+        self.team = policy.team_of or spec.team
+        self.priority = policy.priority_of or spec.priority
+        self.state = _PENDING
+        self.version = 0
+        self.enqueued_at = self.submit
+        self.preempted_for: str | None = None
+        self.progress = 0.0  # work kept (checkpointed) so far, seconds
+        self.run_from = 0.0  # progress when the current run started working
+        self.work_start = 0.0  # when the current run starts (or started) working
+        self.first_start: float | None = None
+        self.retries = 0
+        self.attempts = 0
+        self.step = 0
+        self.base_plan: LaunchPlan | None = None
+        self.offering: Offering | None = None
+        self.instance_gpus = 0
+        self.placement: Placement | None = None
+
+
+def _plan_seconds(seconds: int) -> int:
+    """The expected duration the plan is ranked with, to two significant figures, so that
+    plans can be cached per (shape, duration) without changing any ranking materially."""
+    if seconds < 100:
+        return max(1, seconds)
+    scale: int = 10 ** (len(str(seconds)) - 2)
+    return max(1, round(seconds / scale) * scale)
+
+
+def _shape(r: Resources) -> tuple[object, ...]:
+    return (r.gpus, r.gpu_memory_gib, tuple(r.gpu_models), r.vcpus, r.memory_gib, r.nodes, r.arch)
+
+
+class _Planner:
+    """`plan_launch` with a cache per (resources, spot policy, rounded duration, unavailable)."""
+
+    def __init__(self, catalog: Catalog, region: str, config: EngineConfig) -> None:
+        self._catalog = catalog
+        self._region = region
+        self._config = config
+        self._cache: dict[tuple[object, ...], LaunchPlan | NoFeasibleOffering] = {}
+        self.calls = 0
+        self.misses = 0
+
+    def __call__(
+        self, spec: JobSpec, spot: SpotPolicy, unavailable: frozenset[str]
+    ) -> LaunchPlan | None:
+        seconds = _plan_seconds(spec.expected_duration_seconds or 3600)
+        key = (*_shape(spec.resources), spot, seconds, unavailable)
+        self.calls += 1
+        hit = self._cache.get(key)
+        if hit is None:
+            self.misses += 1
+            if len(self._cache) > 50_000:
+                self._cache.clear()
+            c = self._config
+            try:
+                hit = plan_launch(
+                    spec if spec.spot is spot else spec.model_copy(update={"spot": spot}),
+                    self._catalog,
+                    self._region,
+                    max_launch_attempts=c.max_launch_attempts,
+                    retry_wait_seconds=c.retry_wait_seconds,
+                    boot_allowance_seconds=c.boot_allowance_seconds,
+                    heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
+                    expected=DurationEstimate(seconds, "spec"),
+                    unavailable=unavailable,
+                )
+            except NoFeasibleOffering as exc:
+                hit = exc
+            self._cache[key] = hit
+        return None if isinstance(hit, NoFeasibleOffering) else hit
+
+
+class Engine:
+    """One run of one policy over one workload. Use `simulate()`."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: SimPolicy,
+        *,
+        market: MarketModel,
+        config: EngineConfig,
+        seed: int,
+    ) -> None:
+        self.workload = workload
+        self.policy = policy
+        self.market = market
+        self.config = config
+        self.region = market.region
+        self.rng = random.Random(seed)
+        self.planner = _Planner(market.catalog, market.region, config)
+        self.capacity = InMemoryCapacityMemory()
+        self.jobs = [
+            _Job(i, trace, spec, policy)
+            for i, (trace, spec) in enumerate(zip(workload.jobs, workload.specs, strict=True))
+        ]
+        self.checkpoint_every = workload.mapping.checkpoint_interval_seconds
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.queue: dict[str, QueuedJob] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.by_id = {job.job_id: job for job in self.jobs}
+        if len(self.by_id) != len(self.jobs):
+            raise ValueError("job ids (spec names) must be unique within a workload")
+        self.dispatch_at: float | None = None
+        self.dispatch_version = 0
+        self.last_pass = -math.inf
+        self.instance_seq = 0
+        self.result = SimResult(policy=policy.name, jobs=len(self.jobs))
+        self.result.priorities = [spec.priority.value for spec in workload.specs]
+        self.result.waits = [None] * len(self.jobs)
+        self.result.jcts = [None] * len(self.jobs)
+        # Fleet state for the time series: integrated between events.
+        self.now = workload.start_seconds
+        self.spend_per_second = 0.0
+        self.spent = 0.0
+        self.gpus_held = 0
+        self.gpus_used = 0
+        span = max((j.submit_seconds + j.duration_seconds for j in workload.jobs), default=self.now)
+        self.sample_every = config.sample_seconds or max(60.0, (span - self.now) / 400)
+        self.next_sample = self.now
+
+    # -- Events --------------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, job: _Job | None = None) -> None:
+        self.seq += 1
+        if job is None:
+            heapq.heappush(self.events, (at, kind, self.seq, -1, 0))
+        else:
+            heapq.heappush(self.events, (at, kind, self.seq, job.idx, job.version))
+
+    def _advance(self, t: float) -> None:
+        """Move the clock to `t`, integrating spend and emitting samples on the way."""
+        while self.next_sample <= t:
+            self._sample(self.next_sample)
+            self.next_sample += self.sample_every
+        self.spent += self.spend_per_second * (t - self.now)
+        self.now = t
+
+    def _sample(self, at: float) -> None:
+        series = self.result.series
+        series.t.append(at)
+        series.cost_usd.append(self.spent + self.spend_per_second * (at - self.now))
+        series.queued.append(len(self.queue))
+        series.gpus_held.append(self.gpus_held)
+        series.gpus_used.append(self.gpus_used)
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        handlers: dict[int, Callable[[_Job], None]] = {
+            _END: self._on_end,
+            _INTERRUPT: self._on_interrupt,
+            _DRAINED: self._on_drained,
+            _START: self._on_start,
+            _LAUNCH: self._on_launch,
+        }
+        pool = self.policy.static_pool
+        if pool is not None:
+            self._hold_pool(pool)
+        arrivals = sorted(self.jobs, key=lambda j: (j.submit, j.idx))
+        next_arrival = 0
+        events = self.events
+        while True:
+            arrival_t = arrivals[next_arrival].submit if next_arrival < len(arrivals) else None
+            if arrival_t is not None and (not events or arrival_t <= events[0][0]):
+                self._advance(arrival_t)
+                job = arrivals[next_arrival]
+                next_arrival += 1
+                self._enqueue(job, job.submit)
+                continue
+            if not events:
+                if self.queue and not self._stuck():
+                    continue
+                break
+            at, kind, _, idx, version = heapq.heappop(events)
+            self._advance(at)
+            if kind == _DISPATCH:
+                if version == self.dispatch_version:
+                    self._dispatch()
+                continue
+            job = self.jobs[idx]
+            if job.version != version:
+                continue  # superseded (the run it belonged to has ended)
+            handlers[kind](job)
+        if pool is not None:
+            self._release_pool(pool)
+        self._advance(self.now)
+        self._sample(self.now)  # the last point: everything spent
+        self.result.end_seconds = self.now
+        self.result.wall_seconds = time.perf_counter() - started
+        self.result.info.update(
+            plans=self.planner.calls,
+            plan_cache_misses=self.planner.misses,
+            sample_seconds=self.sample_every,
+        )
+        return self.result
+
+    def _stuck(self) -> bool:
+        """No event is pending and jobs wait: one last pass; if it admits nothing, the jobs
+        left can never run (nothing will ever change) and fail."""
+        self._dispatch()
+        if self.events:
+            return False
+        for job_id in list(self.queue):
+            del self.queue[job_id]
+            self._fail(self.by_id[job_id], "never admitted")
+        return True
+
+    # -- Queue and dispatch --------------------------------------------------------------------
+
+    def _enqueue(self, job: _Job, at: float, preempted_for: str | None = None) -> None:
+        job.state = _QUEUED
+        if not self.policy.requeue_keeps_place:
+            job.enqueued_at = at
+        job.preempted_for = preempted_for
+        self.queue[job.job_id] = QueuedJob(
+            job_id=job.job_id,
+            team=job.team,
+            priority=job.priority,
+            gpus=job.spec.resources.total_gpus,
+            instances=job.nodes,
+            enqueued_at=job.enqueued_at,
+            preempted_for=preempted_for,
+        )
+        self._request_dispatch()
+
+    def _request_dispatch(self, *, now: bool = False) -> None:
+        """Ask for a pass: at once, or at the end of the current batching window."""
+        if not self.queue:
+            return
+        interval = self.config.dispatch_interval_seconds
+        self._schedule_pass(self.now if now else max(self.now, self.last_pass + interval))
+
+    def _schedule_pass(self, at: float) -> None:
+        if self.dispatch_at is not None and self.dispatch_at <= at:
+            return
+        self.dispatch_at = at
+        self.dispatch_version += 1  # an earlier-scheduled, later pass is superseded
+        self.seq += 1
+        heapq.heappush(self.events, (at, _DISPATCH, self.seq, -1, self.dispatch_version))
+
+    def _dispatch(self) -> None:
+        """One dispatcher pass: `decide` over the queue and the running set, then apply."""
+        self.dispatch_at = None
+        if not self.queue:
+            return
+        self.last_pass = self.now
+        waiting = len(self.queue)
+        started = time.perf_counter()
+        decision = decide(
+            self.queue.values(),
+            self.running.values(),
+            (),
+            self.now,
+            self.policy.queue,
+            limit=self.config.dispatch_limit,
+        )
+        self.result.decide_seconds += time.perf_counter() - started
+        self.result.dispatch_passes += 1
+        self._apply(decision)
+        if decision.admitted and waiting > self.config.dispatch_limit and self.queue:
+            self._request_dispatch(now=True)  # the next page
+        elif self.queue and self.running and self.policy.queue.preemption:
+            self._schedule_pass(self.now + self.config.recheck_seconds)
+
+    def _apply(self, decision: Decision) -> None:
+        for admission in decision.admitted:
+            queued = self.queue.pop(admission.job_id)
+            job = self.by_id[admission.job_id]
+            self.running[job.job_id] = RunningJob(
+                job_id=job.job_id,
+                team=queued.team,
+                priority=queued.priority,
+                gpus=queued.gpus,
+                instances=queued.instances,
+                admitted_at=self.now,
+                borrowed=admission.borrowed,
+                in_reserve=admission.in_reserve,
+            )
+            job.version += 1
+            if self.policy.static_pool is not None:
+                self._on_start(job)  # a warm pool: no launch, no boot
+            else:
+                self._begin_launch(job)
+        for preemption in decision.preemptions:
+            self._drain(self.by_id[preemption.victim_id], preemption.for_job_id)
+        for job_id in decision.reclaims:
+            self._drain(self.by_id[job_id], None)
+
+    # -- Launch --------------------------------------------------------------------------------
+
+    def _spot(self, job: _Job) -> SpotPolicy:
+        return self.policy.spot or job.spec.spot
+
+    def _begin_launch(self, job: _Job) -> None:
+        job.state = _LAUNCHING
+        job.attempts = 0
+        job.step = 0
+        job.base_plan = self.planner(job.spec, self._spot(job), frozenset())
+        if job.base_plan is None:
+            self._release_admission(job)
+            self._fail(job, "no feasible offering")
+            return
+        self._on_launch(job)
+
+    def _on_launch(self, job: _Job) -> None:
+        plan = job.base_plan
+        assert plan is not None
+        capacity_type = plan.steps[job.step].capacity_type
+        current = self.planner(job.spec, self._spot(job), self.capacity.unavailable(self.now))
+        step: LaunchStep | None = None
+        if current is not None:
+            step = next((s for s in current.steps if s.capacity_type == capacity_type), None)
+        self.result.launches += 1
+        chosen: Offering | None = None
+        if step is not None:
+            for override in step.overrides:
+                offering = self.market.offering(
+                    f"{capacity_type.value}:{override.instance_type}:{override.zone or self.region}"
+                )
+                if not self.market.launch_fails(offering, self.now, self.rng):
+                    chosen = offering
+                    break
+        job.attempts += 1
+        if chosen is not None:
+            self._launched(job, chosen, capacity_type, plan)
+            return
+        self.result.launch_failures += 1
+        result = LaunchResult(
+            capacity_type=capacity_type,
+            errors=[
+                LaunchError(
+                    code="InsufficientInstanceCapacity",
+                    instance_type=o.instance_type,
+                    zone=o.zone,
+                )
+                for o in (step.overrides if step is not None else [])
+            ],
+        )
+        self.capacity.remember(
+            shortage_keys(result, self.region),
+            until=self.now + self.config.capacity_memory_seconds,
+        )
+        move = plan.after_failure(job.step, job.attempts, result.error_category)
+        if move.give_up:
+            self._release_admission(job)
+            self._fail(job, "no capacity could be launched")
+            return
+        job.step = move.step
+        self._push(self.now + (plan.retry_wait_seconds if move.retry_later else 0), _LAUNCH, job)
+
+    def _launched(
+        self, job: _Job, offering: Offering, capacity_type: CapacityType, plan: LaunchPlan
+    ) -> None:
+        if capacity_type is CapacityType.ON_DEMAND and plan.steps[0].capacity_type in (
+            CapacityType.SPOT,
+            CapacityType.RESERVED,
+        ):
+            self.result.ondemand_fallbacks += 1
+        it: InstanceType = offering.instance_type
+        ids = []
+        for _ in range(job.nodes):
+            self.instance_seq += 1
+            ids.append(f"i-{self.instance_seq:017x}")
+        job.placement = Placement(
+            instance_ids=ids,
+            instance_type=it.name,
+            capacity_type=capacity_type.value,
+            zone=offering.zone,
+            hourly_usd=offering.hourly_usd,
+            launched_at=self.now,
+        )
+        job.offering = offering
+        job.instance_gpus = it.gpus * job.nodes
+        self.gpus_held += job.instance_gpus
+        self.spend_per_second += offering.hourly_usd * job.nodes / 3600.0
+        job.state = _BOOTING
+        ready = self.now + self.market.boot_seconds
+        if job.progress > 0:
+            ready += self.market.restore_seconds
+        job.work_start = ready
+        job.run_from = job.progress
+        self._push(ready, _START, job)
+        interrupted = self.market.next_interruption(offering, self.now, self.rng, job.nodes)
+        finish = ready + (job.duration - job.progress)
+        if interrupted is not None and interrupted < finish:
+            self._push(interrupted, _INTERRUPT, job)
+
+    def _on_start(self, job: _Job) -> None:
+        """The job starts (or resumes) its work now."""
+        job.state = _RUNNING
+        job.work_start = self.now
+        job.run_from = job.progress
+        if job.first_start is None:
+            job.first_start = self.now
+            self.result.waits[job.idx] = self.now - job.submit
+        self.gpus_used += job.gpus
+        self._push(self.now + (job.duration - job.progress), _END, job)
+
+    # -- Ends of runs --------------------------------------------------------------------------
+
+    def _release_instances(self, job: _Job) -> None:
+        placement = job.placement
+        if placement is None:
+            return
+        assert job.offering is not None
+        self.result.cost_usd += run_cost_usd(placement, self.now)
+        self.result.gpu_seconds_paid += job.instance_gpus * held_seconds(placement, self.now)
+        self.gpus_held -= job.instance_gpus
+        self.spend_per_second -= job.offering.hourly_usd * job.nodes / 3600.0
+        job.placement = None
+        job.offering = None
+
+    def _release_admission(self, job: _Job) -> None:
+        self.running.pop(job.job_id, None)
+        self._request_dispatch()
+
+    def _checkpoints(self, job: _Job) -> bool:
+        return self.checkpoint_every is not None and job.spec.checkpoint is not None
+
+    def _stop_work(self, job: _Job) -> float:
+        """Stop a running job's work now; return the progress it reached."""
+        if job.state == _RUNNING:
+            self.gpus_used -= job.gpus
+            return job.run_from + (self.now - job.work_start)
+        return job.progress
+
+    def _on_end(self, job: _Job) -> None:
+        if job.state == _RUNNING:
+            self.gpus_used -= job.gpus
+        job.state = _DONE
+        job.version += 1
+        job.progress = job.duration
+        self._release_instances(job)
+        self.result.completed += 1
+        self.result.gpu_seconds_useful += job.gpus * job.duration
+        self.result.jcts[job.idx] = self.now - job.submit
+        self._release_admission(job)
+
+    def _on_interrupt(self, job: _Job) -> None:
+        reached = self._stop_work(job)
+        if self.checkpoint_every is None or not self._checkpoints(job):
+            job.progress = 0.0
+        else:
+            job.progress = job.run_from + checkpointed_progress(
+                max(0.0, reached - job.run_from), self.checkpoint_every
+            )
+        job.version += 1
+        self._release_instances(job)
+        self.running.pop(job.job_id, None)
+        self.result.interruptions += 1
+        if self.policy.interruptions_use_retries:
+            job.retries += 1
+            if job.retries > job.spec.max_retries:
+                self._fail(job, "interrupted more often than max_retries")
+                self._request_dispatch()
+                return
+        self.result.requeues += 1
+        self._enqueue(job, self.now)
+
+    def _drain(self, job: _Job, for_job_id: str | None) -> None:
+        """`decide` asked this job to make room: checkpoint, stop, requeue."""
+        running = self.running.get(job.job_id)
+        if running is None or running.draining:
+            return
+        self.running[job.job_id] = RunningJob(
+            job_id=running.job_id,
+            team=running.team,
+            priority=running.priority,
+            gpus=running.gpus,
+            instances=running.instances,
+            admitted_at=running.admitted_at,
+            borrowed=running.borrowed,
+            in_reserve=running.in_reserve,
+            draining_for=for_job_id or "",
+        )
+        job.preempted_for = for_job_id
+        grace = self.policy.queue.preemption_grace_seconds
+        if job.state == _RUNNING:
+            remaining = job.duration - (job.run_from + self.now - job.work_start)
+            if remaining <= grace:
+                return  # it finishes before it could stop: let it
+            self.result.preemptions += 1
+            reached = self._stop_work(job)
+            job.progress = reached if self._checkpoints(job) else 0.0  # saved now, in full
+            job.state = _DRAINING
+            job.version += 1
+            self._push(self.now + grace, _DRAINED, job)
+            return
+        # Launching or booting: nothing to save; stop at once.
+        self.result.preemptions += 1
+        self._on_drained(job)
+
+    def _on_drained(self, job: _Job) -> None:
+        job.version += 1
+        self._release_instances(job)
+        self.running.pop(job.job_id, None)
+        self.result.requeues += 1
+        self._enqueue(job, self.now, job.preempted_for)
+
+    def _fail(self, job: _Job, reason: str) -> None:
+        job.state = _FAILED
+        job.version += 1
+        self.result.failed += 1
+        self.result.failures[reason] = self.result.failures.get(reason, 0) + 1
+
+    # -- Static pool ---------------------------------------------------------------------------
+
+    def _hold_pool(self, pool: StaticPool) -> None:
+        self.pool_placement = Placement(
+            instance_ids=[f"i-pool{i:012x}" for i in range(pool.count)],
+            instance_type=pool.offering.instance_type.name,
+            capacity_type=pool.offering.capacity_type,
+            zone=pool.offering.zone,
+            hourly_usd=pool.offering.hourly_usd,
+            launched_at=self.now,
+        )
+        self.gpus_held = pool.gpus
+        self.spend_per_second = pool.offering.hourly_usd * pool.count / 3600.0
+
+    def _release_pool(self, pool: StaticPool) -> None:
+        placement = self.pool_placement
+        self.result.cost_usd += run_cost_usd(placement, self.now)
+        self.result.gpu_seconds_paid += pool.gpus * held_seconds(placement, self.now)
+
+
+def simulate(
+    workload: Workload,
+    policy: SimPolicy,
+    *,
+    seed: int = 0,
+    market: MarketModel | None = None,
+    market_config: MarketConfig | None = None,
+    config: EngineConfig | None = None,
+    catalog: Catalog | None = None,
+) -> SimResult:
+    """Replay `workload` under `policy`; the same inputs and seed give the same result."""
+    if market is None:
+        market = MarketModel(
+            catalog or load_bundled(), workload.mapping.region, market_config, seed=seed
+        )
+    return Engine(workload, policy, market=market, config=config or EngineConfig(), seed=seed).run()

@@ -1,0 +1,315 @@
+"""What a simulation measured: the JSON summary, and a folder of plots with an HTML page.
+
+Metrics per policy (`policy_metrics`):
+
+- `jobs`, `completed`, `failed` (with `failures` by reason: a launch that gave up, retries
+  used up, never admitted).
+- `cost_usd`: every held instance's price x held time (`domain.cost.run_cost_usd`); the
+  static pool from the first submission to the last completion.
+- `cost_lower_bound_usd` (the same for every policy): the sum over jobs of the job's GPU-seconds
+  (trace GPUs x trace duration) x the cheapest $/GPU-second of any offering in the region whose
+  instance type can hold one node of the job (`selection.is_feasible`: GPUs per node, GPU
+  memory, NVIDIA, EFA for multi-node); spot when the type has spot, and an on-demand price only
+  in the odd case it is cheaper, so that the bound holds for every policy.
+- `gpu_hours_paid`: instance GPUs x held hours (boot, restore, lost work, drains, idle pool
+  included); `gpu_hours_useful`: trace GPUs x trace duration of the completed jobs;
+  `utilization` = useful / paid.
+- `wait_seconds`: submission to first start of work (admission + launch + boot), p50/p95/max,
+  and the same `by_priority` (the job's own class from the mapping, also for policies that
+  ignore classes); `jct_seconds`: submission to completion, p50/p95.
+- `interruptions` (spot), `requeues` (interruptions and preemptions that went back to the
+  queue), `ondemand_fallbacks` (launches on on-demand after the plan's spot step failed),
+  `preemptions` (jobs stopped by `decide` to make room).
+
+`write_report(dir, ...)` draws with matplotlib (Agg), imported only there.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpufleet.domain.catalog import Catalog, load_bundled
+from gpufleet.domain.selection import is_feasible
+from gpufleet.domain.spec import Priority, Resources
+from gpufleet.sim.engine import SimResult, Workload
+
+PLOTS: tuple[tuple[str, str], ...] = (
+    ("cost_over_time.png", "Cost over time"),
+    ("queue_length.png", "Queue length"),
+    ("wait_cdf.png", "Wait CDF per priority"),
+    ("gpus_held_vs_used.png", "GPUs held vs used"),
+)
+_PRIORITY_ORDER = [p.value for p in Priority]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of already sorted values; 0 if empty."""
+    if not sorted_values:
+        return 0.0
+    position = (len(sorted_values) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
+
+
+def _stats(values: Iterable[float], keys: Sequence[str] = ("p50", "p95", "max")) -> dict[str, Any]:
+    ordered = sorted(values)
+    out: dict[str, Any] = {}
+    for key in keys:
+        value = ordered[-1] if key == "max" and ordered else percentile(ordered, float(key[1:]))
+        if key == "max" and not ordered:
+            value = 0.0
+        out[key] = round(value, 1)
+    return out
+
+
+def cheapest_usd_per_gpu_second(resources: Resources, catalog: Catalog, region: str) -> float:
+    """The lowest $/GPU-second among the region's offerings whose type holds one node."""
+    if resources.gpus == 0:
+        return 0.0
+    best = math.inf
+    for offering in catalog.offerings(region):
+        it = offering.instance_type
+        if it.gpus and is_feasible(it, resources):
+            best = min(best, offering.hourly_usd / it.gpus / 3600.0)
+    if best == math.inf:
+        raise ValueError(f"no offering in {region} holds a node of {resources}")
+    return best
+
+
+def cost_lower_bound_usd(
+    workload: Workload, catalog: Catalog | None = None, region: str | None = None
+) -> float:
+    """Sum over jobs of GPU-seconds x the cheapest feasible $/GPU-second (see module doc)."""
+    cat = catalog or load_bundled()
+    where = region or workload.mapping.region
+    cache: dict[tuple[object, ...], float] = {}
+    total = 0.0
+    for job, spec in zip(workload.jobs, workload.specs, strict=True):
+        r = spec.resources
+        key = (
+            r.gpus,
+            r.gpu_memory_gib,
+            tuple(r.gpu_models),
+            r.vcpus,
+            r.memory_gib,
+            r.nodes,
+            r.arch,
+        )
+        if key not in cache:
+            cache[key] = cheapest_usd_per_gpu_second(spec.resources, cat, where)
+        total += job.gpus * job.duration_seconds * cache[key]
+    return total
+
+
+def policy_metrics(result: SimResult, lower_bound_usd: float) -> dict[str, Any]:
+    """The JSON object for one policy's run."""
+    paid = result.gpu_seconds_paid / 3600.0
+    useful = result.gpu_seconds_useful / 3600.0
+    waits = [w for w in result.waits if w is not None]
+    by_priority: dict[str, list[float]] = {}
+    for priority, wait in zip(result.priorities, result.waits, strict=True):
+        if wait is not None:
+            by_priority.setdefault(priority, []).append(wait)
+    ordered = sorted(by_priority, key=lambda p: _PRIORITY_ORDER.index(p))
+    return {
+        "jobs": result.jobs,
+        "completed": result.completed,
+        "failed": result.failed,
+        "failures": dict(sorted(result.failures.items())),
+        "cost_usd": round(result.cost_usd, 2),
+        "cost_lower_bound_usd": round(lower_bound_usd, 2),
+        "gpu_hours_paid": round(paid, 2),
+        "gpu_hours_useful": round(useful, 2),
+        "utilization": round(useful / paid, 4) if paid > 0 else 0.0,
+        "wait_seconds": {
+            **_stats(waits),
+            "by_priority": {
+                p: {**_stats(by_priority[p]), "jobs": len(by_priority[p])} for p in ordered
+            },
+        },
+        "jct_seconds": _stats((j for j in result.jcts if j is not None), ("p50", "p95")),
+        "interruptions": result.interruptions,
+        "requeues": result.requeues,
+        "ondemand_fallbacks": result.ondemand_fallbacks,
+        "preemptions": result.preemptions,
+        "launches": result.launches,
+        "launch_failures": result.launch_failures,
+        "dispatch_passes": result.dispatch_passes,
+    }
+
+
+def summary(
+    results: Sequence[SimResult],
+    lower_bound_usd: float,
+    *,
+    context: Mapping[str, Any] | None = None,
+    sim_wall_seconds: float | None = None,
+) -> dict[str, Any]:
+    """The `--json` object: context (trace, seed, cap, ...), each policy, and the wall time."""
+    out: dict[str, Any] = dict(context or {})
+    out["policies"] = {r.policy: policy_metrics(r, lower_bound_usd) for r in results}
+    wall = sum(r.wall_seconds for r in results) if sim_wall_seconds is None else sim_wall_seconds
+    out["sim_wall_seconds"] = round(wall, 3)
+    return out
+
+
+# --- Plots ------------------------------------------------------------------------------------
+
+
+def write_report(
+    directory: str | Path, results: Sequence[SimResult], document: Mapping[str, Any]
+) -> list[Path]:
+    """Write the four PNGs and `index.html` into `directory`; return the paths written."""
+    import matplotlib  # optional dependency (the `sim` extra), only for reports
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    start = min((r.series.t[0] for r in results if r.series.t), default=0.0)
+
+    def days(ts: Sequence[float]) -> list[float]:
+        return [(t - start) / 86400.0 for t in ts]
+
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        ax.plot(days(r.series.t), r.series.cost_usd, label=r.policy)
+    ax.set_xlabel("days since the window's first submission")
+    ax.set_ylabel("spent so far (USD)")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_title("Cost over time")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, PLOTS[0][0])
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        ax.step(days(r.series.t), r.series.queued, where="post", label=r.policy)
+    ax.set_xlabel("days since the window's first submission")
+    ax.set_ylabel("jobs waiting")
+    ax.set_title("Queue length")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, PLOTS[1][0])
+
+    priorities = sorted(
+        {p for r in results for p in r.priorities}, key=lambda p: _PRIORITY_ORDER.index(p)
+    )
+    fig, axes = plt.subplots(1, max(1, len(priorities)), figsize=(5 * max(1, len(priorities)), 4))
+    axes_list = list(axes) if len(priorities) > 1 else [axes]
+    for ax, priority in zip(axes_list, priorities, strict=False):
+        for r in results:
+            waits = sorted(
+                max(1.0, w)
+                for p, w in zip(r.priorities, r.waits, strict=True)
+                if p == priority and w is not None
+            )
+            if waits:
+                ys = [(i + 1) / len(waits) for i in range(len(waits))]
+                ax.step(waits, ys, where="post", label=r.policy)
+        ax.set_xscale("log")
+        ax.set_xlabel("wait (s, log)")
+        ax.set_ylabel("share of jobs")
+        ax.set_title(f"priority {priority}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    save(fig, PLOTS[2][0])
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(8, 2.6 * len(results)), sharex=True)
+    axes_list = list(axes) if len(results) > 1 else [axes]
+    for ax, r in zip(axes_list, results, strict=True):
+        xs = days(r.series.t)
+        ax.step(xs, r.series.gpus_held, where="post", label="held")
+        ax.step(xs, r.series.gpus_used, where="post", label="used")
+        ax.set_ylabel("GPUs")
+        ax.set_title(r.policy)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right")
+    axes_list[-1].set_xlabel("days since the window's first submission")
+    save(fig, PLOTS[3][0])
+
+    page = out / "index.html"
+    page.write_text(_html(document), encoding="utf-8")
+    written.append(page)
+    return written
+
+
+_ROWS: tuple[tuple[str, str], ...] = (
+    ("jobs", "jobs"),
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("cost_usd", "cost (USD)"),
+    ("cost_lower_bound_usd", "cost lower bound (USD)"),
+    ("gpu_hours_paid", "GPU-hours paid"),
+    ("gpu_hours_useful", "GPU-hours useful"),
+    ("utilization", "utilization"),
+    ("wait_seconds.p50", "wait p50 (s)"),
+    ("wait_seconds.p95", "wait p95 (s)"),
+    ("wait_seconds.max", "wait max (s)"),
+    ("jct_seconds.p50", "JCT p50 (s)"),
+    ("jct_seconds.p95", "JCT p95 (s)"),
+    ("interruptions", "spot interruptions"),
+    ("requeues", "requeues"),
+    ("ondemand_fallbacks", "on-demand fallbacks"),
+    ("preemptions", "preemptions"),
+)
+
+
+def _lookup(metrics: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = metrics
+    for part in dotted.split("."):
+        value = value.get(part, "") if isinstance(value, Mapping) else ""
+    return value
+
+
+def _html(document: Mapping[str, Any]) -> str:
+    policies: Mapping[str, Mapping[str, Any]] = document.get("policies", {})
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in policies)
+    rows = "".join(
+        "<tr><th>"
+        + html.escape(label)
+        + "</th>"
+        + "".join(f"<td>{html.escape(str(_lookup(m, key)))}</td>" for m in policies.values())
+        + "</tr>"
+        for key, label in _ROWS
+    )
+    context = {k: v for k, v in document.items() if k != "policies"}
+    images = "".join(
+        f'<figure><img src="{name}" alt="{html.escape(title)}">'
+        f"<figcaption>{html.escape(title)}</figcaption></figure>"
+        for name, title in PLOTS
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpufleet simulation</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
+tr th:first-child {{ text-align: left; }}
+img {{ max-width: 100%; }}
+pre {{ background: #f6f6f6; padding: 1em; }}
+</style></head><body>
+<h1>gpufleet simulation</h1>
+<table><tr><th></th>{head}</tr>{rows}</table>
+{images}
+<h2>Run</h2>
+<pre>{html.escape(json.dumps(context, indent=2, sort_keys=True))}</pre>
+</body></html>
+"""

@@ -1,0 +1,285 @@
+"""The trace-driven simulator: invariants on a synthetic 20-job trace (always runs) and on
+small Philly slices (when ../shared/data is checked out), the CLI's JSON and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.cli import simulate as simulate_cli
+from gpufleet.domain.spec import Priority
+from gpufleet.sim.engine import SimResult, Workload, simulate
+from gpufleet.sim.mapping import TraceMapping, to_spec
+from gpufleet.sim.market import MarketConfig
+from gpufleet.sim.policies import (
+    BATCH_LIKE,
+    FIFO_SPOT,
+    GPUFLEET,
+    POLICY_NAMES,
+    STATIC_ONDEMAND,
+    build_policies,
+)
+from gpufleet.sim.report import PLOTS, cost_lower_bound_usd, summary
+from gpufleet.sim.traces import Trace, TraceJob, load_trace
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+PHILLY = DATA / "traces" / "philly-2017-pollux-derived"
+
+METRIC_KEYS = {
+    "jobs",
+    "completed",
+    "cost_usd",
+    "cost_lower_bound_usd",
+    "gpu_hours_paid",
+    "gpu_hours_useful",
+    "utilization",
+    "wait_seconds",
+    "jct_seconds",
+    "interruptions",
+    "requeues",
+    "ondemand_fallbacks",
+    "preemptions",
+}
+
+# --- A synthetic trace that always runs -------------------------------------------------------
+
+HIGH = {f"syn-{i:02d}" for i in range(12, 16)}
+
+
+def synthetic_jobs() -> list[TraceJob]:
+    """20 jobs of one team on an 8-GPU cap: 12 long normal jobs fill it, 4 high-priority jobs
+    arrive an hour later (gpufleet preempts for them), then 4 multi-GPU jobs."""
+    jobs = [
+        TraceJob(f"syn-{i:02d}", submit_seconds=10.0 * i, duration_seconds=3 * 3600.0, gpus=1)
+        for i in range(12)
+    ]
+    jobs += [
+        TraceJob(f"syn-{i:02d}", submit_seconds=3600.0 + 60 * i, duration_seconds=3600.0, gpus=1)
+        for i in range(12, 16)
+    ]
+    jobs += [
+        TraceJob(f"syn-{i:02d}", submit_seconds=7200.0 + 30 * i, duration_seconds=1800.0, gpus=g)
+        for i, g in zip(range(16, 20), (2, 2, 4, 8), strict=True)
+    ]
+    return [TraceJob(**{**_fields(j), "team": "lab"}) for j in jobs]
+
+
+def _fields(job: TraceJob) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in TraceJob.__slots__}
+
+
+def synthetic_workload() -> Workload:
+    mapping = TraceMapping(high_share=0.0)
+    jobs = tuple(synthetic_jobs())
+    specs = tuple(
+        to_spec(j, mapping).model_copy(
+            update={"priority": Priority.HIGH if j.job_id in HIGH else Priority.NORMAL}
+        )
+        for j in jobs
+    )
+    return Workload(jobs, specs, mapping, "synthetic")
+
+
+def run_all(
+    workload: Workload,
+    seed: int = 7,
+    cap_gpus: int | None = None,
+    market: MarketConfig | None = None,
+) -> list[SimResult]:
+    policies = build_policies(list(POLICY_NAMES), workload, cap_gpus=cap_gpus)
+    config = market
+    return [simulate(workload, p, seed=seed, market_config=config) for p in policies]
+
+
+def as_json(workload: Workload, results: list[SimResult]) -> str:
+    document = summary(results, cost_lower_bound_usd(workload), sim_wall_seconds=0.0)
+    return json.dumps(document, sort_keys=True)
+
+
+def check_invariants(workload: Workload, results: list[SimResult]) -> None:
+    bound = cost_lower_bound_usd(workload)
+    assert bound > 0
+    for r in results:
+        assert r.jobs == len(workload)
+        assert r.completed + r.failed == r.jobs, r.policy  # every job ends
+        assert r.completed == r.jobs, (r.policy, r.failures)
+        assert all(w is not None and w >= 0 for w in r.waits)
+        assert r.gpu_seconds_paid >= r.gpu_seconds_useful > 0, r.policy
+        assert r.cost_usd >= bound, r.policy
+        # The plotted spend integrates to the per-interval cost.
+        assert r.series.cost_usd[-1] == pytest.approx(r.cost_usd, rel=1e-6)
+        assert r.requeues == r.interruptions + r.preemptions, r.policy
+    by_name = {r.policy: r for r in results}
+    assert by_name[STATIC_ONDEMAND].interruptions == 0
+    assert by_name[STATIC_ONDEMAND].launches == 0
+    for name in (STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE):
+        assert by_name[name].preemptions == 0, name
+
+
+def test_synthetic_invariants_and_preemption() -> None:
+    workload = synthetic_workload()
+    results = run_all(workload, cap_gpus=8)
+    check_invariants(workload, results)
+    by_name = {r.policy: r for r in results}
+    gpufleet = by_name[GPUFLEET]
+    assert gpufleet.preemptions >= 1  # the high-priority jobs preempt normal ones
+    high_waits = [
+        w for p, w in zip(gpufleet.priorities, gpufleet.waits, strict=True) if p == "high"
+    ]
+    fifo = by_name[FIFO_SPOT]
+    fifo_high = [w for p, w in zip(fifo.priorities, fifo.waits, strict=True) if p == "high"]
+    assert max(w or 0 for w in high_waits) < max(w or 0 for w in fifo_high)
+
+
+def test_synthetic_same_seed_same_json() -> None:
+    workload = synthetic_workload()
+    # A harsh market so that the seed matters: frequent interruptions and launch failures.
+    harsh = MarketConfig(hazard_scale=2000.0, spot_launch_failure=0.5)
+    first = as_json(workload, run_all(workload, seed=3, cap_gpus=8, market=harsh))
+    again = as_json(workload, run_all(workload, seed=3, cap_gpus=8, market=harsh))
+    other = as_json(workload, run_all(workload, seed=4, cap_gpus=8, market=harsh))
+    assert first == again
+    assert first != other
+
+
+def test_synthetic_harsh_market_still_ends_every_job() -> None:
+    workload = synthetic_workload()
+    harsh = MarketConfig(hazard_scale=2000.0, spot_launch_failure=0.5)
+    results = run_all(workload, seed=5, market=harsh)
+    for r in results:
+        assert r.completed + r.failed == r.jobs
+        assert r.gpu_seconds_paid >= r.gpu_seconds_useful
+    by_name = {r.policy: r for r in results}
+    assert by_name[GPUFLEET].interruptions > 0
+    assert by_name[GPUFLEET].ondemand_fallbacks > 0
+    assert by_name[STATIC_ONDEMAND].interruptions == 0
+    # Interruptions use batch-like's retries; the others requeue for as long as it takes.
+    assert by_name[GPUFLEET].failed == by_name[FIFO_SPOT].failed == 0
+
+
+def test_no_checkpoints_loses_all_progress() -> None:
+    base = synthetic_workload()
+    mapping = TraceMapping(high_share=0.0, checkpoint_interval_seconds=None)
+    specs = tuple(s.model_copy(update={"checkpoint": None}) for s in base.specs)
+    workload = Workload(base.jobs, specs, mapping, "no-checkpoints")
+    harsh = MarketConfig(hazard_scale=2000.0)
+    with_ckpt = {r.policy: r for r in run_all(base, seed=9, market=harsh)}
+    without = {r.policy: r for r in run_all(workload, seed=9, market=harsh)}
+    assert without[FIFO_SPOT].interruptions > 0
+    waste = without[FIFO_SPOT].gpu_seconds_paid - without[FIFO_SPOT].gpu_seconds_useful
+    assert waste > 0
+    assert with_ckpt[FIFO_SPOT].gpu_seconds_useful == without[FIFO_SPOT].gpu_seconds_useful
+
+
+# --- Philly slices ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def philly_slice() -> Workload:
+    if not (PHILLY / "philly.csv").is_file():
+        pytest.skip(f"../shared/data is absent: no Philly trace at {PHILLY}")
+    trace: Trace = load_trace(PHILLY, "philly", start_days=20, days=2)
+    return Workload.from_trace(trace, TraceMapping())
+
+
+def test_philly_slice_invariants(philly_slice: Workload) -> None:
+    assert len(philly_slice) > 1000
+    check_invariants(philly_slice, run_all(philly_slice, seed=1))
+
+
+def test_philly_slice_same_seed_same_json(philly_slice: Workload) -> None:
+    first = as_json(philly_slice, run_all(philly_slice, seed=2))
+    assert first == as_json(philly_slice, run_all(philly_slice, seed=2))
+
+
+def test_philly_slice_under_contention(philly_slice: Workload) -> None:
+    """Half the peak: jobs queue, gpufleet preempts, every job still ends."""
+    peak = philly_slice.peak_gpus()
+    results = run_all(philly_slice, seed=1, cap_gpus=peak // 2)
+    check_invariants(philly_slice, results)
+    assert max(max(r.series.queued) for r in results) > 0
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+def write_philly_csv(path: Path, jobs: list[TraceJob]) -> Path:
+    """The synthetic jobs in Philly's CSV format (timestamp,duration,num_gpus,gpu_time,cluster)."""
+    origin = datetime(2017, 10, 3, 8, 0, 0)
+    lines = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for j in jobs:
+        stamp = (origin + timedelta(seconds=j.submit_seconds)).strftime("%Y-%m-%d %H:%M:%S")
+        gpu_time = j.duration_seconds * j.gpus
+        lines.append(f"{stamp},{j.duration_seconds},{j.gpus},{gpu_time},{j.team}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet")
+    commands = parser.add_subparsers(dest="command", required=True)
+    simulate_cli.register(commands)
+    args = parser.parse_args(["simulate", *argv])
+    code: int = args.run(args)
+    return code
+
+
+@pytest.fixture
+def trace_csv(tmp_path: Path) -> Path:
+    return write_philly_csv(tmp_path / "philly.csv", synthetic_jobs())
+
+
+def test_cli_json_shape(trace_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli(["--trace", str(trace_csv), "--format", "philly", "--seed", "1", "--json"])
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    assert isinstance(document["sim_wall_seconds"], float)
+    assert document["trace"]["jobs"] == 20
+    assert list(document["policies"]) == [GPUFLEET, STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE]
+    for metrics in document["policies"].values():
+        assert set(metrics) >= METRIC_KEYS
+        assert set(metrics["wait_seconds"]) >= {"p50", "p95", "max", "by_priority"}
+        assert set(metrics["jct_seconds"]) == {"p50", "p95"}
+        assert metrics["completed"] == metrics["jobs"] == 20
+        assert metrics["cost_lower_bound_usd"] <= metrics["cost_usd"]
+        for by in metrics["wait_seconds"]["by_priority"].values():
+            assert set(by) >= {"p50", "p95", "max"}
+
+
+def test_cli_compare_none_and_errors(trace_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--trace", str(trace_csv), "--format", "philly", "--json"]
+    assert cli([*argv, "--policy", "fifo-spot", "--compare", "none"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert list(document["policies"]) == [FIFO_SPOT]
+    assert cli([*argv, "--compare", "round-robin"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert cli(["--trace", str(trace_csv.parent / "missing.csv"), "--format", "philly"]) == 2
+    assert cli([*argv, "--start-days", "30"]) == 2  # an empty window
+    assert "no jobs" in capsys.readouterr().err
+
+
+def test_cli_table(trace_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["--trace", str(trace_csv), "--format", "philly", "--compare", "fifo-spot"]) == 0
+    out = capsys.readouterr().out
+    assert "gpufleet" in out
+    assert "fifo-spot" in out
+    assert "utilization" in out
+
+
+def test_cli_report_writes_pngs_and_html(
+    trace_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    assert cli(["--trace", str(trace_csv), "--format", "philly", "--report", str(out)]) == 0
+    capsys.readouterr()
+    page = (out / "index.html").read_text("utf-8")
+    for name, _title in PLOTS:
+        png = out / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f'src="{name}"' in page
+    assert "static-ondemand" in page
