@@ -267,3 +267,13 @@ def test_repeated_passes_never_exceed_caps_or_quotas_and_preemption_settles(
         calm = decide(waiting.values(), run.values(), [], now, POLICY)
         assert calm.preemptions == [] and calm.admitted == []
         now += 900
+
+
+def test_yielding_never_chains_so_it_cannot_deadlock() -> None:
+    # a was preempted for b, b for c, c for a: a cycle of stale links. Nobody may wait forever.
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=0)}})
+    a = QueuedJob("a", "vision", Priority.NORMAL, 2, 1, NOW - 3 * HOUR, preempted_for="b")
+    b = QueuedJob("b", "vision", Priority.NORMAL, 2, 1, NOW - 2 * HOUR, preempted_for="c")
+    c = QueuedJob("c", "vision", Priority.NORMAL, 2, 1, NOW - 1 * HOUR, preempted_for="a")
+    decision = decide([a, b, c], [], [], NOW, strict)
+    assert sorted(ids(decision.admitted)) == ["a", "b", "c"]

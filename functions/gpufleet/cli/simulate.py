@@ -28,7 +28,7 @@ from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.sim.engine import SimResult, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
-from gpufleet.sim.market import MarketModel
+from gpufleet.sim.market import MarketConfig, MarketModel
 from gpufleet.sim.policies import BASELINES, GPUFLEET, POLICY_NAMES, build_policies
 from gpufleet.sim.report import cost_lower_bound_usd, summary, write_report
 from gpufleet.sim.traces import FORMATS, TraceError, load_trace
@@ -114,6 +114,19 @@ def register(commands: Any) -> None:
         metavar="P1,P2",
         help="baselines run in the same simulation, comma-separated, or 'none' (%(default)s)",
     )
+    parser.add_argument(
+        "--cap-gpus",
+        type=int,
+        help="GPUs all jobs may hold together (default: the window's peak demand, so nothing "
+        "queues); lower it to see how the policies share a contended fleet",
+    )
+    parser.add_argument(
+        "--hazard-scale",
+        type=float,
+        default=1.0,
+        help="multiply Spot Advisor interruption rates (measured GPU spot preemption, e.g. the "
+        "Bamboo traces, runs hundreds of times higher) (%(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write PNG plots and DIR/index.html")
     parser.set_defaults(run=run)
@@ -163,14 +176,21 @@ def run(args: argparse.Namespace) -> int:
     catalog = load_bundled()
     try:
         workload = Workload.from_trace(trace, mapping)
-        policies = build_policies(names, workload, catalog=catalog, region=args.region)
+        policies = build_policies(
+            names, workload, catalog=catalog, region=args.region, cap_gpus=args.cap_gpus
+        )
         lower_bound = cost_lower_bound_usd(workload, catalog, args.region)
     except (ValueError, NoFeasibleOffering) as exc:
         return _fail(str(exc))
     results: list[SimResult] = []
     started = time.perf_counter()
     for policy in policies:
-        market = MarketModel(catalog, args.region, seed=args.seed)
+        market = MarketModel(
+            catalog,
+            args.region,
+            config=MarketConfig(hazard_scale=args.hazard_scale),
+            seed=args.seed,
+        )
         results.append(simulate(workload, policy, seed=args.seed, market=market))
     wall = time.perf_counter() - started
     context = {

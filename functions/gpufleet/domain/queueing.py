@@ -78,7 +78,7 @@ class QueuePolicy(BaseModel):
     max_gpus: int = Field(default=64, ge=1, description="GPUs all jobs together may hold")
     max_instances: int = Field(default=32, ge=1)
     reserve_share: float = Field(default=0.05, ge=0, le=0.5)
-    aging_per_hour: float = Field(default=0.5, ge=0, description="class ranks per hour waited")
+    aging_per_hour: float = Field(default=0.1, ge=0, description="class ranks per hour waited")
     min_runtime_seconds: int = Field(default=600, ge=0)
     preemption: bool = Field(default=True, description="whether waiting work may preempt")
     preemption_grace_seconds: int = Field(default=120, ge=0)
@@ -260,9 +260,10 @@ class _Pass:
         over = team_used + job.gpus - self.entitlement(job.team)
         if over <= 0:
             return None, False, in_reserve
-        # A job once preempted runs within its team's own quota only: borrowing again would
-        # make it the first victim of the next reclaim, over and over.
-        may_borrow = job.preemptions == 0
+        # A job once preempted runs within its team's own quota, when it fits there: borrowing
+        # again would make it the first victim of the next reclaim, over and over. A job larger
+        # than its team's whole entitlement can only ever run on borrowed GPUs, so it still may.
+        may_borrow = job.preemptions == 0 or job.gpus > self.entitlement(job.team)
         if (
             may_borrow
             and over <= policy.quota(job.team).borrow
@@ -369,7 +370,14 @@ def decide(
     # A job whose victims were requeued is nominated: it gets the GPUs they freed before
     # anyone else, and they wait until it runs. Without this, an aged victim could take its
     # GPUs back and the preemption would repeat forever.
-    nominated = {j.preempted_for for j in ordered if j.preempted_for in waiting_ids}
+    # Only a preemptor that is not itself yielding is nominated: yielding never chains, so it
+    # can never form a cycle in which everyone waits for someone else.
+    yielding_ids = {j.job_id for j in ordered if j.preempted_for in waiting_ids}
+    nominated = {
+        j.preempted_for
+        for j in ordered
+        if j.preempted_for in waiting_ids and j.preempted_for not in yielding_ids
+    }
     ordered = [j for j in ordered if j.job_id in nominated] + [
         j for j in ordered if j.job_id not in nominated
     ]
@@ -381,7 +389,7 @@ def decide(
         if limit is not None and considered >= limit:
             break
         considered += 1
-        if job.preempted_for in waiting_ids:
+        if job.preempted_for in nominated:
             decision.waiting[job.job_id] = WaitReason.YIELDING
             continue
         reason, borrowed, in_reserve = state.fit(job)
