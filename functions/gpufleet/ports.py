@@ -165,6 +165,10 @@ class Fleet(Protocol):
         """Terminate every live instance tagged with the job; return their ids."""
         ...
 
+    def job_of(self, instance_id: str) -> str | None:
+        """The job an instance gpufleet launched belongs to (None: not one of ours)."""
+        ...
+
 
 class ObjectTooLarge(Exception):
     def __init__(self, key: str, size: int, limit: int) -> None:

@@ -28,6 +28,8 @@ class Settings(BaseModel):
     max_launch_attempts: int = 20
     retry_wait_seconds: int = 60
     boot_allowance_seconds: int = 900
+    # Spot interruptions a job may absorb (each requeues it) before it fails.
+    max_interruptions: int = 10
     # How long an offering that failed for capacity is skipped by every launch.
     capacity_memory_seconds: int = 300
     # A node that sends no heartbeat for this long is taken for lost.
@@ -49,6 +51,7 @@ class Settings(BaseModel):
             config=config_from_env(env.get(topology.ENV_CONFIG)),
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),
             retry_wait_seconds=int(env.get("GPUFLEET_RETRY_WAIT_SECONDS", "60")),
+            max_interruptions=int(env.get("GPUFLEET_MAX_INTERRUPTIONS", "10")),
             capacity_memory_seconds=int(env.get("GPUFLEET_CAPACITY_MEMORY_SECONDS", "300")),
             boot_allowance_seconds=int(env.get("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "900")),
             node_heartbeat_timeout_seconds=int(

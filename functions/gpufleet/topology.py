@@ -26,6 +26,10 @@ DETAIL_CAPACITY_FREED = "Capacity Freed"
 DETAIL_NODE_STARTED = "Node Started"
 DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
+# AWS's own EC2 events (default bus).
+DETAIL_SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+DETAIL_REBALANCE = "EC2 Instance Rebalance Recommendation"
+DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
 
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
 TAG_MANAGED = "gpufleet:managed"
@@ -172,6 +176,11 @@ NODE_REPORT = Function(
     "gpufleet.handlers.on_node_report.handler",
     "Takes the node agent's start, heartbeat and finish reports",
 )
+INSTANCE_EVENT = Function(
+    "InstanceEvent",
+    "gpufleet.handlers.on_instance_event.handler",
+    "Checkpoints jobs on spot interruption warnings; notices instances that went away",
+)
 RELEASE = Function(
     "Release", "gpufleet.handlers.on_release.handler", "Terminates every instance of a job"
 )
@@ -190,6 +199,7 @@ FUNCTIONS: tuple[Function, ...] = (
     AWAIT_NODE,
     REQUEUE,
     NODE_REPORT,
+    INSTANCE_EVENT,
     RELEASE,
     RECORD_OUTCOME,
 )
@@ -218,6 +228,24 @@ RULES: tuple[Rule, ...] = (
             "detail-type": [DETAIL_JOB_QUEUED, DETAIL_CAPACITY_FREED],
         },
         target_function=DISPATCH.construct_id,
+    ),
+    Rule(
+        construct_id="InterruptionRule",
+        description="Spot interruption warnings and rebalance recommendations",
+        pattern={"source": ["aws.ec2"], "detail-type": [DETAIL_SPOT_WARNING, DETAIL_REBALANCE]},
+        target_function=INSTANCE_EVENT.construct_id,
+        on_default_bus=True,
+    ),
+    Rule(
+        construct_id="InstanceStateRule",
+        description="Instances stopping or terminating",
+        pattern={
+            "source": ["aws.ec2"],
+            "detail-type": [DETAIL_STATE_CHANGE],
+            "detail": {"state": ["stopping", "stopped", "shutting-down", "terminated"]},
+        },
+        target_function=INSTANCE_EVENT.construct_id,
+        on_default_bus=True,
     ),
 )
 

@@ -60,6 +60,7 @@ class Permission(enum.Enum):
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
     QUEUE = "read and conditionally write the admission queue, usage counters and bookings"
+    FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
 
 
 P = Permission
@@ -88,6 +89,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
     topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH}),
+    # Interruption warnings: ask the node to checkpoint (control object under runs/); an
+    # instance that went away ends the run (completing the waiting task).
+    topology.INSTANCE_EVENT.construct_id: frozenset(
+        {P.JOBS, P.TASK_RESPONSE, P.WRITE_RUNS, P.FIND_INSTANCES}
+    ),
     topology.RECORD_OUTCOME.construct_id: frozenset({P.JOBS, P.PUBLISH}),
 }
 # The functions that start workflows get the state machine's ARN in their environment.
@@ -295,7 +301,7 @@ class Functions(Construct):
         if P.TERMINATE in grants:
             role.add_to_policy(self._terminate_statement())
             wildcards.append(self._nag_arn("instance", "*"))
-            if P.LAUNCH_FLEET not in grants:  # else covered by ec2:Describe*
+            if P.LAUNCH_FLEET not in grants and P.FIND_INSTANCES not in grants:
                 role.add_to_policy(
                     iam.PolicyStatement(
                         sid="FindInstances",
@@ -304,6 +310,14 @@ class Functions(Construct):
                     )
                 )
                 star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
+
+        if P.FIND_INSTANCES in grants and P.LAUNCH_FLEET not in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="FindInstances", actions=["ec2:DescribeInstances"], resources=["*"]
+                )
+            )
+            star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
 
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None

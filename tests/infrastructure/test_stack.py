@@ -435,7 +435,7 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
-    "states:SendTaskSuccess": {"AwaitNode", "NodeReport", "Enqueue", "Dispatch"},
+    "states:SendTaskSuccess": {"AwaitNode", "NodeReport", "Enqueue", "Dispatch", "InstanceEvent"},
     # The idempotency table (intake) and the admission queue (admit, release).
     "dynamodb:DeleteItem": {"IntakeFromS3", "IntakeFromEvent", "Enqueue", "Dispatch", "Release"},
     "s3:GetObject": {"IntakeFromS3", "IntakeFromEvent"},

@@ -16,6 +16,7 @@ from gpufleet.emulator.demo import (
     basic_scenario,
     preemption_scenario,
     run_demo,
+    spot_scenario,
 )
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 
@@ -178,3 +179,16 @@ def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkp
     assert low["cost_usd"] == pytest.approx(
         low["hourly_usd"] * low["held_seconds"] / 3600, rel=1e-3
     )
+
+
+def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() -> None:
+    result = run_demo(spot_scenario())
+    assert result.completed and result.instances_running == 0
+    jobs = by_name(result)
+    interrupted, fallback = jobs["interrupted-train"], jobs["no-spot-capacity"]
+    assert interrupted["status"] == "SUCCEEDED"
+    assert interrupted["interruptions"] == 1 and interrupted["retries"] == 0
+    assert interrupted["resumed_from_checkpoint"]
+    assert fallback["status"] == "SUCCEEDED"
+    assert fallback["ondemand_fallback"] and fallback["capacity_type"] == "on-demand"
+    assert not interrupted["ondemand_fallback"]

@@ -133,8 +133,8 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
     assert json.loads(control)["action"] == "checkpoint"
 
     # The node checkpoints and stops; the workflow releases it and requeues it.
-    assert world.finish(low, low_instance)["requeue"] is True
-    world.lifecycle.release(low)
+    run = world.finish(low, low_instance)
+    assert world.lifecycle.release(low, {"run": run})["requeue"] is True
     world.lifecycle.requeue(low)
     job = world.ports.jobs.get(low)
     assert job.status is JobStatus.QUEUED and job.preemptions == 1 and job.prior_cost_usd > 0
@@ -170,7 +170,9 @@ def test_a_victim_that_does_not_checkpoint_in_time_is_stopped_and_requeued() -> 
     assert result.forced == [low]
     assert cast(FakeFleet, world.ports.fleet).live == {}
     token = world.ports.jobs.get(low).task_token
-    assert world.workflow.completed[token]["requeue"] is True
+    run = world.workflow.completed[token]
+    assert run["exit_code"] is None
+    assert world.lifecycle.release(low, {"run": run})["requeue"] is True  # it was preempted
 
 
 def test_cancel_a_waiting_job_and_a_running_one() -> None:

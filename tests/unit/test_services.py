@@ -19,7 +19,7 @@ from gpufleet.domain.launch import LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.intake import IntakeService, is_error_report
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, run_manifest_key
+from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key, run_manifest_key
 from gpufleet.settings import Settings
 from gpufleet.topology import DETAIL_JOB_REJECTED
 from tests.helpers import SPEC_YAML, local_ports
@@ -134,7 +134,11 @@ def test_the_happy_path_end_to_end_with_cost() -> None:
     service.node_report(finished(job_id, instance))
     assert cast(RecordingWorkflow, ports.workflow).completed["token-1"]["exit_code"] == 0
 
-    assert service.release(job_id) == {"terminated": [instance]}
+    assert service.release(job_id, {"run": {"exit_code": 0}}) == {
+        "terminated": [instance],
+        "requeue": False,
+        "reason": "",
+    }
     summary = service.record_outcome(job_id, {"run": {"exit_code": 0}})
     assert summary["status"] == "SUCCEEDED"
     assert summary["cost_usd"] == pytest.approx(job.placement.hourly_usd / 2, rel=1e-6)
@@ -321,3 +325,46 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
     plan = LaunchPlan.model_validate(service.prepare(third)["plan"])
     service.launch(third, plan, 0, 0)
     assert ports.jobs.get(third).placement.reservation_id == reservation.id
+
+
+def test_a_spot_warning_drains_the_job_and_its_run_is_requeued_not_failed() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.await_node(job_id, "token")
+    service.node_report(started(job_id, instance))
+    assert service.instance_interrupted(instance) == job_id
+    assert b"checkpoint" in cast(InMemoryObjects, ports.objects).objects[control_key(job_id)]
+    assert service.instance_interrupted("i-not-ours") is None
+    service.node_report(finished(job_id, instance))
+    run = cast(RecordingWorkflow, ports.workflow).completed["token"]
+    assert service.release(job_id, {"run": run})["requeue"] is True
+    service.requeue(job_id)
+    job = ports.jobs.get(job_id)
+    assert (job.status, job.interruptions, job.retries) == (JobStatus.QUEUED, 1, 0)
+
+
+def test_an_instance_that_vanishes_ends_the_run_and_a_failure_is_retried_then_final() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
+    for attempt in range(SPEC_MAX_RETRIES + 1):
+        service.launch(job_id, plan, 0, attempt)
+        instance = ports.jobs.get(job_id).placement.instance_ids[0]
+        service.await_node(job_id, f"token-{attempt}")
+        service.node_report(started(job_id, instance))
+        assert service.instance_gone(instance, "terminated") == job_id
+        run = cast(RecordingWorkflow, ports.workflow).completed[f"token-{attempt}"]
+        assert run["exit_code"] is None and run["interrupted"] is True  # it was spot
+        # Taken as a lost node, not a spot reclaim: each loss uses one of max_retries.
+        released = service.release(job_id, {"run": {**run, "interrupted": False}})
+        if attempt < SPEC_MAX_RETRIES:
+            assert released["requeue"] is True
+            service.requeue(job_id)
+            assert ports.jobs.get(job_id).retries == attempt + 1
+        else:
+            assert released["requeue"] is False
+    summary = service.record_outcome(job_id, {"run": {"exit_code": None, "reason": "lost"}})
+    assert summary["status"] == "FAILED"
+
+
+SPEC_MAX_RETRIES = 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,14 @@ class Imds:
 
     def instance_id(self) -> str:
         return self._get("instance-id")
+
+    def interruption_notice(self) -> str | None:
+        try:
+            return self._get("spot/instance-action")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:  # no notice: the normal case
+                return None
+            raise
 
     def tags(self) -> Mapping[str, str]:
         return {

@@ -63,6 +63,10 @@ class InstanceIdentity(Protocol):
 
     def tags(self) -> Mapping[str, str]: ...
 
+    def interruption_notice(self) -> str | None:
+        """The spot interruption notice on this instance (its action), if one was given."""
+        ...
+
 
 class ManifestSource(Protocol):
     def fetch(self, key: str) -> bytes: ...
@@ -115,11 +119,13 @@ class NodeAgent:
             self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
             return outcome
         self._report(DETAIL_NODE_STARTED, base, "started")
-        finished, stop = threading.Event(), threading.Event()
+        finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
             threading.Thread(
-                target=self._watch_control, args=(job_id, finished, stop), daemon=True
+                target=self._watch_control,
+                args=(job_id, finished, stop, interrupted),
+                daemon=True,
             ),
         ]
         for helper in helpers:
@@ -130,7 +136,7 @@ class NodeAgent:
             finished.set()
             for helper in helpers:
                 helper.join()
-        self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
+        self._report(DETAIL_NODE_FINISHED, base, "finished", outcome, interrupted.is_set())
         return outcome
 
     def _heartbeat(self, base: dict[str, str], finished: threading.Event) -> None:
@@ -140,10 +146,25 @@ class NodeAgent:
             except Exception:  # noqa: S112 - a missed heartbeat is retried at the next one
                 continue
 
-    def _watch_control(self, job_id: str, finished: threading.Event, stop: threading.Event) -> None:
+    def _watch_control(
+        self,
+        job_id: str,
+        finished: threading.Event,
+        stop: threading.Event,
+        interrupted: threading.Event,
+    ) -> None:
         """The control plane asks a node to checkpoint and stop (preemption, spot interruption)
-        by writing runs/<job>/control.json; the node has no inbound connection to be told."""
+        by writing runs/<job>/control.json; the node has no inbound connection to be told. The
+        node also watches the metadata service for its own spot interruption notice, in case
+        the control plane's event comes late."""
         while not finished.wait(self._control_poll_seconds):
+            try:
+                if self._identity.interruption_notice():
+                    interrupted.set()
+                    stop.set()
+                    return
+            except Exception:  # noqa: S110 - the metadata service is asked again next round
+                pass
             try:
                 document = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
             except Exception:  # noqa: S112 - no instruction yet (or unreadable): look again
@@ -153,9 +174,16 @@ class NodeAgent:
                 return
 
     def _report(
-        self, detail_type: str, base: dict[str, str], phase: str, outcome: RunOutcome | None = None
+        self,
+        detail_type: str,
+        base: dict[str, str],
+        phase: str,
+        outcome: RunOutcome | None = None,
+        interrupted: bool = False,
     ) -> None:
         detail: dict[str, Any] = {**base, "phase": phase}
         if outcome is not None:
             detail.update(exit_code=outcome.exit_code, reason=outcome.reason[:2000])
+        if interrupted:
+            detail["interrupted"] = True
         self._reporter.report(AGENT_SOURCE, detail_type, detail)

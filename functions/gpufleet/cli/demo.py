@@ -12,7 +12,7 @@ def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo", help="run sample jobs end to end on an embedded (moto) AWS account"
     )
-    parser.add_argument("--scenario", choices=("basic", "preemption"), default="basic")
+    parser.add_argument("--scenario", choices=("basic", "preemption", "spot"), default="basic")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (progress goes to stderr)"
     )

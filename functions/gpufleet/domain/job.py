@@ -116,6 +116,9 @@ class Job(BaseModel):
     preempted_for: str | None = None
     preemptions: int = 0
     interruptions: int = 0
+    retries: int = 0
+    # The job's last launch went on-demand after spot had no capacity.
+    ondemand_fallback: bool = False
     prior_cost_usd: float = 0.0
     prior_held_seconds: float = 0.0
     first_admitted_at: float | None = None

@@ -121,7 +121,19 @@ class JobSpec(_Strict):
         Annotated[str, StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")]
         | None
     ) = Field(default=None, description="S3 URI where the job writes and reads checkpoints")
-    max_retries: int = Field(default=3, ge=0, le=20)
+    max_retries: int = Field(
+        default=3, ge=0, le=20, description="Retries of a failed run (exit code, lost node)"
+    )
+    retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Exit codes that are retried; empty: any non-zero exit code",
+    )
+    no_retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Exit codes never retried (e.g. bad arguments)",
+    )
     timeout_seconds: int = Field(
         default=86400,
         alias="timeout",

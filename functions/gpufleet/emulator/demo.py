@@ -95,10 +95,18 @@ def basic_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
 
 def preemption_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
     """A low-priority job preempted by a high-priority one, then resumed from its checkpoint."""
-    folder = events_dir / "scenarios" / "preemption"
+    return _scenario_from_folder(events_dir / "scenarios" / "preemption", "preemption")
+
+
+def spot_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A spot interruption (checkpoint, requeue, resume) and a fallback to on-demand."""
+    return _scenario_from_folder(events_dir / "scenarios" / "spot", "spot")
+
+
+def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
     config = json.loads((folder / "scenario.json").read_text())
     return DemoScenario(
-        name="preemption",
+        name=name,
         submissions=[
             Submission(
                 "s3",
@@ -111,15 +119,20 @@ def preemption_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
         nodes=NodeScenario(
             boot_seconds=float(config["boot_seconds"]),
             behaviours={
-                name: Behaviour(float(b["duration_seconds"]), int(b["exit_code"]))
-                for name, b in config["jobs"].items()
+                job: Behaviour(
+                    float(b["duration_seconds"]),
+                    int(b["exit_code"]),
+                    interrupt_after_seconds=b.get("interrupt_after_seconds"),
+                )
+                for job, b in config["jobs"].items()
             },
         ),
-        config=FleetConfig.model_validate(config["config"]),
+        spot_capacity_errors=frozenset(config.get("spot_capacity_errors", [])),
+        config=FleetConfig.model_validate(config["config"]) if "config" in config else None,
     )
 
 
-SCENARIOS = {"basic": basic_scenario, "preemption": preemption_scenario}
+SCENARIOS = {"basic": basic_scenario, "preemption": preemption_scenario, "spot": spot_scenario}
 
 
 class _Observer:
@@ -266,6 +279,9 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         **cost_report(job),
         "failure_reason": job.failure_reason,
         "preemptions": job.preemptions,
+        "interruptions": job.interruptions,
+        "retries": job.retries,
+        "ondemand_fallback": job.ondemand_fallback,
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
     }

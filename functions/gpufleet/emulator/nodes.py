@@ -5,6 +5,7 @@ the scenario)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Mapping
@@ -15,7 +16,13 @@ from gpufleet.agent.aws import EventBridgeReporter, S3Manifests
 from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
-from gpufleet.topology import TAG_MANAGED
+from gpufleet.topology import (
+    DETAIL_SPOT_WARNING,
+    DETAIL_STATE_CHANGE,
+    RUNS_PREFIX,
+    TAG_JOB_ID,
+    TAG_MANAGED,
+)
 
 
 @dataclass(frozen=True)
@@ -26,12 +33,16 @@ class Behaviour:
     exit_code: int = 0
     # The machine dies mid-run without a word: no heartbeats, no finish report.
     vanishes: bool = False
+    # Spot reclaims the instance this long into the job's first run: a two-minute warning
+    # (scaled to `NodeScenario.notice_seconds`), then termination.
+    interrupt_after_seconds: float | None = None
 
 
 @dataclass
 class NodeScenario:
     boot_seconds: float = 1.0
     heartbeat_seconds: float = 60.0
+    notice_seconds: float = 2.0  # EC2 gives two minutes between warning and termination
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     default: Behaviour = field(default_factory=Behaviour)
 
@@ -48,9 +59,13 @@ def _instance(ec2: Any, instance_id: str) -> dict[str, Any]:
 class EmulatedIdentity:
     """What IMDS would tell the agent, read from the emulated EC2."""
 
-    def __init__(self, ec2: Any, instance_id: str) -> None:
+    def __init__(self, ec2: Any, instance_id: str, notices: dict[str, str]) -> None:
         self._ec2 = ec2
         self._instance_id = instance_id
+        self._notices = notices
+
+    def interruption_notice(self) -> str | None:
+        return self._notices.get(self._instance_id)
 
     def instance_id(self) -> str:
         return self._instance_id
@@ -122,6 +137,10 @@ class NodeSimulator:
         self._seen: set[str] = set()
         # Jobs whose containers were started to resume from a checkpoint.
         self.resumed: set[str] = set()
+        # Spot interruption notices (instance id -> IMDS instance-action), and the jobs whose
+        # instances spot reclaimed (each only once).
+        self.notices: dict[str, str] = {}
+        self.interrupted_jobs: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
@@ -171,8 +190,10 @@ class NodeSimulator:
                 S3Manifests(self._account.client("s3"), self._account.bucket),
                 EventBridgeReporter(self._account.client("events"), self._account.bus),
             )
+            identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
+            self._schedule_interruption(instance_id, identity)
             agent = NodeAgent(
-                identity=EmulatedIdentity(self._ec2, instance_id),
+                identity=identity,
                 manifests=node,
                 reporter=node,
                 runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario, self.resumed),
@@ -181,3 +202,51 @@ class NodeSimulator:
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
+
+    def _schedule_interruption(self, instance_id: str, identity: EmulatedIdentity) -> None:
+        job_id = identity.tags().get(TAG_JOB_ID, "")
+        with acting_as(EMULATOR):
+            name = self._job_name(job_id)
+        behaviour = self._scenario.behaviour(name)
+        if behaviour.interrupt_after_seconds is None or job_id in self.interrupted_jobs:
+            return
+        self.interrupted_jobs.add(job_id)
+        timer = threading.Timer(
+            behaviour.interrupt_after_seconds, self._interrupt, args=(instance_id,)
+        )
+        timer.daemon = True
+        timer.start()
+
+    def _job_name(self, job_id: str) -> str:
+        raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
+            f"{RUNS_PREFIX}{job_id}/run.json"
+        )
+        return str(json.loads(raw).get("name", ""))
+
+    def _interrupt(self, instance_id: str) -> None:
+        """What EC2 does when it reclaims a spot instance: the warning event and IMDS notice,
+        two minutes later the termination and its state-change event."""
+        with acting_as(EMULATOR):
+            self.notices[instance_id] = json.dumps({"action": "terminate"})
+            self._aws_event(
+                DETAIL_SPOT_WARNING, {"instance-id": instance_id, "instance-action": "terminate"}
+            )
+            time.sleep(self._scenario.notice_seconds)
+            self._ec2.terminate_instances(InstanceIds=[instance_id])
+            self._aws_event(
+                DETAIL_STATE_CHANGE, {"instance-id": instance_id, "state": "terminated"}
+            )
+
+    def _aws_event(self, detail_type: str, detail: dict[str, str]) -> None:
+        self._account.client("events").put_events(
+            Entries=[
+                {
+                    "Source": "aws.ec2",
+                    "DetailType": detail_type,
+                    "Detail": json.dumps(detail),
+                    "Resources": [
+                        f"arn:aws:ec2:{self._account.region}::instance/{detail['instance-id']}"
+                    ],
+                }
+            ]
+        )

@@ -85,3 +85,15 @@ class RecordOutcomeTask(JobTask):
 class RequeueTask(JobTask):
     plan: dict[str, Any]
     attempt: int = Field(ge=0)
+
+
+class InstanceEventDetail(_Open):
+    instance_id: str = Field(alias="instance-id", pattern=r"^i-[0-9a-f]{8,17}$")
+    state: str | None = None
+    instance_action: str | None = Field(default=None, alias="instance-action")
+
+
+class InstanceEvent(EventBridgeModel):
+    """EC2's own events: interruption warning, rebalance recommendation, state change."""
+
+    detail: InstanceEventDetail

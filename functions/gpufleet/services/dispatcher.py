@@ -164,7 +164,6 @@ class DispatcherService:
                     {
                         "exit_code": None,
                         "reason": "stopped after the grace period",
-                        "requeue": True,
                     },
                 )
             forced.append(job.job_id)

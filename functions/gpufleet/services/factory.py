@@ -53,5 +53,6 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         region=settings.region,
         capacity_memory_seconds=settings.capacity_memory_seconds,
         reservations=tuple(settings.config.reservations),
+        max_interruptions=settings.max_interruptions,
     )
     return LifecycleService(ports, planner, policy)

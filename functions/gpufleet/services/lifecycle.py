@@ -26,6 +26,14 @@ from gpufleet.domain.launch import (
 )
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
 from gpufleet.domain.queueing import QueuedJob
+from gpufleet.domain.retry import (
+    DEFAULT_MAX_INTERRUPTIONS,
+    INTERRUPTED,
+    PREEMPTED,
+    RECLAIMED,
+    RETRY,
+    after_run,
+)
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports, QueueEntry
@@ -58,6 +66,7 @@ class LifecyclePolicy:
     region: str
     capacity_memory_seconds: int = 300
     reservations: tuple[Reservation, ...] = ()
+    max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
 
 
 class JobAlreadyEnded(Exception):
@@ -75,6 +84,8 @@ class NodeReport(BaseModel):
     phase: Literal["started", "heartbeat", "finished"]
     exit_code: int | None = None
     reason: str = Field(default="", max_length=2000)
+    # The node saw its own spot interruption notice (IMDS) and checkpointed.
+    interrupted: bool = False
 
 
 class LaunchStepResult(BaseModel):
@@ -88,9 +99,9 @@ class LaunchStepResult(BaseModel):
     error: str = ""
 
 
-DRAIN_PREEMPTED = "preempted"
-DRAIN_RECLAIMED = "reclaimed"
-DRAIN_INTERRUPTED = "interrupted"
+DRAIN_PREEMPTED = PREEMPTED
+DRAIN_RECLAIMED = RECLAIMED
+DRAIN_INTERRUPTED = INTERRUPTED
 
 
 def run_manifest_key(job_id: str) -> str:
@@ -167,7 +178,9 @@ class LifecycleService:
             released_at = job.released_at if job.released_at is not None else self._now()
             run_cost = run_cost_usd(job.placement, released_at)
             run_held = held_seconds(job.placement, released_at)
-        counter = "interruptions" if job.drain_reason == DRAIN_INTERRUPTED else "preemptions"
+        counter = {INTERRUPTED: "interruptions", RETRY: "retries"}.get(
+            job.drain_reason or "", "preemptions"
+        )
         self._move(
             job,
             JobStatus.QUEUED,
@@ -224,6 +237,41 @@ class LifecycleService:
             )
         return job.summary()
 
+    def instance_interrupted(self, instance_id: str) -> str | None:
+        """A spot interruption warning or rebalance recommendation for one of our instances:
+        its job checkpoints now (two minutes' notice) and is requeued."""
+        job_id = self._ports.fleet.job_of(instance_id)
+        if job_id is None:
+            return None
+        self.drain(job_id, INTERRUPTED)
+        return job_id
+
+    def instance_gone(self, instance_id: str, state: str) -> str | None:
+        """An instance of a running job stopped or terminated without gpufleet releasing it
+        (a spot reclaim, a hardware failure, someone's console): the run ends now, and the
+        release step decides between requeue (spot) and retry."""
+        job_id = self._ports.fleet.job_of(instance_id)
+        if job_id is None:
+            return None
+        job = self._ports.jobs.get(job_id)
+        placement = job.placement
+        if (
+            job.status.terminal
+            or job.released_at is not None
+            or placement is None
+            or instance_id not in placement.instance_ids
+        ):
+            return None  # released by us, or an instance the job no longer holds
+        result = {
+            "exit_code": None,
+            "reason": f"instance {instance_id} is {state}",
+            "interrupted": placement.capacity_type == CapacityType.SPOT.value,
+        }
+        job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, result)
+        return job_id
+
     def launch(self, job_id: str, plan: LaunchPlan, step: int, attempt: int) -> LaunchStepResult:
         """Try one step of the plan (one capacity type over its offerings)."""
         job = self._ports.jobs.get(job_id)
@@ -261,7 +309,10 @@ class LifecycleService:
                 )
             )
             if result.launched:
-                self._record_placement(job, result, launch_step)
+                fell_back = capacity_type is CapacityType.ON_DEMAND and any(
+                    s.capacity_type is CapacityType.SPOT for s in plan.steps[:step]
+                )
+                self._record_placement(job, result, launch_step, fell_back)
                 return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
             self._ports.capacity.remember(
                 shortage_keys(result, self._policy.region),
@@ -299,28 +350,49 @@ class LifecycleService:
     def _node_finished(self, job: Job, report: NodeReport) -> None:
         # A finish can overtake its start; the node evidently ran.
         job = self._move(job, JobStatus.RUNNING)
-        # A node that stopped because it was asked to checkpoint goes back to the queue.
         result = {
             "exit_code": report.exit_code,
             "reason": report.reason,
-            "requeue": job.drain_reason is not None,
+            "interrupted": report.interrupted,
         }
         job = self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"run_result": result})
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
 
-    def release(self, job_id: str) -> dict[str, Any]:
-        """Terminate every instance of the job, note when its cost stopped, and give its share
-        of the quotas back to the queue."""
+    def release(self, job_id: str, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Terminate every instance of the job, note when its cost stopped, give its share of
+        the quotas back to the queue, and say whether the job goes back to it (a checkpointed,
+        interrupted or retryable run) or ends here."""
         terminated = self._ports.fleet.terminate_job_instances(job_id)
         job = self._ports.jobs.get(job_id)
+        changes: dict[str, Any] = {}
         if job.released_at is None and job.placement is not None:
-            self._ports.jobs.update(job_id, self._ports.clock.now(), {"released_at": self._now()})
+            changes["released_at"] = self._now()
+        released_at = changes.get("released_at", job.released_at)
+        ran = held_seconds(job.placement, released_at) if job.placement and released_at else None
+        verdict = after_run(
+            job.spec,
+            state or {},
+            drain_reason=job.drain_reason,
+            retries=job.retries,
+            interruptions=job.interruptions,
+            ran_seconds=ran,
+            max_interruptions=self._policy.max_interruptions,
+        )
+        if verdict.requeue and not job.status.terminal:
+            changes["drain_reason"] = verdict.kind
+            changes["failure_reason"] = verdict.reason
+        if changes:
+            self._ports.jobs.update(job_id, self._now(), changes)
         if self._ports.queue.release(job_id):
             self._ports.events.publish(
                 CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
             )
-        return {"terminated": terminated}
+        return {
+            "terminated": terminated,
+            "requeue": verdict.requeue and not job.status.terminal,
+            "reason": verdict.reason,
+        }
 
     def record_outcome(self, job_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
         """Set the final status and cost from what the workflow saw."""
@@ -335,6 +407,10 @@ class LifecycleService:
         status, reason, exit_code = outcome_of(
             state, ran_seconds=ran, timeout_seconds=job.spec.timeout_seconds
         )
+        if job.drain_reason == INTERRUPTED:
+            # Stopped for a spot interruption and not requeued: the interruption cap was hit.
+            status = JobStatus.FAILED
+            reason = f"interrupted {job.interruptions + 1} times; giving up"
         changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
         run_cost = run_cost_usd(job.placement, released_at) if job.placement else 0.0
         if job.placement is not None or job.prior_cost_usd:
@@ -409,7 +485,9 @@ class LifecycleService:
             return None
         return next((s for s in plan.steps if s.capacity_type == capacity_type), None)
 
-    def _record_placement(self, job: Job, result: LaunchResult, launch_step: LaunchStep) -> None:
+    def _record_placement(
+        self, job: Job, result: LaunchResult, launch_step: LaunchStep, fell_back: bool
+    ) -> None:
         assert result.instance_type is not None
         override = launch_step.override_for(result.instance_type, result.zone)
         placement = Placement(
@@ -422,7 +500,9 @@ class LifecycleService:
             launched_at=self._now(),
         )
         self._ports.jobs.update(
-            job.job_id, self._now(), {"placement": placement, "attempts": job.attempts + 1}
+            job.job_id,
+            self._now(),
+            {"placement": placement, "attempts": job.attempts + 1, "ondemand_fallback": fell_back},
         )
 
 

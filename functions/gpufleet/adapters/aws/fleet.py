@@ -194,6 +194,19 @@ class Ec2Fleet:
             capacity_type=request.capacity_type,
         )
 
+    def job_of(self, instance_id: str) -> str | None:
+        try:
+            response = self._client.describe_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
+                return None
+            raise
+        for reservation in response["Reservations"]:
+            for instance in reservation["Instances"]:
+                if _tag_value(instance, TAG_MANAGED) == "true":
+                    return _tag_value(instance, TAG_JOB_ID)
+        return None
+
     def terminate_job_instances(self, job_id: str) -> list[str]:
         paginator = self._client.get_paginator("describe_instances")
         instance_ids = [
@@ -218,6 +231,10 @@ def _zone_of(
 ) -> str | None:
     overrides = template_and_overrides.get("Overrides", {})
     return planned_zone.get((overrides.get("InstanceType", ""), overrides.get("SubnetId", "")))
+
+
+def _tag_value(instance: dict[str, Any], key: str) -> str | None:
+    return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), None)
 
 
 def _tags(job_id: str) -> list[dict[str, str]]:

@@ -41,6 +41,8 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "preempted_for": ("preempted_for", "str"),
     "preemptions": ("preemptions", "num"),
     "interruptions": ("interruptions", "num"),
+    "retries": ("retries", "num"),
+    "ondemand_fallback": ("ondemand_fallback", "num"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
     "prior_held_seconds": ("prior_held_seconds", "num"),
     "first_admitted_at": ("first_admitted_ts", "num"),

@@ -155,6 +155,7 @@ class FakeFleet:
         self._rule = rule or (lambda _request: None)
         self._next_id = 0
         self.live: dict[str, str] = {}  # instance id -> job id
+        self.owners: dict[str, str] = {}  # every instance ever launched -> job id
         self.requests: list[LaunchRequest] = []
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
@@ -176,6 +177,7 @@ class FakeFleet:
             self._next_id += 1
             instance_id = f"i-{self._next_id:017x}"
             self.live[instance_id] = request.job_id
+            self.owners[instance_id] = request.job_id
             instance_ids.append(instance_id)
         return LaunchResult(
             instance_ids=instance_ids,
@@ -183,6 +185,9 @@ class FakeFleet:
             zone=first.zone,
             capacity_type=request.capacity_type,
         )
+
+    def job_of(self, instance_id: str) -> str | None:
+        return self.owners.get(instance_id)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         ids = sorted(i for i, owner in self.live.items() if owner == job_id)

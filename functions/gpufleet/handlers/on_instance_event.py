@@ -1,0 +1,29 @@
+"""EC2 events on the default bus: spot interruption warnings, rebalance recommendations, and
+instances stopping or terminating."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
+from gpufleet.handlers.models import InstanceEvent
+from gpufleet.topology import DETAIL_STATE_CHANGE
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+@event_parser(model=InstanceEvent)
+def handler(event: InstanceEvent, context: LambdaContext) -> dict[str, Any]:
+    instance_id = event.detail.instance_id
+    logger.append_keys(instance_id=instance_id, event=event.detail_type)
+    if event.detail_type == DETAIL_STATE_CHANGE:
+        job_id = lifecycle().instance_gone(instance_id, event.detail.state or "gone")
+    else:
+        job_id = lifecycle().instance_interrupted(instance_id)
+        if job_id is not None:
+            metrics.add_metric(name="SpotInterruptions", unit="Count", value=1)
+    return {"instance_id": instance_id, "job_id": job_id}
