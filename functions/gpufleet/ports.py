@@ -169,6 +169,19 @@ class Fleet(Protocol):
         """The job an instance gpufleet launched belongs to (None: not one of ours)."""
         ...
 
+    def managed_instances(self) -> list[ManagedInstance]:
+        """Every live (pending or running) instance tagged gpufleet:managed=true."""
+        ...
+
+    def terminate_instances(self, instance_ids: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ManagedInstance:
+    instance_id: str
+    job_id: str | None
+    launched_at: float
+
 
 class ObjectTooLarge(Exception):
     def __init__(self, key: str, size: int, limit: int) -> None:

@@ -28,6 +28,8 @@ class Settings(BaseModel):
     max_launch_attempts: int = 20
     retry_wait_seconds: int = 60
     boot_allowance_seconds: int = 900
+    # An instance younger than this is never taken for an orphan (its launch may be recording it).
+    reconcile_grace_seconds: int = 300
     # Spot interruptions a job may absorb (each requeues it) before it fails.
     max_interruptions: int = 10
     # How long an offering that failed for capacity is skipped by every launch.

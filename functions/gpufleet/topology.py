@@ -176,6 +176,12 @@ NODE_REPORT = Function(
     "gpufleet.handlers.on_node_report.handler",
     "Takes the node agent's start, heartbeat and finish reports",
 )
+RECONCILE = Function(
+    "Reconcile",
+    "gpufleet.handlers.on_reconcile.handler",
+    "Terminates instances gpufleet launched that no live job holds",
+    timeout_seconds=120,
+)
 INSTANCE_EVENT = Function(
     "InstanceEvent",
     "gpufleet.handlers.on_instance_event.handler",
@@ -200,6 +206,7 @@ FUNCTIONS: tuple[Function, ...] = (
     REQUEUE,
     NODE_REPORT,
     INSTANCE_EVENT,
+    RECONCILE,
     RELEASE,
     RECORD_OUTCOME,
 )
@@ -257,6 +264,12 @@ SCHEDULES: tuple[Schedule, ...] = (
         description="Admission pass every minute",
         expression="rate(1 minute)",
         target_function=DISPATCH.construct_id,
+    ),
+    Schedule(
+        construct_id="ReconcileSchedule",
+        description="Find and terminate orphaned instances",
+        expression="rate(5 minutes)",
+        target_function=RECONCILE.construct_id,
     ),
 )
 

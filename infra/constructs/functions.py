@@ -89,6 +89,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
     topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH}),
+    topology.RECONCILE.construct_id: frozenset({P.JOBS, P.TERMINATE}),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
     # instance that went away ends the run (completing the waiting task).
     topology.INSTANCE_EVENT.construct_id: frozenset(

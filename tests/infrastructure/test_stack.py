@@ -391,8 +391,9 @@ def test_terminate_is_always_conditioned_on_the_managed_tag(synth: Synth) -> Non
             assert [synth.render(r).rsplit(":", 1)[-1] for r in synth.resources_of(statement)] == [
                 "instance/*"
             ]
-    # Launch (partial launches), Release, Dispatch (overdue checkpoints), the state machine.
-    assert seen == 4
+    # Launch (partial launches), Release, Dispatch (overdue checkpoints), Reconcile, and the
+    # state machine.
+    assert seen == 5
 
 
 def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth) -> None:
@@ -442,7 +443,7 @@ EXCLUSIVE_ACTIONS = {
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
-    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch"},
+    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch", "Reconcile"},
     "events:PutEvents": {
         "IntakeFromS3",
         "IntakeFromEvent",
@@ -660,9 +661,20 @@ def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth
     schedules = synth.of_type("AWS::Scheduler::Schedule")
     expressions = sorted(s["Properties"]["ScheduleExpression"] for s in schedules.values())
     # gpufleet.yaml's night window: 22:00-06:00 UTC.
-    assert expressions == ["cron(0 22 * * ? *)", "cron(0 6 * * ? *)", "rate(1 minute)"]
+    assert expressions == [
+        "cron(0 22 * * ? *)",
+        "cron(0 6 * * ? *)",
+        "rate(1 minute)",
+        "rate(5 minutes)",
+    ]
     dispatch = synth.function_id(topology.DISPATCH.construct_id)
+    reconcile = synth.function_id(topology.RECONCILE.construct_id)
     for schedule in schedules.values():
         target = schedule["Properties"]["Target"]
-        assert target["Arn"] == {"Fn::GetAtt": [dispatch, "Arn"]}
+        expected = (
+            reconcile
+            if schedule["Properties"]["ScheduleExpression"] == "rate(5 minutes)"
+            else dispatch
+        )
+        assert target["Arn"] == {"Fn::GetAtt": [expected, "Arn"]}
         assert "DeadLetterConfig" in target

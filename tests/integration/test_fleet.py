@@ -200,3 +200,19 @@ def test_an_odcr_launch_uses_reservations_first(fleet: Ec2Fleet, ec2: Any) -> No
         "UsageStrategy": "use-capacity-reservations-first"
     }
     assert sent[-1]["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand"
+
+
+def test_managed_instances_are_listed_with_their_job_and_launch_time(
+    fleet: Ec2Fleet, ec2: Any
+) -> None:
+    job = job_id()
+    [instance] = fleet.launch(request(job)).instance_ids
+    untagged = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
+    listed = {m.instance_id: m for m in fleet.managed_instances()}
+    assert listed[instance].job_id == job and listed[instance].launched_at > 0
+    assert untagged not in listed
+    assert fleet.job_of(instance) == job and fleet.job_of(untagged) is None
+    fleet.terminate_instances([instance])
+    assert instance not in {m.instance_id for m in fleet.managed_instances()}

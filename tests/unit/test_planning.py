@@ -133,3 +133,12 @@ def test_a_timeout_before_the_jobs_own_limit_means_the_node_went_silent() -> Non
     state = {"error": {"Error": "States.Timeout"}}
     assert "heartbeats" in outcome_of(state, ran_seconds=120, timeout_seconds=3600)[1]
     assert "exceeded" in outcome_of(state, ran_seconds=3700, timeout_seconds=3600)[1]
+
+
+def test_waiting_for_capacity_backs_off_exponentially_up_to_a_cap() -> None:
+    plan = two_step_plan(max_attempts=100)
+    waits = [
+        plan.after_failure(1, attempts, ErrorCategory.CAPACITY).wait_seconds
+        for attempts in (2, 4, 6, 8, 40)
+    ]
+    assert waits == [10, 20, 40, 80, 900]

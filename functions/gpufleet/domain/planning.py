@@ -38,10 +38,15 @@ class LaunchStep(BaseModel):
         return chosen[0]
 
 
+# Waiting for capacity backs off exponentially, up to this.
+MAX_RETRY_WAIT_SECONDS = 900
+
+
 class NextMove(BaseModel):
     step: int
     retry_later: bool = False
     give_up: bool = False
+    wait_seconds: int = 0  # how long to wait first, when retry_later
 
 
 class LaunchPlan(BaseModel):
@@ -64,8 +69,11 @@ class LaunchPlan(BaseModel):
             return NextMove(step=step, give_up=True)
         if step + 1 < len(self.steps):
             return NextMove(step=step + 1)
-        # Every capacity type failed: wait, then start again from the preferred one.
-        return NextMove(step=0, retry_later=True)
+        # Every capacity type failed: wait, then start again from the preferred one. Each round
+        # of the plan that fails doubles the wait (spot `required` jobs can wait long).
+        rounds = max(1, attempts // len(self.steps))
+        wait = min(self.retry_wait_seconds * 2 ** (rounds - 1), MAX_RETRY_WAIT_SECONDS)
+        return NextMove(step=0, retry_later=True, wait_seconds=max(wait, 1))
 
 
 def outcome_of(

@@ -167,6 +167,7 @@ def _forget_cold_starts() -> None:
         common.intake,
         common.lifecycle,
         common.dispatcher,
+        common.reconciler,
         common.idempotency_store,
     ):
         cached.cache_clear()

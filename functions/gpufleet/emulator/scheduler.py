@@ -6,6 +6,7 @@ target with the real Scheduler's event shape.
 
 from __future__ import annotations
 
+import re
 import threading
 
 from gpufleet import topology
@@ -28,8 +29,18 @@ class ScheduleRunner:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        tick = 0
         while not self._stop.wait(self._period):
+            tick += 1
             for schedule in topology.SCHEDULES:
+                # rate(5 minutes) fires every fifth tick: a minute of AWS is a tick here.
+                if tick % _minutes(schedule.expression):
+                    continue
                 arn = self._account.function_arns[schedule.target_function]
                 event = {"source": "aws.scheduler", "schedule": schedule.construct_id}
                 invoke_async(ACCOUNT_ID, arn, event)
+
+
+def _minutes(expression: str) -> int:
+    match = re.fullmatch(r"rate\((\d+) minutes?\)", expression)
+    return int(match.group(1)) if match else 1

@@ -13,9 +13,15 @@ from aws_lambda_powertools.utilities.idempotency import (
 
 from gpufleet.adapters.aws.runtime import aws_ports
 from gpufleet.services.dispatcher import DispatcherService
-from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
+from gpufleet.services.factory import (
+    build_dispatcher,
+    build_intake,
+    build_lifecycle,
+    build_reconciler,
+)
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.settings import Settings
 
 logger = Logger(service="gpufleet")
@@ -41,6 +47,11 @@ def lifecycle() -> LifecycleService:
 @cache
 def dispatcher() -> DispatcherService:
     return build_dispatcher(aws_ports(settings()), settings(), lifecycle())
+
+
+@cache
+def reconciler() -> ReconcilerService:
+    return build_reconciler(aws_ports(settings()), settings())
 
 
 @cache

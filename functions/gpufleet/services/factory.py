@@ -13,6 +13,7 @@ from gpufleet.ports import Ports
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
+from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.settings import Settings
 
 
@@ -24,6 +25,14 @@ def build_dispatcher(
     ports: Ports, settings: Settings, lifecycle: LifecycleService
 ) -> DispatcherService:
     return DispatcherService(ports, lifecycle, settings.config.queue)
+
+
+def build_reconciler(ports: Ports, settings: Settings) -> ReconcilerService:
+    return ReconcilerService(
+        ports,
+        grace_seconds=settings.reconcile_grace_seconds,
+        boot_allowance_seconds=settings.boot_allowance_seconds,
+    )
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:

@@ -96,6 +96,7 @@ class LaunchStepResult(BaseModel):
     launched: bool = False
     retry_later: bool = False
     give_up: bool = False
+    wait_seconds: int = 1  # before the next try, when retry_later
     error: str = ""
 
 
@@ -324,6 +325,7 @@ class LifecycleService:
             attempt=attempt + 1,
             retry_later=next_move.retry_later,
             give_up=next_move.give_up,
+            wait_seconds=max(1, next_move.wait_seconds),
             error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
         )
 

@@ -13,6 +13,7 @@ from gpufleet.domain.launch import (
     LaunchRequest,
     LaunchResult,
 )
+from gpufleet.ports import ManagedInstance
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -206,6 +207,28 @@ class Ec2Fleet:
                 if _tag_value(instance, TAG_MANAGED) == "true":
                     return _tag_value(instance, TAG_JOB_ID)
         return None
+
+    def managed_instances(self) -> list[ManagedInstance]:
+        paginator = self._client.get_paginator("describe_instances")
+        return [
+            ManagedInstance(
+                instance_id=instance["InstanceId"],
+                job_id=_tag_value(instance, TAG_JOB_ID),
+                launched_at=instance["LaunchTime"].timestamp(),
+            )
+            for page in paginator.paginate(
+                Filters=[
+                    {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                    {"Name": "instance-state-name", "Values": ["pending", "running"]},
+                ]
+            )
+            for reservation in page["Reservations"]
+            for instance in reservation["Instances"]
+        ]
+
+    def terminate_instances(self, instance_ids: list[str]) -> None:
+        if instance_ids:
+            self._client.terminate_instances(InstanceIds=instance_ids)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         paginator = self._client.get_paginator("describe_instances")

@@ -12,7 +12,13 @@ from typing import Any
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
-from gpufleet.ports import AdmissionLimits, ObjectTooLarge, QueueEntry, RunningEntry
+from gpufleet.ports import (
+    AdmissionLimits,
+    ManagedInstance,
+    ObjectTooLarge,
+    QueueEntry,
+    RunningEntry,
+)
 
 
 class ManualClock:
@@ -156,6 +162,7 @@ class FakeFleet:
         self._next_id = 0
         self.live: dict[str, str] = {}  # instance id -> job id
         self.owners: dict[str, str] = {}  # every instance ever launched -> job id
+        self.launched_at: dict[str, float] = {}  # set by tests that need ages
         self.requests: list[LaunchRequest] = []
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
@@ -188,6 +195,16 @@ class FakeFleet:
 
     def job_of(self, instance_id: str) -> str | None:
         return self.owners.get(instance_id)
+
+    def managed_instances(self) -> list[ManagedInstance]:
+        return [
+            ManagedInstance(instance_id, job_id, self.launched_at.get(instance_id, 0.0))
+            for instance_id, job_id in sorted(self.live.items())
+        ]
+
+    def terminate_instances(self, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
+            self.live.pop(instance_id, None)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         ids = sorted(i for i, owner in self.live.items() if owner == job_id)

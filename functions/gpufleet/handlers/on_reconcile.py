@@ -1,0 +1,22 @@
+"""Schedule -> terminate instances that no live job holds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpufleet.handlers.common import logger, metrics, reconciler, tracer
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The schedule's event carries nothing the pass needs.
+    result = reconciler().run()
+    metrics.add_metric(name="OrphansTerminated", unit="Count", value=len(result.terminated))
+    if result.terminated:
+        logger.warning("terminated orphaned instances", extra={"instances": result.terminated})
+    return asdict(result)

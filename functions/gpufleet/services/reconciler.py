@@ -1,0 +1,61 @@
+"""The reconciler: nothing gpufleet launched runs unless a live job holds it.
+
+The workflow releases every instance on every path, but a crash between CreateFleet and
+recording the placement, a deleted execution, or a manual change can leave an instance behind.
+Every few minutes the reconciler lists the instances tagged `gpufleet:managed=true` and
+terminates those that no live job holds, or that a job holds but has not started on within the
+boot allowance (a node that never came up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.domain.job import JobNotFound, JobStatus
+from gpufleet.ports import ManagedInstance, Ports
+
+
+@dataclass
+class ReconcileResult:
+    checked: int = 0
+    terminated: dict[str, str] = field(default_factory=dict)  # instance id -> why
+
+
+class ReconcilerService:
+    def __init__(self, ports: Ports, *, grace_seconds: int, boot_allowance_seconds: int) -> None:
+        self._ports = ports
+        self._grace = grace_seconds
+        self._boot_allowance = boot_allowance_seconds
+
+    def run(self) -> ReconcileResult:
+        now = self._ports.clock.now()
+        result = ReconcileResult()
+        doomed: dict[str, str] = {}
+        for instance in self._ports.fleet.managed_instances():
+            result.checked += 1
+            why = self._why_orphaned(instance, now)
+            if why:
+                doomed[instance.instance_id] = why
+        if doomed:
+            self._ports.fleet.terminate_instances(sorted(doomed))
+        result.terminated = doomed
+        return result
+
+    def _why_orphaned(self, instance: ManagedInstance, now: float) -> str | None:
+        age = now - instance.launched_at
+        if age < self._grace:
+            return None  # a launch may be recording it right now
+        if instance.job_id is None:
+            return "no job tag"
+        try:
+            job = self._ports.jobs.get(instance.job_id)
+        except JobNotFound:
+            return "its job does not exist"
+        if job.status.terminal:
+            return f"its job is {job.status.value}"
+        placement = job.placement
+        if placement is None or instance.instance_id not in placement.instance_ids:
+            return "its job does not hold it (left over from a launch)"
+        if job.status is JobStatus.LAUNCHING and age > self._boot_allowance:
+            return "its node never reported in"
+        return None
