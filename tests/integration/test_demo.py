@@ -9,6 +9,7 @@ from typing import Any
 import botocore.handlers
 import pytest
 
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.demo import (
     DemoResult,
     DemoScenario,
@@ -192,3 +193,7 @@ def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() ->
     assert fallback["status"] == "SUCCEEDED"
     assert fallback["ondemand_fallback"] and fallback["capacity_type"] == "on-demand"
     assert not interrupted["ondemand_fallback"]
+    # Out of GPU memory on 16 and 24 GiB GPUs: retried until it ran on GPUs with more.
+    oom = jobs["oom-finetune"]
+    assert oom["status"] == "SUCCEEDED" and oom["retries"] >= 1
+    assert load_bundled().instance_type(oom["instance_type"]).gpu_memory_gib >= 40

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.agent.docker import docker_argv
+import pytest
+
+from gpufleet.agent.docker import docker_argv, looks_like_gpu_oom
 from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
 from gpufleet.topology import DETAIL_NODE_FINISHED, DETAIL_NODE_HEARTBEAT, DETAIL_NODE_STARTED
 
@@ -30,7 +32,7 @@ def manifest(**overrides: Any) -> RunManifest:
 
 def test_docker_gets_argv_as_a_list_and_env_values_never_on_the_command_line() -> None:
     argv = docker_argv(manifest())
-    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[:2] == ["docker", "run"]
     assert argv[argv.index("--gpus") : argv.index("--gpus") + 2] == ["--gpus", "all"]
     # The hostile argument is one argv element, after the image and '--'.
     separator = argv.index("--")
@@ -161,3 +163,15 @@ def test_a_resumed_run_is_told_where_its_checkpoint_is_by_environment_only() -> 
     argv = docker_argv(resumed)
     assert "GPUFLEET_RESUME_FROM" in argv
     assert not any("s3://ckpt" in arg for arg in argv)
+
+
+@pytest.mark.parametrize(
+    ("log_tail", "oom"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+        ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED", True),
+        ("ValueError: bad learning rate", False),
+    ],
+)
+def test_gpu_out_of_memory_is_recognised_in_the_log_tail(log_tail: str, oom: bool) -> None:
+    assert looks_like_gpu_oom(log_tail) is oom

@@ -211,3 +211,29 @@ def test_an_admission_whose_notification_was_lost_is_sent_again() -> None:
     world.dispatcher.run_pass()
     assert world.workflow.completed[token] == {"admitted": True}
     assert world.ports.queue.running()[0].notified
+
+
+def test_resize_a_waiting_job_and_a_running_one() -> None:
+    world = World()
+    running, waiting = world.submit("run", "normal", gpus=2), world.submit("wait", "normal")
+    world.enqueue(running)
+    world.enqueue(waiting)
+    world.dispatcher.run_pass()
+    instance = world.start(running)
+
+    from gpufleet.domain.spec import Resources
+
+    world.lifecycle.resize(waiting, Resources(gpus=1))
+    [entry] = world.ports.queue.waiting()
+    assert entry.job.gpus == 1  # waits with its new shape
+
+    world.lifecycle.resize(running, Resources(gpus=4))
+    control = cast(InMemoryObjects, world.ports.objects).objects[control_key(running)]
+    assert json.loads(control)["action"] == "checkpoint"
+    run = world.finish(running, instance)
+    assert world.lifecycle.release(running, {"run": run})["requeue"] is True
+    world.lifecycle.requeue(running)
+    job = world.ports.jobs.get(running)
+    assert job.effective_spec.resources.gpus == 4 and job.preemptions == 0
+    world.enqueue(running)
+    assert {e.job.job_id: e.job.gpus for e in world.ports.queue.waiting()}[running] == 4

@@ -15,7 +15,7 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.job import IllegalTransition, JobStatus
-from gpufleet.domain.launch import LaunchRequest
+from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.intake import IntakeService, is_error_report
@@ -336,6 +336,21 @@ def test_a_spot_warning_drains_the_job_and_its_run_is_requeued_not_failed() -> N
     assert service.instance_interrupted(instance) == job_id
     assert b"checkpoint" in cast(InMemoryObjects, ports.objects).objects[control_key(job_id)]
     assert service.instance_interrupted("i-not-ours") is None
+    # An instance of the job it no longer runs on (a leftover) does not drain it.
+    leftover = (
+        cast(FakeFleet, ports.fleet)
+        .launch(
+            LaunchRequest(
+                job_id=job_id,
+                attempt=7,
+                capacity_type=CapacityType.SPOT,
+                nodes=1,
+                overrides=[LaunchOverride(instance_type="g5.xlarge", hourly_usd=1.0)],
+            )
+        )
+        .instance_ids[0]
+    )
+    assert service.instance_interrupted(leftover) is None
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
     assert service.release(job_id, {"run": run})["requeue"] is True

@@ -10,6 +10,18 @@ import time
 from gpufleet.agent.node import RunManifest, RunOutcome
 
 RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
+# What PyTorch, TensorFlow, JAX and CUDA libraries print when the GPU runs out of memory.
+_OOM_MARKERS = (
+    "CUDA out of memory",
+    "OutOfMemoryError",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "RESOURCE_EXHAUSTED: Out of memory",
+    "cudaErrorMemoryAllocation",
+)
+
+
+def looks_like_gpu_oom(log_tail: str) -> bool:
+    return any(marker in log_tail for marker in _OOM_MARKERS)
 
 
 def container_name(manifest: RunManifest) -> str:
@@ -19,7 +31,8 @@ def container_name(manifest: RunManifest) -> str:
 def docker_argv(manifest: RunManifest) -> list[str]:
     """The argv for `docker run`. Environment values are not on the command line: `-e NAME`
     makes docker read NAME from its own environment, which `run` sets."""
-    argv = ["docker", "run", "--rm", "--name", container_name(manifest), "--gpus", "all"]
+    # No --rm: the container's last log lines are read after it exits (out-of-memory?).
+    argv = ["docker", "run", "--name", container_name(manifest), "--gpus", "all"]
     argv += ["--network", "host", "--ipc", "host"]
     if manifest.resume and manifest.checkpoint:
         # The job resumes from its checkpoint: its code reads where from the environment.
@@ -55,4 +68,18 @@ class DockerRuntime:
                 process.kill()
                 process.wait()
                 return RunOutcome(exit_code=None, reason="the run exceeded its timeout")
-        return RunOutcome(exit_code=process.returncode)
+        return self._finished(manifest, process.returncode)
+
+    def _finished(self, manifest: RunManifest, exit_code: int) -> RunOutcome:
+        name = container_name(manifest)
+        oom = False
+        if exit_code != 0:
+            logs = subprocess.run(  # noqa: S603 - fixed argv, no shell
+                ["docker", "logs", "--tail", "200", name],  # noqa: S607
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            oom = looks_like_gpu_oom(logs.stdout + logs.stderr)
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)  # noqa: S603, S607
+        return RunOutcome(exit_code=exit_code, reason="GPU out of memory" if oom else "", oom=oom)

@@ -56,6 +56,7 @@ class RunManifest:
 class RunOutcome:
     exit_code: int | None
     reason: str = ""
+    oom: bool = False  # the GPUs ran out of memory
 
 
 class InstanceIdentity(Protocol):
@@ -186,4 +187,6 @@ class NodeAgent:
             detail.update(exit_code=outcome.exit_code, reason=outcome.reason[:2000])
         if interrupted:
             detail["interrupted"] = True
+        if outcome is not None and outcome.oom:
+            detail["oom"] = True
         self._reporter.report(AGENT_SOURCE, detail_type, detail)

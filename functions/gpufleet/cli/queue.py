@@ -27,6 +27,17 @@ def register(commands: Any) -> None:
     cancel.add_argument("--json", action="store_true")
     cancel.set_defaults(run=run_cancel)
 
+    resize = commands.add_parser(
+        "resize", help="give a job a new shape; a running job checkpoints and resumes on it"
+    )
+    resize.add_argument("job_id", metavar="ID")
+    resize.add_argument("--gpus", type=int, help="GPUs per node")
+    resize.add_argument("--nodes", type=int)
+    resize.add_argument("--gpu-memory-gib", type=float)
+    add_target_arguments(resize)
+    resize.add_argument("--json", action="store_true")
+    resize.set_defaults(run=run_resize)
+
     book = commands.add_parser("book", help="book GPUs for a team over a future window")
     book.add_argument("--team", required=True)
     book.add_argument("--gpus", type=int, required=True)
@@ -122,4 +133,35 @@ def run_book(args: argparse.Namespace) -> int:
     booking = Booking(f"b-{uuid.uuid4().hex[:12]}", args.team, args.gpus, start, end)
     ports.queue.book(booking)
     print(json.dumps(asdict(booking)) if args.json else f"booked {booking.booking_id}")
+    return 0
+
+
+def run_resize(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gpufleet.domain.job import JobNotFound
+    from gpufleet.services.lifecycle import JobAlreadyEnded
+
+    changes = {
+        key: value
+        for key, value in (
+            ("gpus", args.gpus),
+            ("nodes", args.nodes),
+            ("gpu_memory_gib", args.gpu_memory_gib),
+        )
+        if value is not None
+    }
+    if not changes:
+        return _error("give at least one of --gpus, --nodes, --gpu-memory-gib")
+    try:
+        _, (ports, lifecycle) = _services(args)
+        job = ports.jobs.get(args.job_id)
+        current = job.effective_spec.resources
+        resources = type(current).model_validate({**current.model_dump(), **changes})
+        summary = lifecycle.resize(args.job_id, resources)
+    except ValidationError as exc:
+        return _error(f"invalid shape: {exc.errors(include_url=False)[0]['msg']}")
+    except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
+        return _error(str(exc))
+    print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: resized")
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.domain.spec import JobSpec
+from gpufleet.domain.spec import JobSpec, Resources
 
 
 class JobStatus(StrEnum):
@@ -85,6 +85,7 @@ class Placement(BaseModel):
     zone: str | None = None
     hourly_usd: float = Field(ge=0, description="Price of one node per hour")
     reservation_id: str | None = None
+    gpu_memory_gib: float = Field(default=0, ge=0, description="Memory per GPU of the type")
     launched_at: float = Field(description="Epoch seconds")
 
 
@@ -119,6 +120,16 @@ class Job(BaseModel):
     retries: int = 0
     # The job's last launch went on-demand after spot had no capacity.
     ondemand_fallback: bool = False
+    # What the job now asks for, when it differs from its spec: a resize, or more GPU memory
+    # after a run ran out of it.
+    resources_override: Resources | None = None
+
+    @property
+    def effective_spec(self) -> JobSpec:
+        if self.resources_override is None:
+            return self.spec
+        return self.spec.model_copy(update={"resources": self.resources_override})
+
     prior_cost_usd: float = 0.0
     prior_held_seconds: float = 0.0
     first_admitted_at: float | None = None

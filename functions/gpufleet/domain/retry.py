@@ -19,6 +19,8 @@ PREEMPTED = "preempted"
 RECLAIMED = "reclaimed"
 INTERRUPTED = "interrupted"
 RETRY = "retry"
+OUT_OF_MEMORY = "out-of-memory"  # a retry on GPUs with more memory
+RESIZED = "resized"
 
 # A job interrupted this often is probably asking for capacity that keeps being reclaimed.
 DEFAULT_MAX_INTERRUPTIONS = 10
@@ -52,7 +54,7 @@ def after_run(
     run = run if isinstance(run, Mapping) else None
     if run is not None and run.get("cancelled"):
         return Verdict(False)
-    if drain_reason in (PREEMPTED, RECLAIMED):
+    if drain_reason in (PREEMPTED, RECLAIMED, RESIZED):
         return Verdict(True, drain_reason, f"stopped at a checkpoint: {drain_reason}")
     if drain_reason == INTERRUPTED or (run is not None and run.get("interrupted")):
         if interruptions < max_interruptions:
@@ -64,6 +66,8 @@ def after_run(
         if exit_code == 0:
             return Verdict(False)
         if isinstance(exit_code, int):
+            if run.get("oom") and spec.retry_oom_with_more_memory and retries_left:
+                return Verdict(True, OUT_OF_MEMORY, "the GPUs ran out of memory")
             if retries_left and _retryable_exit(spec, exit_code):
                 return Verdict(True, RETRY, f"exit code {exit_code}")
             return Verdict(False)

@@ -123,6 +123,7 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
                     float(b["duration_seconds"]),
                     int(b["exit_code"]),
                     interrupt_after_seconds=b.get("interrupt_after_seconds"),
+                    needs_gpu_memory_gib=float(b.get("needs_gpu_memory_gib", 0.0)),
                 )
                 for job, b in config["jobs"].items()
             },

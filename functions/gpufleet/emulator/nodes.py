@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufleet.agent.aws import EventBridgeReporter, S3Manifests
 from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.topology import (
@@ -36,6 +37,8 @@ class Behaviour:
     # Spot reclaims the instance this long into the job's first run: a two-minute warning
     # (scaled to `NodeScenario.notice_seconds`), then termination.
     interrupt_after_seconds: float | None = None
+    # Runs out of GPU memory on GPUs with less memory than this.
+    needs_gpu_memory_gib: float = 0.0
 
 
 @dataclass
@@ -95,6 +98,11 @@ class SimulatedRuntime:
         behaviour = self._scenario.behaviour(manifest.name)
         if manifest.resume:
             self.resumed.add(manifest.job_id)
+        if behaviour.needs_gpu_memory_gib > self._gpu_memory_gib():
+            time.sleep(min(behaviour.duration_seconds, 0.5))
+            return RunOutcome(
+                exit_code=1, reason="torch.OutOfMemoryError: CUDA out of memory", oom=True
+            )
         deadline = time.monotonic() + min(behaviour.duration_seconds, manifest.timeout_seconds)
         while time.monotonic() < deadline:
             if stop.wait(0.1):
@@ -104,6 +112,11 @@ class SimulatedRuntime:
         if behaviour.vanishes:
             raise NodeVanished(self._instance_id)
         return RunOutcome(exit_code=behaviour.exit_code)
+
+    def _gpu_memory_gib(self) -> float:
+        with acting_as(EMULATOR):
+            instance_type = _instance(self._ec2, self._instance_id)["InstanceType"]
+        return load_bundled().instance_type(instance_type).gpu_memory_gib
 
     def _alive(self) -> bool:
         with acting_as(EMULATOR):
@@ -141,6 +154,7 @@ class NodeSimulator:
         # instances spot reclaimed (each only once).
         self.notices: dict[str, str] = {}
         self.interrupted_jobs: set[str] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
@@ -208,9 +222,10 @@ class NodeSimulator:
         with acting_as(EMULATOR):
             name = self._job_name(job_id)
         behaviour = self._scenario.behaviour(name)
-        if behaviour.interrupt_after_seconds is None or job_id in self.interrupted_jobs:
-            return
-        self.interrupted_jobs.add(job_id)
+        with self._lock:  # two instances of one job can boot at once
+            if behaviour.interrupt_after_seconds is None or job_id in self.interrupted_jobs:
+                return
+            self.interrupted_jobs.add(job_id)
         timer = threading.Timer(
             behaviour.interrupt_after_seconds, self._interrupt, args=(instance_id,)
         )

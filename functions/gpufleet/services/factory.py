@@ -63,5 +63,6 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         capacity_memory_seconds=settings.capacity_memory_seconds,
         reservations=tuple(settings.config.reservations),
         max_interruptions=settings.max_interruptions,
+        gpu_memory_of=lambda name: catalog.instance_type(name).gpu_memory_gib,
     )
     return LifecycleService(ports, planner, policy)

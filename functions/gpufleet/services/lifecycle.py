@@ -7,8 +7,8 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,13 +29,15 @@ from gpufleet.domain.queueing import QueuedJob
 from gpufleet.domain.retry import (
     DEFAULT_MAX_INTERRUPTIONS,
     INTERRUPTED,
+    OUT_OF_MEMORY,
     PREEMPTED,
     RECLAIMED,
+    RESIZED,
     RETRY,
     after_run,
 )
 from gpufleet.domain.selection import NoFeasibleOffering
-from gpufleet.domain.spec import JobSpec
+from gpufleet.domain.spec import JobSpec, Resources
 from gpufleet.ports import Ports, QueueEntry
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
@@ -67,6 +69,7 @@ class LifecyclePolicy:
     capacity_memory_seconds: int = 300
     reservations: tuple[Reservation, ...] = ()
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
+    gpu_memory_of: Callable[[str], float] = lambda _instance_type: 0.0
 
 
 class JobAlreadyEnded(Exception):
@@ -86,6 +89,8 @@ class NodeReport(BaseModel):
     reason: str = Field(default="", max_length=2000)
     # The node saw its own spot interruption notice (IMDS) and checkpointed.
     interrupted: bool = False
+    # The container died of GPU out-of-memory (recognised in its last log lines).
+    oom: bool = False
 
 
 class LaunchStepResult(BaseModel):
@@ -127,10 +132,11 @@ class LifecycleService:
         job = self._ports.jobs.get(job_id)
         # The plan fixes the order of capacity types and the timeouts; which offerings to try
         # is decided at each launch, against the capacity memory of that moment.
+        spec = job.effective_spec
         plan = self._planner(
-            job.spec,
+            spec,
             unavailable=frozenset(),
-            expected=self._expected_duration(job.spec),
+            expected=self._expected_duration(spec),
             free_reservations=self._free_reservations(),
         )
         self._move(job, JobStatus.QUEUED)
@@ -146,7 +152,7 @@ class LifecycleService:
         if job.status.terminal:
             self._ports.workflow.complete_task(task_token, {"cancelled": True})
             return
-        spec = job.spec
+        spec = job.effective_spec
         entry = QueueEntry(
             job=QueuedJob(
                 job_id=job_id,
@@ -179,9 +185,23 @@ class LifecycleService:
             released_at = job.released_at if job.released_at is not None else self._now()
             run_cost = run_cost_usd(job.placement, released_at)
             run_held = held_seconds(job.placement, released_at)
-        counter = {INTERRUPTED: "interruptions", RETRY: "retries"}.get(
-            job.drain_reason or "", "preemptions"
-        )
+        counter = {
+            INTERRUPTED: "interruptions",
+            RETRY: "retries",
+            OUT_OF_MEMORY: "retries",
+            PREEMPTED: "preemptions",
+            RECLAIMED: "preemptions",
+        }.get(job.drain_reason or "")
+        changes: dict[str, Any] = {}
+        if counter is not None:
+            changes[counter] = getattr(job, counter) + 1
+        if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
+            # Next time, only GPUs with more memory than those it ran out of.
+            resources = job.effective_spec.resources
+            floor = job.placement.gpu_memory_gib + 0.5
+            changes["resources_override"] = resources.model_copy(
+                update={"gpu_memory_gib": max(resources.gpu_memory_gib, floor)}
+            )
         self._move(
             job,
             JobStatus.QUEUED,
@@ -194,7 +214,7 @@ class LifecycleService:
                 "drain_requested_at": None,
                 "prior_cost_usd": job.prior_cost_usd + run_cost,
                 "prior_held_seconds": job.prior_held_seconds + run_held,
-                counter: getattr(job, counter) + 1,
+                **changes,
             },
         )
 
@@ -238,12 +258,35 @@ class LifecycleService:
             )
         return job.summary()
 
+    def resize(self, job_id: str, resources: Resources) -> dict[str, Any]:
+        """Give a job a new shape. A waiting job waits with it; a running one checkpoints and
+        resumes on the new shape without being resubmitted."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            raise JobAlreadyEnded(job_id, job.status)
+        job = self._ports.jobs.update(job_id, self._now(), {"resources_override": resources})
+        entry = self._ports.queue.remove(job_id)
+        if entry is not None:
+            self._ports.queue.enqueue(
+                QueueEntry(
+                    job=replace(entry.job, gpus=resources.total_gpus, instances=resources.nodes),
+                    task_token=entry.task_token,
+                    queued_at=entry.queued_at,
+                )
+            )
+        elif job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
+            self.drain(job_id, RESIZED)
+        return job.summary()
+
     def instance_interrupted(self, instance_id: str) -> str | None:
         """A spot interruption warning or rebalance recommendation for one of our instances:
         its job checkpoints now (two minutes' notice) and is requeued."""
         job_id = self._ports.fleet.job_of(instance_id)
         if job_id is None:
             return None
+        placement = self._ports.jobs.get(job_id).placement
+        if placement is None or instance_id not in placement.instance_ids:
+            return None  # a leftover instance the job does not run on: the reconciler's
         self.drain(job_id, INTERRUPTED)
         return job_id
 
@@ -287,7 +330,7 @@ class LifecycleService:
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
         expected = DurationEstimate(plan.expected_seconds, plan.expected_source)
-        launch_step = self._current_offerings(job.spec, capacity_type, expected)
+        launch_step = self._current_offerings(job.effective_spec, capacity_type, expected)
         if launch_step is None:
             # Every offering of this capacity type failed moments ago: skip EC2 entirely.
             result = LaunchResult(
@@ -356,6 +399,7 @@ class LifecycleService:
             "exit_code": report.exit_code,
             "reason": report.reason,
             "interrupted": report.interrupted,
+            "oom": report.oom,
         }
         job = self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"run_result": result})
         if job.task_token is not None:
@@ -499,6 +543,7 @@ class LifecycleService:
             zone=result.zone,
             hourly_usd=override.hourly_usd,
             reservation_id=override.reservation_id,
+            gpu_memory_gib=self._policy.gpu_memory_of(result.instance_type),
             launched_at=self._now(),
         )
         self._ports.jobs.update(
@@ -510,7 +555,7 @@ class LifecycleService:
 
 def _run_manifest(job: Job) -> dict[str, Any]:
     """What the node agent needs to run the job: read by the agent, never passed to a shell."""
-    spec = job.spec
+    spec = job.effective_spec
     return {
         "job_id": job.job_id,
         "name": spec.name,

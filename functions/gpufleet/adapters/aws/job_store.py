@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import BaseModel
 
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
@@ -43,6 +44,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "interruptions": ("interruptions", "num"),
     "retries": ("retries", "num"),
     "ondemand_fallback": ("ondemand_fallback", "num"),
+    "resources_override": ("resources_override", "json"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
     "prior_held_seconds": ("prior_held_seconds", "num"),
     "first_admitted_at": ("first_admitted_ts", "num"),
@@ -62,7 +64,7 @@ def _encode(kind: str, value: Any) -> dict[str, str]:
         return {"N": repr(value) if isinstance(value, float) else str(int(value))}
     if isinstance(value, JobSpec):
         return {"S": json.dumps(value.to_document(), sort_keys=True)}
-    if isinstance(value, Placement):
+    if isinstance(value, BaseModel):
         return {"S": value.model_dump_json()}
     return {"S": json.dumps(value, sort_keys=True)}
 
