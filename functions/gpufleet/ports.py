@@ -175,6 +175,14 @@ class Fleet(Protocol):
 
     def terminate_instances(self, instance_ids: list[str]) -> None: ...
 
+    def delete_placement_group(self, job_id: str) -> bool:
+        """Delete the job's placement group (multi-node jobs); False if not (yet) possible."""
+        ...
+
+    def placement_group_jobs(self) -> list[str]:
+        """Jobs that still have a placement group."""
+        ...
+
 
 @dataclass(frozen=True)
 class ManagedInstance:

@@ -61,6 +61,7 @@ class Permission(enum.Enum):
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
     QUEUE = "read and conditionally write the admission queue, usage counters and bookings"
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
+    PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
 
 
 P = Permission
@@ -88,8 +89,10 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     # AwaitNode completes the task itself when the node finished before the token was parked.
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
-    topology.RELEASE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH}),
-    topology.RECONCILE.construct_id: frozenset({P.JOBS, P.TERMINATE}),
+    topology.RELEASE.construct_id: frozenset(
+        {P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH, P.PLACEMENT_GROUPS}
+    ),
+    topology.RECONCILE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.PLACEMENT_GROUPS}),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
     # instance that went away ends the run (completing the waiting task).
     topology.INSTANCE_EVENT.construct_id: frozenset(
@@ -312,6 +315,24 @@ class Functions(Construct):
                 )
                 star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
 
+        if P.PLACEMENT_GROUPS in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="DeleteManagedPlacementGroups",
+                    actions=["ec2:DeletePlacementGroup"],
+                    resources=[self._ec2_arn("placement-group", "*")],
+                    conditions={"StringEquals": MANAGED_RESOURCE_CONDITION},
+                )
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="FindPlacementGroups",
+                    actions=["ec2:DescribePlacementGroups"],
+                    resources=["*"],
+                )
+            )
+            wildcards.append(self._nag_arn("placement-group", "*"))
+            star_reasons.append("ec2:DescribePlacementGroups (no resource-level permissions)")
         if P.FIND_INSTANCES in grants and P.LAUNCH_FLEET not in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
@@ -389,7 +410,7 @@ class Functions(Construct):
                 conditions={"StringEquals": MANAGED_TAG_CONDITION},
             )
         )
-        parts = ("volume", "network-interface", "spot-instances-request")
+        parts = ("volume", "network-interface", "spot-instances-request", "placement-group")
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="LaunchInstanceParts",
@@ -406,9 +427,17 @@ class Functions(Construct):
                 conditions={
                     "StringEquals": {
                         **MANAGED_TAG_CONDITION,
-                        "ec2:CreateAction": ["CreateFleet", "RunInstances"],
+                        "ec2:CreateAction": ["CreateFleet", "RunInstances", "CreatePlacementGroup"],
                     }
                 },
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="CreateTaggedPlacementGroups",
+                actions=["ec2:CreatePlacementGroup"],
+                resources=[self._ec2_arn("placement-group", "*")],
+                conditions={"StringEquals": MANAGED_TAG_CONDITION},
             )
         )
         role.add_to_policy(

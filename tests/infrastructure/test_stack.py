@@ -28,6 +28,7 @@ MANAGED = topology.TAG_MANAGED
 RESOURCE_STAR_ACTIONS = {
     "ec2:Describe*",
     "ec2:DescribeInstances",
+    "ec2:DescribePlacementGroups",
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",
     "xray:GetSamplingRules",
@@ -416,7 +417,11 @@ def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth
         if "ec2:CreateTags" in actions:
             condition = statement["Condition"]["StringEquals"]
             assert condition[f"aws:RequestTag/{MANAGED}"] == "true"
-            assert sorted(condition["ec2:CreateAction"]) == ["CreateFleet", "RunInstances"]
+            assert sorted(condition["ec2:CreateAction"]) == [
+                "CreateFleet",
+                "CreatePlacementGroup",
+                "RunInstances",
+            ]
 
 
 def test_pass_role_only_for_the_instance_role(synth: Synth) -> None:
@@ -678,3 +683,14 @@ def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth
         )
         assert target["Arn"] == {"Fn::GetAtt": [expected, "Arn"]}
         assert "DeadLetterConfig" in target
+
+
+def test_placement_groups_are_created_tagged_and_deleted_only_when_tagged(synth: Synth) -> None:
+    for _, statement in synth.all_statements():
+        actions = set(synth.actions_of(statement))
+        if actions & {"ec2:CreatePlacementGroup", "ec2:DeletePlacementGroup"}:
+            condition = statement["Condition"]["StringEquals"]
+            assert condition in (
+                {f"aws:RequestTag/{MANAGED}": "true"},
+                {f"aws:ResourceTag/{MANAGED}": "true"},
+            )

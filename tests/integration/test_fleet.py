@@ -216,3 +216,25 @@ def test_managed_instances_are_listed_with_their_job_and_launch_time(
     assert fleet.job_of(instance) == job and fleet.job_of(untagged) is None
     fleet.terminate_instances([instance])
     assert instance not in {m.instance_id for m in fleet.managed_instances()}
+
+
+def test_multi_node_jobs_launch_into_their_own_cluster_placement_group(
+    fleet: Ec2Fleet, ec2: Any
+) -> None:
+    job = job_id()
+    sent: list[dict[str, Any]] = []
+    ec2.meta.events.register(
+        "provide-client-params.ec2.CreateFleet", lambda params, **_: sent.append(params)
+    )
+    result = fleet.launch(request(job, nodes=2))
+    assert result.launched
+    group = f"gpufleet-{job}"
+    overrides = sent[-1]["LaunchTemplateConfigs"][0]["Overrides"]
+    assert all(o["Placement"] == {"GroupName": group} for o in overrides)
+    [described] = ec2.describe_placement_groups(GroupNames=[group])["PlacementGroups"]
+    assert described["Strategy"] == "cluster"
+    assert job in fleet.placement_group_jobs()
+    fleet.terminate_job_instances(job)
+    assert fleet.delete_placement_group(job)
+    assert job not in fleet.placement_group_jobs()
+    assert not fleet.delete_placement_group(job)  # already gone: nothing to do

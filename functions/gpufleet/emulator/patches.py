@@ -233,6 +233,13 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
 
         _replace(DynamoDBBackend, operation, atomic, undo)
 
+    # moto has no EC2 placement groups: the emulator answers for them.
+    from gpufleet.emulator.placement_groups import PlacementGroups
+
+    for hook in PlacementGroups().hooks():
+        botocore.handlers.BUILTIN_HANDLERS.append(hook)
+        undo.append(functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))
+
     # 4. Count every boto3 call made from now on, by the actor on the calling thread.
     handler_entry = ("before-parameter-build", recorder.count_call)
     botocore.handlers.BUILTIN_HANDLERS.append(handler_entry)

@@ -411,6 +411,8 @@ class LifecycleService:
         interrupted or retryable run) or ends here."""
         terminated = self._ports.fleet.terminate_job_instances(job_id)
         job = self._ports.jobs.get(job_id)
+        if job.effective_spec.resources.nodes > 1:
+            self._ports.fleet.delete_placement_group(job_id)
         changes: dict[str, Any] = {}
         if job.released_at is None and job.placement is not None:
             changes["released_at"] = self._now()

@@ -19,6 +19,7 @@ from gpufleet.ports import ManagedInstance, Ports
 class ReconcileResult:
     checked: int = 0
     terminated: dict[str, str] = field(default_factory=dict)  # instance id -> why
+    placement_groups_deleted: list[str] = field(default_factory=list)  # by job id
 
 
 class ReconcilerService:
@@ -39,7 +40,16 @@ class ReconcilerService:
         if doomed:
             self._ports.fleet.terminate_instances(sorted(doomed))
         result.terminated = doomed
+        for job_id in self._ports.fleet.placement_group_jobs():
+            if self._ended(job_id) and self._ports.fleet.delete_placement_group(job_id):
+                result.placement_groups_deleted.append(job_id)
         return result
+
+    def _ended(self, job_id: str) -> bool:
+        try:
+            return self._ports.jobs.get(job_id).status.terminal
+        except JobNotFound:
+            return True
 
     def _why_orphaned(self, instance: ManagedInstance, now: float) -> str | None:
         age = now - instance.launched_at

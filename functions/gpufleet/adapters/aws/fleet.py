@@ -56,6 +56,11 @@ class Ec2Fleet:
                     continue
                 planned_zone[(override.instance_type, subnet)] = override.zone
                 overrides.append({"InstanceType": override.instance_type, "SubnetId": subnet})
+        if request.nodes > 1:
+            # Multi-node jobs talk NCCL between their nodes: one cluster placement group each.
+            group = self._placement_group(request.job_id)
+            for override_entry in overrides:
+                override_entry["Placement"] = {"GroupName": group}
         if not overrides:
             return LaunchResult(
                 capacity_type=request.capacity_type,
@@ -208,6 +213,41 @@ class Ec2Fleet:
                     return _tag_value(instance, TAG_JOB_ID)
         return None
 
+    def _placement_group(self, job_id: str) -> str:
+        name = placement_group_name(job_id)
+        try:
+            self._client.create_placement_group(
+                GroupName=name,
+                Strategy="cluster",
+                TagSpecifications=[{"ResourceType": "placement-group", "Tags": _tags(job_id)}],
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidPlacementGroup.Duplicate":
+                raise
+        return name
+
+    def delete_placement_group(self, job_id: str) -> bool:
+        """Best effort: a group cannot be deleted while its instances are still shutting down;
+        the reconciler deletes it later. Empty groups cost nothing meanwhile."""
+        try:
+            self._client.delete_placement_group(GroupName=placement_group_name(job_id))
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.InUse"):
+                return False
+            raise
+        return True
+
+    def placement_group_jobs(self) -> list[str]:
+        response = self._client.describe_placement_groups(
+            Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]
+        )
+        return [
+            job_id
+            for group in response.get("PlacementGroups", [])
+            if (job_id := _tag_value(group, TAG_JOB_ID))
+        ]
+
     def managed_instances(self) -> list[ManagedInstance]:
         paginator = self._client.get_paginator("describe_instances")
         return [
@@ -256,8 +296,12 @@ def _zone_of(
     return planned_zone.get((overrides.get("InstanceType", ""), overrides.get("SubnetId", "")))
 
 
-def _tag_value(instance: dict[str, Any], key: str) -> str | None:
-    return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), None)
+def placement_group_name(job_id: str) -> str:
+    return f"gpufleet-{job_id}"
+
+
+def _tag_value(resource: dict[str, Any], key: str) -> str | None:
+    return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), None)
 
 
 def _tags(job_id: str) -> list[dict[str, str]]:

@@ -163,6 +163,7 @@ class FakeFleet:
         self.live: dict[str, str] = {}  # instance id -> job id
         self.owners: dict[str, str] = {}  # every instance ever launched -> job id
         self.launched_at: dict[str, float] = {}  # set by tests that need ages
+        self.placement_groups: set[str] = set()  # jobs with a cluster placement group
         self.requests: list[LaunchRequest] = []
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
@@ -179,6 +180,8 @@ class FakeFleet:
                 ],
             )
         first = request.overrides[0]
+        if request.nodes > 1:
+            self.placement_groups.add(request.job_id)
         instance_ids = []
         for _ in range(request.nodes):
             self._next_id += 1
@@ -205,6 +208,15 @@ class FakeFleet:
     def terminate_instances(self, instance_ids: list[str]) -> None:
         for instance_id in instance_ids:
             self.live.pop(instance_id, None)
+
+    def delete_placement_group(self, job_id: str) -> bool:
+        if job_id in self.placement_groups and job_id not in self.live.values():
+            self.placement_groups.discard(job_id)
+            return True
+        return False
+
+    def placement_group_jobs(self) -> list[str]:
+        return sorted(self.placement_groups)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         ids = sorted(i for i, owner in self.live.items() if owner == job_id)
