@@ -13,6 +13,7 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.ports import Ports
+from gpufleet.settings import Settings
 
 SPEC_YAML = b"""
 name: resnet
@@ -35,3 +36,18 @@ def local_ports(fleet: FakeFleet | None = None) -> Ports:
         capacity=InMemoryCapacityMemory(),
         queue=InMemoryJobQueue(),
     )
+
+
+def make_settings(**changes: object) -> Settings:
+    """Settings for services built on in-memory ports (names are not used)."""
+    values: dict[str, object] = {
+        "region": "us-east-1",
+        "jobs_table": "jobs",
+        "idempotency_table": "idempotency",
+        "capacity_table": "capacity",
+        "queue_table": "queue",
+        "event_bus_name": "gpufleet",
+        "intake_bucket": "bucket",
+        **changes,
+    }
+    return Settings.model_validate(values)

@@ -16,9 +16,8 @@ from gpufleet.emulator.account import Account
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.intake import IntakeService
-from gpufleet.settings import Settings
 from gpufleet.topology import QUEUE_TABLE
-from tests.helpers import local_ports
+from tests.helpers import local_ports, make_settings
 
 POLICY = QueuePolicy(
     max_gpus=40,
@@ -26,16 +25,7 @@ POLICY = QueuePolicy(
     reserve_share=0.0,
     teams={"vision": TeamQuota(gpus=8, borrow=4), "nlp": TeamQuota(gpus=12, borrow=0)},
 )
-SETTINGS = Settings(
-    region="us-east-1",
-    jobs_table="-",
-    idempotency_table="-",
-    capacity_table="-",
-    queue_table="-",
-    event_bus_name="-",
-    intake_bucket="-",
-    config=FleetConfig(queue=POLICY),
-)
+SETTINGS = make_settings(config=FleetConfig(queue=POLICY))
 
 
 def test_concurrent_dispatchers_admit_each_job_once_within_quotas(account: Account) -> None:

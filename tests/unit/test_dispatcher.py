@@ -28,8 +28,7 @@ from gpufleet.services.lifecycle import (
     control_key,
     run_manifest_key,
 )
-from gpufleet.settings import Settings
-from tests.helpers import local_ports
+from tests.helpers import local_ports, make_settings
 
 POLICY = QueuePolicy(
     max_gpus=8,
@@ -39,16 +38,7 @@ POLICY = QueuePolicy(
     preemption_grace_seconds=120,
     teams={"research": TeamQuota(gpus=4, borrow=0)},
 )
-SETTINGS = Settings(
-    region="us-east-1",
-    jobs_table="jobs",
-    idempotency_table="idem",
-    capacity_table="capacity",
-    queue_table="queue",
-    event_bus_name="gpufleet",
-    intake_bucket="bucket",
-    config=FleetConfig(queue=POLICY),
-)
+SETTINGS = make_settings(config=FleetConfig(queue=POLICY))
 
 
 class World:

@@ -20,21 +20,10 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.intake import IntakeService, is_error_report
 from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key, run_manifest_key
-from gpufleet.settings import Settings
 from gpufleet.topology import DETAIL_JOB_REJECTED
-from tests.helpers import SPEC_YAML, local_ports
+from tests.helpers import SPEC_YAML, local_ports, make_settings
 
-SETTINGS = Settings(
-    region="us-east-1",
-    jobs_table="jobs",
-    idempotency_table="idem",
-    event_bus_name="gpufleet",
-    intake_bucket="bucket",
-    capacity_table="capacity",
-    queue_table="queue",
-    max_launch_attempts=4,
-    retry_wait_seconds=5,
-)
+SETTINGS = make_settings(max_launch_attempts=4, retry_wait_seconds=5)
 
 
 def submit(ports: Any, key: str = "jobs/a.yaml", body: bytes = SPEC_YAML) -> Any:
