@@ -135,7 +135,8 @@ def test_a_node_that_goes_silent_is_taken_for_lost_and_released(
     monkeypatch.setenv("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "2")
     monkeypatch.setenv("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "2")
     (tmp_path / "ghost.yaml").write_text(
-        "name: ghost\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
+        # No retries: this test is about noticing the loss, not retrying it.
+        "name: ghost\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\nmax_retries: 0\n"
     )
     (tmp_path / "steady.yaml").write_text(
         "name: steady\nteam: t\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"

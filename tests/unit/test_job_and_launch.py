@@ -123,3 +123,36 @@ def test_cost_is_every_node_for_every_second_held() -> None:
     assert run_cost_usd(placement, 1000.0 + 1800) == pytest.approx(10.0)
     # A release time before the launch (clock skew) never yields a negative cost.
     assert run_cost_usd(placement, 500.0) == 0.0
+
+
+def test_month_to_date_spend_counts_ended_and_running_jobs_of_this_month() -> None:
+    from gpufleet.domain.cost import month_start, spend_this_month_usd
+    from gpufleet.domain.job import Job
+    from gpufleet.domain.spec import parse_spec
+
+    now = 1_767_225_600.0 + 10 * 86400  # 2026-01-11
+    spec = parse_spec("name: a\nteam: t\nimage: i\ncommand: [x]\n")
+    placement = Placement(
+        instance_ids=["i-1"],
+        instance_type="g5.xlarge",
+        capacity_type="spot",
+        hourly_usd=2.0,
+        launched_at=now - 1800,
+    )
+
+    def job(created: float, **fields: object) -> Job:
+        return Job(
+            job_id=f"j-{created}",
+            status=JobStatus.RUNNING,
+            spec=spec,
+            source="s",
+            created_at=created,
+            updated_at=created,
+        ).model_copy(update=fields)
+
+    jobs = [
+        job(now - 3600, cost_usd=10.0, status=JobStatus.SUCCEEDED),
+        job(now - 3600, placement=placement, prior_cost_usd=0.5),  # running: 0.5 + 1.0
+        job(month_start(now) - 60, cost_usd=99.0, status=JobStatus.SUCCEEDED),  # last month
+    ]
+    assert spend_this_month_usd(jobs, now) == pytest.approx(11.5)

@@ -277,3 +277,18 @@ def test_yielding_never_chains_so_it_cannot_deadlock() -> None:
     c = QueuedJob("c", "vision", Priority.NORMAL, 2, 1, NOW - 1 * HOUR, preempted_for="a")
     decision = decide([a, b, c], [], [], NOW, strict)
     assert sorted(ids(decision.admitted)) == ["a", "b", "c"]
+
+
+def test_a_team_over_its_monthly_budget_waits_with_reason_budget() -> None:
+    budgeted = POLICY.model_copy(
+        update={"teams": {"vision": TeamQuota(gpus=8, monthly_budget_usd=100.0)}}
+    )
+    cheap = replace(queued("cheap", gpus=1), estimated_cost_usd=5.0)
+    dear = replace(queued("dear", gpus=1, waited=60), estimated_cost_usd=50.0)
+    decision = decide([cheap, dear], [], [], NOW, budgeted, team_spend_usd={"vision": 60.0})
+    # dear is first in line but 60 + 50 > 100; cheap fits the budget (60 + 5).
+    assert ids(decision.admitted) == ["cheap"]
+    assert decision.waiting == {"dear": WaitReason.BUDGET}
+    # Teams without a budget are not limited by spend.
+    unbudgeted = decide([dear], [], [], NOW, POLICY, team_spend_usd={"vision": 1e9})
+    assert ids(unbudgeted.admitted) == ["dear"]

@@ -63,6 +63,11 @@ class LaunchPlan(BaseModel):
     expected_seconds: int = Field(ge=1, description="Expected run time offerings were ranked by")
     expected_source: str = Field(description="Where the expected run time came from")
 
+    def estimated_cost_usd(self) -> float:
+        """The run's cost on the plan's first choice: what admission budgets against."""
+        first = self.steps[0].overrides[0]
+        return first.hourly_usd * self.nodes * self.expected_seconds / 3600
+
     def after_failure(self, step: int, attempts: int, category: ErrorCategory | None) -> NextMove:
         """Where to go after `attempts` launch calls, the last of which failed at `step`."""
         if category is ErrorCategory.CONFIGURATION or attempts >= self.max_launch_attempts:

@@ -27,7 +27,7 @@ cannot loop.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -48,6 +48,9 @@ class TeamQuota(BaseModel):
 
     gpus: int = Field(ge=0, description="GPUs the team is guaranteed")
     borrow: int = Field(default=0, ge=0, description="GPUs it may borrow from idle quota")
+    monthly_budget_usd: float | None = Field(
+        default=None, gt=0, description="Spend per calendar month (UTC) before jobs wait"
+    )
 
 
 class TimeWindow(BaseModel):
@@ -114,6 +117,7 @@ class QueuedJob:
     enqueued_at: float  # first submission; kept across requeues so a preempted job ages on
     preempted_for: str | None = None  # requeued to make room for this job
     preemptions: int = 0  # times it was stopped to make room: such a job no longer borrows
+    estimated_cost_usd: float = 0.0  # of its run, from its launch plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,7 @@ class WaitReason(StrEnum):
     CAPACITY = "capacity"  # the global GPU or instance cap is reached
     WINDOW = "window"  # it would fit in the reserve, which is closed to its class now
     BOOKING = "booking"  # what is left is booked by other teams
+    BUDGET = "budget"  # the team's spend this month plus this job's estimate exceeds its budget
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room
     YIELDING = "yielding"  # it was preempted; the job it made room for goes first
 
@@ -339,12 +344,15 @@ def decide(
     policy: QueuePolicy,
     *,
     limit: int | None = None,
+    team_spend_usd: Mapping[str, float] | None = None,
 ) -> Decision:
     """One admission pass: who is admitted, who is preempted for whom, why the rest wait.
 
     `limit` stops after that many queued jobs have been considered (the dispatcher reads the
-    queue in pages, best first).
+    queue in pages, best first). `team_spend_usd` is each team's spend so far this month, for
+    the teams that have a monthly budget.
     """
+    spend = dict(team_spend_usd or {})
     state = _Pass(
         policy=policy,
         now=now,
@@ -392,9 +400,14 @@ def decide(
         if job.preempted_for in nominated:
             decision.waiting[job.job_id] = WaitReason.YIELDING
             continue
+        budget = policy.quota(job.team).monthly_budget_usd
+        if budget is not None and spend.get(job.team, 0.0) + job.estimated_cost_usd > budget:
+            decision.waiting[job.job_id] = WaitReason.BUDGET
+            continue
         reason, borrowed, in_reserve = state.fit(job)
         if reason is None:
             decision.admitted.append(state.admit(job, borrowed, in_reserve))
+            spend[job.team] = spend.get(job.team, 0.0) + job.estimated_cost_usd
             continue
         if job.job_id in draining_for:
             reason = WaitReason.PREEMPTING

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.domain.cost import spend_this_month_usd
 from gpufleet.domain.job import JobNotFound
 from gpufleet.domain.queueing import (
     Admission,
@@ -63,7 +64,12 @@ class DispatcherService:
         candidates = ports.queue.candidates(now, policy, self._limit)
         bookings = ports.queue.bookings()
         decision = decide(
-            [c.job for c in candidates], [r.job for r in running], bookings, now, policy
+            [c.job for c in candidates],
+            [r.job for r in running],
+            bookings,
+            now,
+            policy,
+            team_spend_usd=team_spend(ports, policy, now),
         )
         by_id = {c.job.job_id: c for c in candidates}
         for admission in decision.admitted:
@@ -189,7 +195,9 @@ def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], li
     bookings = ports.queue.bookings()
     running = [r.job for r in ports.queue.running()]
     jobs = [w.job for w in waiting]
-    decision = decide(jobs, running, bookings, now, policy)
+    decision = decide(
+        jobs, running, bookings, now, policy, team_spend_usd=team_spend(ports, policy, now)
+    )
     admitted = {a.job_id for a in decision.admitted}
     rows = [
         QueueRow(
@@ -205,3 +213,16 @@ def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], li
         for index, job in enumerate(admission_order(jobs, now, policy), start=1)
     ]
     return rows, sorted(bookings, key=lambda b: b.start)
+
+
+# A team's jobs read to total its spend this month.
+SPEND_HISTORY = 1000
+
+
+def team_spend(ports: Ports, policy: QueuePolicy, now: float) -> dict[str, float]:
+    """Month-to-date spend of every team that has a monthly budget (and only those)."""
+    return {
+        team: spend_this_month_usd(ports.jobs.recent_for_team(team, SPEND_HISTORY), now)
+        for team, quota in sorted(policy.teams.items())
+        if quota.monthly_budget_usd is not None
+    }

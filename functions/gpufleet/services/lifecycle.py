@@ -153,6 +153,12 @@ class LifecycleService:
             self._ports.workflow.complete_task(task_token, {"cancelled": True})
             return
         spec = job.effective_spec
+        plan = self._planner(
+            spec,
+            unavailable=frozenset(),
+            expected=self._expected_duration(spec),
+            free_reservations=(),
+        )
         entry = QueueEntry(
             job=QueuedJob(
                 job_id=job_id,
@@ -163,6 +169,7 @@ class LifecycleService:
                 enqueued_at=job.created_at,
                 preempted_for=job.preempted_for,
                 preemptions=job.preemptions,
+                estimated_cost_usd=round(plan.estimated_cost_usd(), 6),
             ),
             task_token=task_token,
             queued_at=self._now(),

@@ -71,6 +71,7 @@ def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
         "task_token": _s(entry.task_token),
         "queued_at": _n(entry.queued_at),
         "preemptions": _n(job.preemptions),
+        "estimated_cost_usd": _n(float(job.estimated_cost_usd)),
     }
     if job.preempted_for:
         item["preempted_for"] = _s(job.preempted_for)
@@ -87,6 +88,7 @@ def _entry(item: dict[str, Any]) -> QueueEntry:
         enqueued_at=float(item["enqueued_at"]["N"]),
         preempted_for=item.get("preempted_for", {}).get("S"),
         preemptions=int(item.get("preemptions", {}).get("N", "0")),
+        estimated_cost_usd=float(item.get("estimated_cost_usd", {}).get("N", "0")),
     )
     return QueueEntry(
         job=job, task_token=item["task_token"]["S"], queued_at=float(item["queued_at"]["N"])
