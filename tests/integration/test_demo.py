@@ -194,6 +194,10 @@ def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() ->
     assert fallback["status"] == "SUCCEEDED"
     assert fallback["ondemand_fallback"] and fallback["capacity_type"] == "on-demand"
     assert not interrupted["ondemand_fallback"]
+    for job in result.jobs:  # also over several runs on different instance types
+        assert job["cost_usd"] == pytest.approx(
+            job["hourly_usd"] * job["held_seconds"] / 3600, rel=1e-3, abs=1e-6
+        )
     # Out of GPU memory on 16 and 24 GiB GPUs: retried until it ran on GPUs with more.
     oom = jobs["oom-finetune"]
     assert oom["status"] == "SUCCEEDED" and oom["retries"] >= 1

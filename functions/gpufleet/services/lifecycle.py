@@ -588,9 +588,15 @@ def cost_report(job: Job) -> dict[str, Any]:
             "held_seconds": round(job.prior_held_seconds, 3),
             "cost_usd": job.cost_usd or 0.0,
         }
-    # Every run of the job counts: a preempted or interrupted run was paid for too.
+    # Every run of the job counts: a preempted or interrupted run was paid for too. Over
+    # several runs (possibly on different types) the hourly price is the held-time average, so
+    # that cost = hourly x held / 3600 always holds.
+    held = job.prior_held_seconds + held_seconds(placement, job.released_at)
+    hourly = fleet_hourly_usd(placement)
+    if job.prior_held_seconds and job.cost_usd is not None and held > 0:
+        hourly = job.cost_usd * 3600 / held
     return {
-        "hourly_usd": round(fleet_hourly_usd(placement), 6),
-        "held_seconds": round(job.prior_held_seconds + held_seconds(placement, job.released_at), 3),
+        "hourly_usd": round(hourly, 6),
+        "held_seconds": round(held, 3),
         "cost_usd": job.cost_usd,
     }
