@@ -72,6 +72,7 @@ def bench_dynamodb_pass() -> None:
         InMemoryJobStore,
         InMemoryObjects,
         ManualClock,
+        RecordingAlarms,
         RecordingPublisher,
         RecordingWorkflow,
     )
@@ -109,6 +110,7 @@ def bench_dynamodb_pass() -> None:
             fleet=FakeFleet(),
             capacity=InMemoryCapacityMemory(),
             queue=queue,
+            alarms=RecordingAlarms(),
         )
         settings = Settings(
             region="us-east-1",

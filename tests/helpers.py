@@ -9,6 +9,7 @@ from gpufleet.adapters.local.memory import (
     InMemoryJobStore,
     InMemoryObjects,
     ManualClock,
+    RecordingAlarms,
     RecordingPublisher,
     RecordingWorkflow,
 )
@@ -35,6 +36,7 @@ def local_ports(fleet: FakeFleet | None = None) -> Ports:
         fleet=fleet or FakeFleet(),
         capacity=InMemoryCapacityMemory(),
         queue=InMemoryJobQueue(),
+        alarms=RecordingAlarms(),
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, QueuePolicy, RunningJob
@@ -132,6 +133,14 @@ class JobQueue(Protocol):
         ...
 
 
+class JobAlarms(Protocol):
+    def create(self, job_id: str, policy: MetricPolicy) -> None:
+        """The job's idle-GPU alarm (on the utilization its node agents publish)."""
+        ...
+
+    def delete(self, job_id: str) -> None: ...
+
+
 class EventPublisher(Protocol):
     def publish(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None: ...
 
@@ -210,3 +219,4 @@ class Ports:
     fleet: Fleet
     capacity: CapacityMemory
     queue: JobQueue
+    alarms: JobAlarms

@@ -23,6 +23,7 @@ DETAIL_JOB_REJECTED = "Job Rejected"
 DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
 DETAIL_JOB_QUEUED = "Job Queued"
 DETAIL_CAPACITY_FREED = "Capacity Freed"
+DETAIL_JOB_FLAGGED = "Job Flagged"
 DETAIL_NODE_STARTED = "Node Started"
 DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
@@ -34,6 +35,13 @@ DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
 TAG_MANAGED = "gpufleet:managed"
 TAG_JOB_ID = "gpufleet:job-id"
+
+# What node agents publish per job (namespace, metric, dimension), and the alarms on it.
+METRICS_NAMESPACE = "GpuFleet/Jobs"
+GPU_UTILIZATION_METRIC = "GpuUtilization"
+JOB_DIMENSION = "JobId"
+ALARM_PREFIX = "gpufleet-"
+DETAIL_ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 
 INTAKE_PREFIX = "jobs/"
 RUNS_PREFIX = "runs/"
@@ -176,6 +184,11 @@ NODE_REPORT = Function(
     "gpufleet.handlers.on_node_report.handler",
     "Takes the node agent's start, heartbeat and finish reports",
 )
+METRIC_ALARM = Function(
+    "MetricAlarm",
+    "gpufleet.handlers.on_metric_alarm.handler",
+    "Acts on the GPU utilization alarms of running jobs",
+)
 RECONCILE = Function(
     "Reconcile",
     "gpufleet.handlers.on_reconcile.handler",
@@ -206,6 +219,7 @@ FUNCTIONS: tuple[Function, ...] = (
     REQUEUE,
     NODE_REPORT,
     INSTANCE_EVENT,
+    METRIC_ALARM,
     RECONCILE,
     RELEASE,
     RECORD_OUTCOME,
@@ -252,6 +266,17 @@ RULES: tuple[Rule, ...] = (
             "detail": {"state": ["stopping", "stopped", "shutting-down", "terminated"]},
         },
         target_function=INSTANCE_EVENT.construct_id,
+        on_default_bus=True,
+    ),
+    Rule(
+        construct_id="GpuAlarmRule",
+        description="GPU utilization alarms of gpufleet jobs going off",
+        pattern={
+            "source": ["aws.cloudwatch"],
+            "detail-type": [DETAIL_ALARM_STATE_CHANGE],
+            "detail": {"alarmName": [{"prefix": ALARM_PREFIX}], "state": {"value": ["ALARM"]}},
+        },
+        target_function=METRIC_ALARM.construct_id,
         on_default_bus=True,
     ),
 )

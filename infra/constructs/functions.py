@@ -62,6 +62,7 @@ class Permission(enum.Enum):
     QUEUE = "read and conditionally write the admission queue, usage counters and bookings"
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
+    ALARMS = "create and delete the per-job GPU alarms (named gpufleet-*)"
 
 
 P = Permission
@@ -84,13 +85,23 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.REQUEUE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind.
     topology.LAUNCH.construct_id: frozenset(
-        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.LAUNCH_FLEET, P.TERMINATE, P.CAPACITY_MEMORY}
+        {
+            P.JOBS,
+            P.PUBLISH,
+            P.WRITE_RUNS,
+            P.LAUNCH_FLEET,
+            P.TERMINATE,
+            P.CAPACITY_MEMORY,
+            P.ALARMS,
+        }
     ),
+    # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/).
+    topology.METRIC_ALARM.construct_id: frozenset({P.JOBS, P.PUBLISH, P.WRITE_RUNS}),
     # AwaitNode completes the task itself when the node finished before the token was parked.
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
     topology.RELEASE.construct_id: frozenset(
-        {P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH, P.PLACEMENT_GROUPS}
+        {P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH, P.PLACEMENT_GROUPS, P.ALARMS}
     ),
     topology.RECONCILE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.PLACEMENT_GROUPS}),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
@@ -315,6 +326,25 @@ class Functions(Construct):
                 )
                 star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
 
+        if P.ALARMS in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="JobAlarms",
+                    actions=["cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"],
+                    resources=[
+                        self._stack.format_arn(
+                            service="cloudwatch",
+                            resource="alarm",
+                            resource_name=f"{topology.ALARM_PREFIX}*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    ],
+                )
+            )
+            wildcards.append(
+                f"arn:<AWS::Partition>:cloudwatch:<AWS::Region>:<AWS::AccountId>:alarm:"
+                f"{topology.ALARM_PREFIX}*"
+            )
         if P.PLACEMENT_GROUPS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

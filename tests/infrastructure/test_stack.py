@@ -457,6 +457,7 @@ EXCLUSIVE_ACTIONS = {
         "Dispatch",
         "Launch",
         "NodeReport",
+        "MetricAlarm",
         "Requeue",
         "Release",
         "RecordOutcome",

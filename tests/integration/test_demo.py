@@ -198,6 +198,10 @@ def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() ->
         assert job["cost_usd"] == pytest.approx(
             job["hourly_usd"] * job["held_seconds"] / 3600, rel=1e-3, abs=1e-6
         )
+    # A job that leaves its GPU idle is flagged by its utilization alarm; the others are not.
+    assert jobs["idle-notebook"]["flags"] == ["low-utilization"]
+    assert jobs["idle-notebook"]["status"] == "SUCCEEDED"  # on_idle: flag
+    assert interrupted["flags"] == fallback["flags"] == []
     # Out of GPU memory on 16 and 24 GiB GPUs: retried until it ran on GPUs with more.
     oom = jobs["oom-finetune"]
     assert oom["status"] == "SUCCEEDED" and oom["retries"] >= 1

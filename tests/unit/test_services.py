@@ -10,6 +10,7 @@ from gpufleet.adapters.local.memory import (
     FakeFleet,
     InMemoryObjects,
     ManualClock,
+    RecordingAlarms,
     RecordingPublisher,
     RecordingWorkflow,
 )
@@ -372,3 +373,35 @@ def test_an_instance_that_vanishes_ends_the_run_and_a_failure_is_retried_then_fi
 
 
 SPEC_MAX_RETRIES = 3
+
+
+@pytest.mark.parametrize(("policy", "status"), [("flag", "SUCCEEDED"), ("release", "CANCELLED")])
+def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, status: str) -> None:
+    ports = local_ports()
+    key = "jobs/idle.yaml"
+    cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML + f"on_idle: {policy}\n".encode()
+    job_id = IntakeService(ports).submit_object(key, key, key).job_id
+    service = build_lifecycle(ports, SETTINGS)
+    _, launched = run_to_launch(service, job_id)
+    assert launched.launched and job_id in cast(RecordingAlarms, ports.alarms).created
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.await_node(job_id, "token")
+    service.node_report(started(job_id, instance))
+
+    assert service.gpus_idle(job_id) == ["low-utilization"]
+    control = cast(InMemoryObjects, ports.objects).objects[control_key(job_id)]
+    assert (b"checkpoint" in control) is (policy == "release")
+    service.node_report(finished(job_id, instance))
+    run = cast(RecordingWorkflow, ports.workflow).completed["token"]
+    assert service.release(job_id, {"run": run})["requeue"] is False
+    assert job_id in cast(RecordingAlarms, ports.alarms).deleted
+    summary = service.record_outcome(job_id, {"run": run})
+    assert summary["status"] == status
+
+
+def test_alarm_names_round_trip() -> None:
+    from gpufleet.adapters.aws.alarms import alarm_name, parse_alarm_name
+
+    name = alarm_name("j-0123456789abcdef0123", "idle")
+    assert parse_alarm_name(name) == ("j-0123456789abcdef0123", "idle")
+    assert parse_alarm_name("someone-elses-alarm") is None

@@ -7,7 +7,7 @@ import sys
 
 import boto3
 
-from gpufleet.agent.aws import EventBridgeReporter, Imds, S3Manifests
+from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, Imds, NvidiaSmi, S3Manifests
 from gpufleet.agent.docker import DockerRuntime
 from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, NodeAgent
 
@@ -26,6 +26,8 @@ def main() -> int:
         reporter=EventBridgeReporter(session.client("events"), args.bus),
         runtime=DockerRuntime(),
         heartbeat_seconds=args.heartbeat_seconds,
+        gpu_probe=NvidiaSmi(),
+        metrics=CloudWatchMetrics(session.client("cloudwatch")),
     )
     outcome = agent.run()
     return 0 if outcome.exit_code == 0 else 1

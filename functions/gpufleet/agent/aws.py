@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
+
+from gpufleet.topology import JOB_DIMENSION, METRICS_NAMESPACE
 
 _IMDS = "http://169.254.169.254/latest"
 
@@ -73,3 +76,36 @@ class EventBridgeReporter:
                 }
             ]
         )
+
+
+class CloudWatchMetrics:
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def put(self, job_id: str, name: str, value: float, unit: str) -> None:
+        self._client.put_metric_data(
+            Namespace=METRICS_NAMESPACE,
+            MetricData=[
+                {
+                    "MetricName": name,
+                    "Dimensions": [{"Name": JOB_DIMENSION, "Value": job_id}],
+                    "Value": value,
+                    "Unit": unit,
+                }
+            ],
+        )
+
+
+class NvidiaSmi:
+    """GPU utilization from nvidia-smi (the DLAMI has the driver)."""
+
+    def utilization_percent(self) -> float | None:
+        completed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],  # noqa: S607
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
+        values = [float(v) for v in completed.stdout.split() if v.strip()]
+        return sum(values) / len(values) if values else None

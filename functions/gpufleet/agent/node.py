@@ -19,6 +19,7 @@ from gpufleet.topology import (
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
     DETAIL_NODE_STARTED,
+    GPU_UTILIZATION_METRIC,
     RUNS_PREFIX,
     TAG_JOB_ID,
 )
@@ -77,6 +78,16 @@ class Reporter(Protocol):
     def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None: ...
 
 
+class GpuProbe(Protocol):
+    def utilization_percent(self) -> float | None:
+        """Mean utilization of the node's GPUs now (None: cannot tell)."""
+        ...
+
+
+class MetricSink(Protocol):
+    def put(self, job_id: str, name: str, value: float, unit: str) -> None: ...
+
+
 class ContainerRuntime(Protocol):
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         """Run the job's container; when `stop` is set, have it checkpoint and exit (SIGTERM,
@@ -87,6 +98,7 @@ class ContainerRuntime(Protocol):
 # Between heartbeats while the container runs. The control plane takes a node for lost after
 # its own (longer) heartbeat timeout, so a few lost heartbeats are harmless.
 DEFAULT_HEARTBEAT_SECONDS = 300.0
+DEFAULT_METRICS_SECONDS = 60.0
 # How often the agent looks for a checkpoint instruction; well inside the grace period.
 DEFAULT_CONTROL_POLL_SECONDS = 10.0
 
@@ -100,6 +112,9 @@ class NodeAgent:
         runtime: ContainerRuntime,
         heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         control_poll_seconds: float = DEFAULT_CONTROL_POLL_SECONDS,
+        gpu_probe: GpuProbe | None = None,
+        metrics: MetricSink | None = None,
+        metrics_seconds: float = DEFAULT_METRICS_SECONDS,
     ) -> None:
         self._identity = identity
         self._manifests = manifests
@@ -107,6 +122,9 @@ class NodeAgent:
         self._runtime = runtime
         self._heartbeat_seconds = heartbeat_seconds
         self._control_poll_seconds = control_poll_seconds
+        self._gpu_probe = gpu_probe
+        self._metrics = metrics
+        self._metrics_seconds = metrics_seconds
 
     def run(self) -> RunOutcome:
         instance_id = self._identity.instance_id()
@@ -123,6 +141,7 @@ class NodeAgent:
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
+            threading.Thread(target=self._publish_metrics, args=(job_id, finished), daemon=True),
             threading.Thread(
                 target=self._watch_control,
                 args=(job_id, finished, stop, interrupted),
@@ -145,6 +164,19 @@ class NodeAgent:
             try:
                 self._report(DETAIL_NODE_HEARTBEAT, base, "heartbeat")
             except Exception:  # noqa: S112 - a missed heartbeat is retried at the next one
+                continue
+
+    def _publish_metrics(self, job_id: str, finished: threading.Event) -> None:
+        """GPU utilization of the job, one datapoint per interval: what the idle and busy
+        alarms watch."""
+        if self._gpu_probe is None or self._metrics is None:
+            return
+        while not finished.wait(self._metrics_seconds):
+            try:
+                value = self._gpu_probe.utilization_percent()
+                if value is not None:
+                    self._metrics.put(job_id, GPU_UTILIZATION_METRIC, value, "Percent")
+            except Exception:  # noqa: S112 - a missed datapoint is sent at the next interval
                 continue
 
     def _watch_control(

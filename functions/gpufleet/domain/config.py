@@ -53,11 +53,30 @@ class Reservation(BaseModel):
         return not (self.end and epoch_seconds >= self.end.timestamp())
 
 
+class MetricPolicy(BaseModel):
+    """When a job's GPUs count as idle: its mean utilization below `low_utilization_percent`
+    for `low_utilization_periods` periods of `period_seconds` in a row."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    period_seconds: int = Field(default=60, ge=10)
+    low_utilization_percent: float = Field(default=30.0, gt=0, lt=100)
+    low_utilization_periods: int = Field(default=30, ge=1, le=1440)
+
+    @model_validator(mode="after")
+    def _cloudwatch_periods(self) -> MetricPolicy:
+        if self.period_seconds not in (10, 20, 30) and self.period_seconds % 60:
+            raise ValueError("period_seconds is 10, 20, 30 or a multiple of 60 (CloudWatch)")
+        return self
+
+
 class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reservations: list[Reservation] = Field(default_factory=list, max_length=50)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    metrics: MetricPolicy = Field(default_factory=MetricPolicy)
 
 
 class ConfigFileError(ValueError):

@@ -123,6 +123,8 @@ class Job(BaseModel):
     # What the job now asks for, when it differs from its spec: a resize, or more GPU memory
     # after a run ran out of it.
     resources_override: Resources | None = None
+    # What the fleet noticed about the job's runs (e.g. "low-utilization").
+    flags: list[str] = Field(default_factory=list)
 
     @property
     def effective_spec(self) -> JobSpec:

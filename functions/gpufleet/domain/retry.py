@@ -21,6 +21,7 @@ INTERRUPTED = "interrupted"
 RETRY = "retry"
 OUT_OF_MEMORY = "out-of-memory"  # a retry on GPUs with more memory
 RESIZED = "resized"
+IDLE = "idle"  # released because its GPUs sat idle: the job ends
 
 # A job interrupted this often is probably asking for capacity that keeps being reclaimed.
 DEFAULT_MAX_INTERRUPTIONS = 10

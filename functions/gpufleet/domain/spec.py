@@ -134,6 +134,10 @@ class JobSpec(_Strict):
         max_length=64,
         description="Exit codes never retried (e.g. bad arguments)",
     )
+    on_idle: Literal["flag", "release"] = Field(
+        default="flag",
+        description="When the GPUs stay idle: flag the job, or checkpoint and release it",
+    )
     retry_oom_with_more_memory: bool = Field(
         default=True,
         description="Retry a run that ran out of GPU memory on GPUs with more memory",

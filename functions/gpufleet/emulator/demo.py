@@ -12,6 +12,7 @@ from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
+from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
@@ -124,6 +125,7 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
                     int(b["exit_code"]),
                     interrupt_after_seconds=b.get("interrupt_after_seconds"),
                     needs_gpu_memory_gib=float(b.get("needs_gpu_memory_gib", 0.0)),
+                    gpu_utilization=float(b.get("gpu_utilization", 90.0)),
                 )
                 for job, b in config["jobs"].items()
             },
@@ -211,6 +213,8 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             nodes.start()
             scheduler = ScheduleRunner(account)
             scheduler.start()
+            alarms = AlarmEvaluator(account)
+            alarms.start()
             count = len(scenario.submissions)
             say(f"embedded AWS account ready in {account.region}; submitting {count} jobs")
             held_back = [s for s in scenario.submissions if s.after_running]
@@ -253,6 +257,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             for rejection in observer.rejections:
                 say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
             scheduler.stop()
+            alarms.stop()
             nodes.stop()
             result.jobs = [
                 _job_entry(job, job.job_id in nodes.resumed)
@@ -283,6 +288,7 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         "interruptions": job.interruptions,
         "retries": job.retries,
         "ondemand_fallback": job.ondemand_fallback,
+        "flags": job.flags,
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
     }

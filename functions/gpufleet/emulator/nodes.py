@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.agent.aws import EventBridgeReporter, S3Manifests
+from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, S3Manifests
 from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
@@ -39,12 +39,14 @@ class Behaviour:
     interrupt_after_seconds: float | None = None
     # Runs out of GPU memory on GPUs with less memory than this.
     needs_gpu_memory_gib: float = 0.0
+    gpu_utilization: float = 90.0  # what its GPUs report while it runs
 
 
 @dataclass
 class NodeScenario:
     boot_seconds: float = 1.0
     heartbeat_seconds: float = 60.0
+    metrics_seconds: float = 0.5  # between GPU utilization datapoints
     notice_seconds: float = 2.0  # EC2 gives two minutes between warning and termination
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     default: Behaviour = field(default_factory=Behaviour)
@@ -124,12 +126,29 @@ class SimulatedRuntime:
         return state in ("pending", "running")
 
 
+class SimulatedGpus:
+    """What nvidia-smi would say: the scenario's utilization for the job."""
+
+    def __init__(self, utilization: float) -> None:
+        self._utilization = utilization
+
+    def utilization_percent(self) -> float | None:
+        return self._utilization
+
+
 class _AsNode:
     """Calls made by the agent's own threads count as the node's, not the control plane's."""
 
-    def __init__(self, manifests: S3Manifests, reporter: EventBridgeReporter) -> None:
+    def __init__(
+        self, manifests: S3Manifests, reporter: EventBridgeReporter, metrics: CloudWatchMetrics
+    ) -> None:
         self._manifests = manifests
         self._reporter = reporter
+        self._metrics = metrics
+
+    def put(self, job_id: str, name: str, value: float, unit: str) -> None:
+        with acting_as(NODE):
+            self._metrics.put(job_id, name, value, unit)
 
     def fetch(self, key: str) -> bytes:
         with acting_as(NODE):
@@ -203,9 +222,13 @@ class NodeSimulator:
             node = _AsNode(
                 S3Manifests(self._account.client("s3"), self._account.bucket),
                 EventBridgeReporter(self._account.client("events"), self._account.bus),
+                CloudWatchMetrics(self._account.client("cloudwatch")),
             )
             identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
-            self._schedule_interruption(instance_id, identity)
+            job_id = identity.tags().get(TAG_JOB_ID, "")
+            with acting_as(EMULATOR):
+                behaviour = self._scenario.behaviour(self._job_name(job_id))
+            self._schedule_interruption(instance_id, job_id, behaviour)
             agent = NodeAgent(
                 identity=identity,
                 manifests=node,
@@ -213,15 +236,14 @@ class NodeSimulator:
                 runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario, self.resumed),
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
+                gpu_probe=SimulatedGpus(behaviour.gpu_utilization),
+                metrics=node,
+                metrics_seconds=self._scenario.metrics_seconds,
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
 
-    def _schedule_interruption(self, instance_id: str, identity: EmulatedIdentity) -> None:
-        job_id = identity.tags().get(TAG_JOB_ID, "")
-        with acting_as(EMULATOR):
-            name = self._job_name(job_id)
-        behaviour = self._scenario.behaviour(name)
+    def _schedule_interruption(self, instance_id: str, job_id: str, behaviour: Behaviour) -> None:
         with self._lock:  # two instances of one job can boot at once
             if behaviour.interrupt_after_seconds is None or job_id in self.interrupted_jobs:
                 return
@@ -233,9 +255,12 @@ class NodeSimulator:
         timer.start()
 
     def _job_name(self, job_id: str) -> str:
-        raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
-            f"{RUNS_PREFIX}{job_id}/run.json"
-        )
+        try:
+            raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
+                f"{RUNS_PREFIX}{job_id}/run.json"
+            )
+        except Exception:  # no manifest: an instance no job launched; default behaviour
+            return ""
         return str(json.loads(raw).get("name", ""))
 
     def _interrupt(self, instance_id: str) -> None:

@@ -97,3 +97,16 @@ class InstanceEvent(EventBridgeModel):
     """EC2's own events: interruption warning, rebalance recommendation, state change."""
 
     detail: InstanceEventDetail
+
+
+class AlarmState(_Open):
+    value: str
+
+
+class AlarmDetail(_Open):
+    alarmName: str = Field(max_length=255)
+    state: AlarmState
+
+
+class AlarmEvent(EventBridgeModel):
+    detail: AlarmDetail

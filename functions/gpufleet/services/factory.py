@@ -64,5 +64,6 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         reservations=tuple(settings.config.reservations),
         max_interruptions=settings.max_interruptions,
         gpu_memory_of=lambda name: catalog.instance_type(name).gpu_memory_gib,
+        metrics=settings.config.metrics,
     )
     return LifecycleService(ports, planner, policy)

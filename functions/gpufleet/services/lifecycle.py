@@ -8,12 +8,12 @@ its work already done returns what it would have returned the first time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.domain.config import Reservation
+from gpufleet.domain.config import MetricPolicy, Reservation
 from gpufleet.domain.cost import fleet_hourly_usd, held_seconds, run_cost_usd
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
@@ -28,6 +28,7 @@ from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
 from gpufleet.domain.queueing import QueuedJob
 from gpufleet.domain.retry import (
     DEFAULT_MAX_INTERRUPTIONS,
+    IDLE,
     INTERRUPTED,
     OUT_OF_MEMORY,
     PREEMPTED,
@@ -42,6 +43,7 @@ from gpufleet.ports import Ports, QueueEntry
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     DETAIL_CAPACITY_FREED,
+    DETAIL_JOB_FLAGGED,
     DETAIL_JOB_QUEUED,
     DETAIL_JOB_STATUS_CHANGED,
     RUNS_PREFIX,
@@ -70,6 +72,7 @@ class LifecyclePolicy:
     reservations: tuple[Reservation, ...] = ()
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
     gpu_memory_of: Callable[[str], float] = lambda _instance_type: 0.0
+    metrics: MetricPolicy = field(default_factory=MetricPolicy)
 
 
 class JobAlreadyEnded(Exception):
@@ -105,6 +108,7 @@ class LaunchStepResult(BaseModel):
     error: str = ""
 
 
+FLAG_LOW_UTILIZATION = "low-utilization"
 DRAIN_PREEMPTED = PREEMPTED
 DRAIN_RECLAIMED = RECLAIMED
 DRAIN_INTERRUPTED = INTERRUPTED
@@ -285,6 +289,21 @@ class LifecycleService:
             self.drain(job_id, RESIZED)
         return job.summary()
 
+    def gpus_idle(self, job_id: str) -> list[str]:
+        """The job's GPUs stayed below the utilization threshold for the whole window: flag
+        it, and checkpoint-and-release it when its spec says so."""
+        job = self._ports.jobs.get(job_id)
+        if job.status is not JobStatus.RUNNING:
+            return job.flags
+        flags = sorted({*job.flags, FLAG_LOW_UTILIZATION})
+        self._ports.jobs.update(job_id, self._now(), {"flags": flags})
+        self._ports.events.publish(
+            CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, {"job_id": job_id, "flags": flags}
+        )
+        if job.effective_spec.on_idle == "release":
+            self.drain(job_id, IDLE)
+        return flags
+
     def instance_interrupted(self, instance_id: str) -> str | None:
         """A spot interruption warning or rebalance recommendation for one of our instances:
         its job checkpoints now (two minutes' notice) and is requeued."""
@@ -364,6 +383,7 @@ class LifecycleService:
                     s.capacity_type is CapacityType.SPOT for s in plan.steps[:step]
                 )
                 self._record_placement(job, result, launch_step, fell_back)
+                self._ports.alarms.create(job_id, self._policy.metrics)
                 return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
             self._ports.capacity.remember(
                 shortage_keys(result, self._policy.region),
@@ -417,6 +437,7 @@ class LifecycleService:
         the quotas back to the queue, and say whether the job goes back to it (a checkpointed,
         interrupted or retryable run) or ends here."""
         terminated = self._ports.fleet.terminate_job_instances(job_id)
+        self._ports.alarms.delete(job_id)
         job = self._ports.jobs.get(job_id)
         if job.effective_spec.resources.nodes > 1:
             self._ports.fleet.delete_placement_group(job_id)
@@ -466,6 +487,9 @@ class LifecycleService:
             # Stopped for a spot interruption and not requeued: the interruption cap was hit.
             status = JobStatus.FAILED
             reason = f"interrupted {job.interruptions + 1} times; giving up"
+        elif job.drain_reason == IDLE:
+            status = JobStatus.CANCELLED
+            reason = "released at a checkpoint: its GPUs stayed idle (on_idle: release)"
         changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
         run_cost = run_cost_usd(job.placement, released_at) if job.placement else 0.0
         if job.placement is not None or job.prior_cost_usd:

@@ -45,6 +45,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "retries": ("retries", "num"),
     "ondemand_fallback": ("ondemand_fallback", "num"),
     "resources_override": ("resources_override", "json"),
+    "flags": ("flags", "json"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
     "prior_held_seconds": ("prior_held_seconds", "num"),
     "first_admitted_at": ("first_admitted_ts", "num"),

@@ -7,6 +7,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from gpufleet.adapters.aws.alarms import CloudWatchAlarms
 from gpufleet.adapters.aws.capacity_memory import DynamoCapacityMemory
 from gpufleet.adapters.aws.clock import SystemClock
 from gpufleet.adapters.aws.events import EventBridgePublisher
@@ -40,4 +41,5 @@ def aws_ports(settings: Settings) -> Ports:
         fleet=Ec2Fleet(client("ec2", region), settings.launch_template_id, settings.subnet_ids),
         capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
         queue=DynamoJobQueue(client("dynamodb", region), settings.queue_table),
+        alarms=CloudWatchAlarms(client("cloudwatch", region)),
     )

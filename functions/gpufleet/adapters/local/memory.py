@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
@@ -304,3 +305,17 @@ class InMemoryJobQueue:
     def bookings(self) -> list[Booking]:
         with self._lock:
             return list(self._bookings)
+
+
+@dataclass
+class RecordingAlarms:
+    created: dict[str, MetricPolicy] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+
+    def create(self, job_id: str, policy: MetricPolicy) -> None:
+        if policy.enabled:
+            self.created[job_id] = policy
+
+    def delete(self, job_id: str) -> None:
+        self.created.pop(job_id, None)
+        self.deleted.append(job_id)
