@@ -7,6 +7,7 @@ tags (instance metadata tags are enabled) and the run manifest under `runs/` in 
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from aws_cdk import ArnFormat, RemovalPolicy, Stack
@@ -321,4 +322,53 @@ def _agent_bootstrap(
         "UNIT",
         "systemctl daemon-reload",
         "systemctl enable --now gpufleet-agent.service",
+        *_cloudwatch_agent_gpu_metrics(),
+    ]
+
+
+CWAGENT_HOME = "/opt/aws/amazon-cloudwatch-agent"
+# The CloudWatch agent's NVIDIA GPU metrics (CWAgent nvidia_smi_*), per instance.
+CWAGENT_CONFIG = {
+    "agent": {"metrics_collection_interval": 60},
+    "metrics": {
+        "namespace": "CWAgent",
+        "append_dimensions": {"InstanceId": "${aws:InstanceId}"},
+        "metrics_collected": {
+            "nvidia_gpu": {
+                "measurement": [
+                    "utilization_gpu",
+                    "utilization_memory",
+                    "memory_used",
+                    "memory_total",
+                    "temperature_gpu",
+                    "power_draw",
+                ],
+                "metrics_collection_interval": 60,
+            }
+        },
+    },
+}
+
+
+def _cloudwatch_agent_gpu_metrics() -> list[str]:
+    """Install (when the AMI lacks it) and start the CloudWatch agent with NVIDIA GPU metrics.
+    Best effort, after the job agent started: metrics must never keep a job from running."""
+    config_path = f"{CWAGENT_HOME}/etc/gpufleet-gpu.json"
+    return [
+        "(",
+        "  set -e",
+        f"  if [ ! -x {CWAGENT_HOME}/bin/amazon-cloudwatch-agent-ctl ]; then",
+        "    curl -fsSL -o /tmp/cwagent.deb "
+        "https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/latest/"
+        "amazon-cloudwatch-agent.deb",
+        "    dpkg -i /tmp/cwagent.deb",
+        "  fi",
+        f"  install -d {CWAGENT_HOME}/etc",
+        f"  cat > {config_path} <<'CWAGENT'",
+        json.dumps(CWAGENT_CONFIG, indent=2),
+        "CWAGENT",
+        f"  {CWAGENT_HOME}/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s "
+        f"-c file:{config_path}",
+        ") || echo 'gpufleet: the CloudWatch agent did not start; GPU utilization comes from "
+        "the node agent only' >&2",
     ]

@@ -549,6 +549,8 @@ def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
     join = _launch_template(synth)["UserData"]["Fn::Base64"]["Fn::Join"]
     text = synth.render(_launch_template(synth)["UserData"]["Fn::Base64"])
     assert "-m gpufleet.agent" in text
+    # The CloudWatch agent is set up with its NVIDIA GPU metrics (CWAgent nvidia_smi_*).
+    assert '"nvidia_gpu"' in text and "utilization_gpu" in text and "temperature_gpu" in text
     # Only deployment-wide values are interpolated: region, bus, bucket, log group, code zip.
     allowed = {
         "AWS::Region",
