@@ -6,13 +6,12 @@ change, sets the alarm state and emits the real `CloudWatch Alarm State Change` 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpufleet.emulator.account import Account
-from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.ticker import Ticker
 from gpufleet.topology import ALARM_PREFIX, DETAIL_ALARM_STATE_CHANGE
 
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
@@ -21,29 +20,15 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-class AlarmEvaluator:
+class AlarmEvaluator(Ticker):
     def __init__(self, account: Account, every_seconds: float = 0.5) -> None:
-        self._account = account
-        self._every = every_seconds
+        super().__init__("alarm-evaluator", every_seconds)
         self._cloudwatch = account.client("cloudwatch")
         self._events = account.client("events")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="alarm-evaluator", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        with acting_as(EMULATOR):
-            while not self._stop.wait(self._every):
-                for alarm in self._cloudwatch.describe_alarms(AlarmNamePrefix=ALARM_PREFIX)[
-                    "MetricAlarms"
-                ]:
-                    self._evaluate(alarm)
+    def tick(self) -> None:
+        for alarm in self._cloudwatch.describe_alarms(AlarmNamePrefix=ALARM_PREFIX)["MetricAlarms"]:
+            self._evaluate(alarm)
 
     def _evaluate(self, alarm: dict[str, Any]) -> None:
         period, periods = int(alarm["Period"]), int(alarm["EvaluationPeriods"])

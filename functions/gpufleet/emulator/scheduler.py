@@ -7,37 +7,27 @@ target with the real Scheduler's event shape.
 from __future__ import annotations
 
 import re
-import threading
 
 from gpufleet import topology
 from gpufleet.emulator.account import ACCOUNT_ID, Account
-from gpufleet.emulator.patches import invoke_async
+from gpufleet.emulator.patches import CONTROL_PLANE, acting_as, invoke_async
+from gpufleet.emulator.ticker import Ticker
 
 
-class ScheduleRunner:
+class ScheduleRunner(Ticker):
     def __init__(self, account: Account, period_seconds: float = 5.0) -> None:
+        super().__init__("scheduler", period_seconds)
         self._account = account
-        self._period = period_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        tick = 0
-        while not self._stop.wait(self._period):
-            tick += 1
-            for schedule in topology.SCHEDULES:
-                # rate(5 minutes) fires every fifth tick: a minute of AWS is a tick here.
-                if tick % _minutes(schedule.expression):
-                    continue
-                arn = self._account.function_arns[schedule.target_function]
-                event = {"source": "aws.scheduler", "schedule": schedule.construct_id}
+    def tick(self) -> None:
+        for schedule in topology.SCHEDULES:
+            # rate(5 minutes) fires every fifth tick: a minute of AWS is a tick here.
+            if self.ticks % _minutes(schedule.expression):
+                continue
+            arn = self._account.function_arns[schedule.target_function]
+            event = {"source": "aws.scheduler", "schedule": schedule.construct_id}
+            # Invoked as Lambda's service would, not as the emulator.
+            with acting_as(CONTROL_PLANE):
                 invoke_async(ACCOUNT_ID, arn, event)
 
 
