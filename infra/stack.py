@@ -16,6 +16,7 @@ from infra.constructs.fleet import Fleet
 from infra.constructs.functions import ASSET_EXCLUDE, Functions
 from infra.constructs.intake import Intake
 from infra.constructs.job_store import JobStore
+from infra.constructs.notifications import Notifications
 from infra.constructs.schedules import Schedules
 from infra.constructs.workflow import Workflow, state_machine_arn
 
@@ -42,6 +43,7 @@ class GpuFleetStack(Stack):
             )
 
         job_store = JobStore(self, "JobStore")
+        notifications = Notifications(self, "Notifications")
         intake = Intake(self, "Intake", config=config)
         # One zip of the package: the functions run it and the node agent downloads it.
         code = s3_assets.Asset(self, "Code", path=str(code_path), exclude=ASSET_EXCLUDE)
@@ -63,6 +65,7 @@ class GpuFleetStack(Stack):
             bus=intake.bus,
             bucket=intake.bucket,
             fleet=fleet,
+            alerts=notifications.topic,
         )
         workflow = Workflow(
             self,
@@ -93,6 +96,7 @@ class GpuFleetStack(Stack):
 
         CfnOutput(self, "IntakeBucketName", value=intake.bucket.bucket_name)
         CfnOutput(self, "EventBusName", value=intake.bus.event_bus_name)
+        CfnOutput(self, "AlertsTopicArn", value=notifications.topic.topic_arn)
         for table_spec in topology.TABLES:
             CfnOutput(
                 self,

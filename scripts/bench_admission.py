@@ -73,6 +73,7 @@ def bench_dynamodb_pass() -> None:
         InMemoryObjects,
         ManualClock,
         RecordingAlarms,
+        RecordingNotifier,
         RecordingPublisher,
         RecordingWorkflow,
     )
@@ -111,6 +112,7 @@ def bench_dynamodb_pass() -> None:
             capacity=InMemoryCapacityMemory(),
             queue=queue,
             alarms=RecordingAlarms(),
+            notifier=RecordingNotifier(),
         )
         settings = Settings(
             region="us-east-1",

@@ -10,6 +10,7 @@ from gpufleet.adapters.local.memory import (
     InMemoryObjects,
     ManualClock,
     RecordingAlarms,
+    RecordingNotifier,
     RecordingPublisher,
     RecordingWorkflow,
 )
@@ -37,6 +38,7 @@ def local_ports(fleet: FakeFleet | None = None) -> Ports:
         capacity=InMemoryCapacityMemory(),
         queue=InMemoryJobQueue(),
         alarms=RecordingAlarms(),
+        notifier=RecordingNotifier(),
     )
 
 

@@ -141,6 +141,12 @@ class JobAlarms(Protocol):
     def delete(self, job_id: str) -> None: ...
 
 
+class Notifier(Protocol):
+    def notify(self, subject: str, message: str) -> None:
+        """Tell the people who run the fleet (the alerts SNS topic)."""
+        ...
+
+
 class EventPublisher(Protocol):
     def publish(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None: ...
 
@@ -220,3 +226,4 @@ class Ports:
     capacity: CapacityMemory
     queue: JobQueue
     alarms: JobAlarms
+    notifier: Notifier

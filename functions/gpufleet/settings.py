@@ -22,6 +22,7 @@ class Settings(BaseModel):
     intake_bucket: str
     job_state_machine_arn: str = ""
     launch_template_id: str = ""
+    notify_topic_arn: str = ""
     subnet_ids: list[str] = Field(default_factory=list)
     config: FleetConfig = Field(default_factory=FleetConfig)
     # Launch policy: how often and how long to wait for capacity before a job fails.
@@ -49,6 +50,7 @@ class Settings(BaseModel):
             intake_bucket=env[topology.ENV_INTAKE_BUCKET],
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
             launch_template_id=env.get(topology.ENV_LAUNCH_TEMPLATE, ""),
+            notify_topic_arn=env.get(topology.ENV_NOTIFY_TOPIC, ""),
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             config=config_from_env(env.get(topology.ENV_CONFIG)),
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),

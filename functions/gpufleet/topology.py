@@ -39,6 +39,7 @@ TAG_JOB_ID = "gpufleet:job-id"
 # What node agents publish per job (namespace, metric, dimension), and the alarms on it.
 METRICS_NAMESPACE = "GpuFleet/Jobs"
 GPU_UTILIZATION_METRIC = "GpuUtilization"
+GPU_TEMPERATURE_METRIC = "GpuTemperature"
 JOB_DIMENSION = "JobId"
 ALARM_PREFIX = "gpufleet-"
 DETAIL_ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
@@ -321,6 +322,7 @@ ENV_INTAKE_BUCKET = "INTAKE_BUCKET"
 ENV_LAUNCH_TEMPLATE = "LAUNCH_TEMPLATE_ID"
 ENV_SUBNETS = "SUBNET_IDS"
 ENV_CONFIG = "GPUFLEET_CONFIG"  # the validated policy config (gpufleet.yaml) as compact JSON
+ENV_NOTIFY_TOPIC = "NOTIFY_TOPIC_ARN"  # SNS topic for alerts people must see
 COMMON_ENV: tuple[str, ...] = (
     *(table.env_var for table in TABLES),
     ENV_EVENT_BUS,
@@ -331,6 +333,7 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),
     INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE,),
     LAUNCH.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
+    METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
 }
 
 

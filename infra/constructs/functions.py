@@ -17,6 +17,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 
@@ -63,6 +64,7 @@ class Permission(enum.Enum):
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
     ALARMS = "create and delete the per-job GPU alarms (named gpufleet-*)"
+    NOTIFY = "publish alerts to the stack's SNS topic"
 
 
 P = Permission
@@ -96,7 +98,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
         }
     ),
     # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/).
-    topology.METRIC_ALARM.construct_id: frozenset({P.JOBS, P.PUBLISH, P.WRITE_RUNS}),
+    topology.METRIC_ALARM.construct_id: frozenset({P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY}),
     # AwaitNode completes the task itself when the node finished before the token was parked.
     topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
@@ -128,6 +130,7 @@ class Functions(Construct):
         bus: events.IEventBus,
         bucket: s3.IBucket,
         fleet: Fleet,
+        alerts: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
         missing = {f.construct_id for f in topology.FUNCTIONS} - set(PERMISSIONS)
@@ -139,6 +142,7 @@ class Functions(Construct):
         self._bus = bus
         self._bucket = bucket
         self._fleet = fleet
+        self._alerts = alerts
 
         layer = lambda_.LayerVersion.from_layer_version_arn(
             self,
@@ -188,6 +192,8 @@ class Functions(Construct):
             environment = dict(self.environment)
             if cid == topology.LAUNCH.construct_id:
                 environment.update(launch_environment)
+            if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic_arn
             function = lambda_.Function(
                 self,
                 cid,
@@ -326,6 +332,12 @@ class Functions(Construct):
                 )
                 star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
 
+        if P.NOTIFY in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="PublishAlerts", actions=["sns:Publish"], resources=[self._alerts.topic_arn]
+                )
+            )
         if P.ALARMS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

@@ -146,6 +146,8 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
         expected.add(topology.ENV_STATE_MACHINE)
     if spec.construct_id == topology.LAUNCH.construct_id:
         expected |= {topology.ENV_LAUNCH_TEMPLATE, topology.ENV_SUBNETS}
+    if spec.construct_id == topology.METRIC_ALARM.construct_id:
+        expected.add(topology.ENV_NOTIFY_TOPIC)
     assert set(env) == expected
     for table in topology.TABLES:
         assert synth.resources[env[table.env_var]["Ref"]]["Type"] == "AWS::DynamoDB::Table"

@@ -31,7 +31,7 @@ def _stop_executions(account: Account) -> Iterator[None]:
         sfn.stop_execution(executionArn=execution["executionArn"])
 
 
-def wait_for(condition: Callable[[], Any], seconds: float = 10.0) -> Any:
+def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = condition()

@@ -11,6 +11,7 @@ from gpufleet.adapters.local.memory import (
     InMemoryObjects,
     ManualClock,
     RecordingAlarms,
+    RecordingNotifier,
     RecordingPublisher,
     RecordingWorkflow,
 )
@@ -405,3 +406,19 @@ def test_alarm_names_round_trip() -> None:
     name = alarm_name("j-0123456789abcdef0123", "idle")
     assert parse_alarm_name(name) == ("j-0123456789abcdef0123", "idle")
     assert parse_alarm_name("someone-elses-alarm") is None
+
+
+def test_an_overheating_gpu_alerts_the_operators_and_moves_the_job_elsewhere() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.await_node(job_id, "token")
+    service.node_report(started(job_id, instance))
+    assert service.gpus_hot(job_id) == ["overheating"]
+    [(subject, message)] = cast(RecordingNotifier, ports.notifier).sent
+    assert "overheating" in subject and instance in message
+    service.node_report(finished(job_id, instance))
+    run = cast(RecordingWorkflow, ports.workflow).completed["token"]
+    assert service.release(job_id, {"run": run})["requeue"] is True  # resumes elsewhere
+    service.requeue(job_id)
+    assert ports.jobs.get(job_id).status is JobStatus.QUEUED

@@ -97,15 +97,20 @@ class CloudWatchMetrics:
 
 
 class NvidiaSmi:
-    """GPU utilization from nvidia-smi (the DLAMI has the driver)."""
+    """GPU utilization and temperature from nvidia-smi (the DLAMI has the driver)."""
 
     def utilization_percent(self) -> float | None:
-        completed = subprocess.run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],  # noqa: S607
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=10,
-        )
-        values = [float(v) for v in completed.stdout.split() if v.strip()]
+        values = self._query("utilization.gpu")
         return sum(values) / len(values) if values else None
+
+    def temperature_celsius(self) -> float | None:
+        values = self._query("temperature.gpu")
+        return max(values) if values else None
+
+    @staticmethod
+    def _query(field: str) -> list[float]:
+        argv = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"]
+        completed = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            argv, capture_output=True, text=True, check=False, timeout=10
+        )
+        return [float(v) for v in completed.stdout.split() if v.strip()]

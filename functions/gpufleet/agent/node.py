@@ -19,6 +19,7 @@ from gpufleet.topology import (
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
     DETAIL_NODE_STARTED,
+    GPU_TEMPERATURE_METRIC,
     GPU_UTILIZATION_METRIC,
     RUNS_PREFIX,
     TAG_JOB_ID,
@@ -81,6 +82,10 @@ class Reporter(Protocol):
 class GpuProbe(Protocol):
     def utilization_percent(self) -> float | None:
         """Mean utilization of the node's GPUs now (None: cannot tell)."""
+        ...
+
+    def temperature_celsius(self) -> float | None:
+        """The hottest GPU's temperature now (None: cannot tell)."""
         ...
 
 
@@ -173,9 +178,12 @@ class NodeAgent:
             return
         while not finished.wait(self._metrics_seconds):
             try:
-                value = self._gpu_probe.utilization_percent()
-                if value is not None:
-                    self._metrics.put(job_id, GPU_UTILIZATION_METRIC, value, "Percent")
+                utilization = self._gpu_probe.utilization_percent()
+                if utilization is not None:
+                    self._metrics.put(job_id, GPU_UTILIZATION_METRIC, utilization, "Percent")
+                temperature = self._gpu_probe.temperature_celsius()
+                if temperature is not None:
+                    self._metrics.put(job_id, GPU_TEMPERATURE_METRIC, temperature, "None")
             except Exception:  # noqa: S112 - a missed datapoint is sent at the next interval
                 continue
 

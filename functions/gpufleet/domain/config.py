@@ -63,6 +63,8 @@ class MetricPolicy(BaseModel):
     period_seconds: int = Field(default=60, ge=10)
     low_utilization_percent: float = Field(default=30.0, gt=0, lt=100)
     low_utilization_periods: int = Field(default=30, ge=1, le=1440)
+    hot_temperature_celsius: float = Field(default=85.0, gt=0, lt=150)
+    hot_periods: int = Field(default=3, ge=1, le=1440)
 
     @model_validator(mode="after")
     def _cloudwatch_periods(self) -> MetricPolicy:

@@ -22,6 +22,7 @@ RETRY = "retry"
 OUT_OF_MEMORY = "out-of-memory"  # a retry on GPUs with more memory
 RESIZED = "resized"
 IDLE = "idle"  # released because its GPUs sat idle: the job ends
+OVERHEATED = "overheated"  # moved off hardware running too hot: requeued elsewhere
 
 # A job interrupted this often is probably asking for capacity that keeps being reclaimed.
 DEFAULT_MAX_INTERRUPTIONS = 10
@@ -55,7 +56,7 @@ def after_run(
     run = run if isinstance(run, Mapping) else None
     if run is not None and run.get("cancelled"):
         return Verdict(False)
-    if drain_reason in (PREEMPTED, RECLAIMED, RESIZED):
+    if drain_reason in (PREEMPTED, RECLAIMED, RESIZED, OVERHEATED):
         return Verdict(True, drain_reason, f"stopped at a checkpoint: {drain_reason}")
     if drain_reason == INTERRUPTED or (run is not None and run.get("interrupted")):
         if interruptions < max_interruptions:

@@ -59,6 +59,7 @@ class Account:
     launch_template_id: str = ""
     subnet_ids: list[str] = field(default_factory=list)
     config: FleetConfig = field(default_factory=FleetConfig)
+    notify_topic_arn: str = ""
 
     def client(self, service: str) -> Any:
         return boto3.session.Session().client(service, region_name=self.region)
@@ -82,6 +83,7 @@ class Account:
                 topology.ENV_LAUNCH_TEMPLATE: self.launch_template_id,
                 topology.ENV_SUBNETS: ",".join(self.subnet_ids),
                 topology.ENV_CONFIG: config_to_env(self.config),
+                topology.ENV_NOTIFY_TOPIC: self.notify_topic_arn,
                 "AWS_REGION": self.region,
             }
         )
@@ -203,6 +205,9 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
 
     events = account.client("events")
     events.create_event_bus(Name=account.bus)
+    account.notify_topic_arn = account.client("sns").create_topic(Name="gpufleet-alerts")[
+        "TopicArn"
+    ]
 
     lambda_client = account.client("lambda")
     placeholder_code = _placeholder_zip()

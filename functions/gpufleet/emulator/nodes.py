@@ -40,6 +40,7 @@ class Behaviour:
     # Runs out of GPU memory on GPUs with less memory than this.
     needs_gpu_memory_gib: float = 0.0
     gpu_utilization: float = 90.0  # what its GPUs report while it runs
+    gpu_temperature: float = 65.0
 
 
 @dataclass
@@ -127,13 +128,16 @@ class SimulatedRuntime:
 
 
 class SimulatedGpus:
-    """What nvidia-smi would say: the scenario's utilization for the job."""
+    """What nvidia-smi would say: the scenario's utilization and temperature for the job."""
 
-    def __init__(self, utilization: float) -> None:
-        self._utilization = utilization
+    def __init__(self, behaviour: Behaviour) -> None:
+        self._behaviour = behaviour
 
     def utilization_percent(self) -> float | None:
-        return self._utilization
+        return self._behaviour.gpu_utilization
+
+    def temperature_celsius(self) -> float | None:
+        return self._behaviour.gpu_temperature
 
 
 class _AsNode:
@@ -236,7 +240,7 @@ class NodeSimulator:
                 runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario, self.resumed),
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
-                gpu_probe=SimulatedGpus(behaviour.gpu_utilization),
+                gpu_probe=SimulatedGpus(behaviour),
                 metrics=node,
                 metrics_seconds=self._scenario.metrics_seconds,
             )

@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpufleet.adapters.aws.alarms import IDLE, parse_alarm_name
+from gpufleet.adapters.aws.alarms import HOT, IDLE, parse_alarm_name
 from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import AlarmEvent
 
@@ -22,6 +22,12 @@ def handler(event: AlarmEvent, context: LambdaContext) -> dict[str, Any]:
         return {"ignored": event.detail.alarmName}
     job_id, kind = parsed
     logger.append_keys(job_id=job_id, alarm=kind)
-    flags = lifecycle().gpus_idle(job_id) if kind == IDLE else []
-    metrics.add_metric(name="IdleJobs", unit="Count", value=1)
+    if kind == IDLE:
+        flags = lifecycle().gpus_idle(job_id)
+        metrics.add_metric(name="IdleJobs", unit="Count", value=1)
+    elif kind == HOT:
+        flags = lifecycle().gpus_hot(job_id)
+        metrics.add_metric(name="OverheatedJobs", unit="Count", value=1)
+    else:
+        flags = []
     return {"job_id": job_id, "flags": flags}

@@ -31,6 +31,7 @@ from gpufleet.domain.retry import (
     IDLE,
     INTERRUPTED,
     OUT_OF_MEMORY,
+    OVERHEATED,
     PREEMPTED,
     RECLAIMED,
     RESIZED,
@@ -109,6 +110,7 @@ class LaunchStepResult(BaseModel):
 
 
 FLAG_LOW_UTILIZATION = "low-utilization"
+FLAG_OVERHEATING = "overheating"
 DRAIN_PREEMPTED = PREEMPTED
 DRAIN_RECLAIMED = RECLAIMED
 DRAIN_INTERRUPTED = INTERRUPTED
@@ -302,6 +304,25 @@ class LifecycleService:
         )
         if job.effective_spec.on_idle == "release":
             self.drain(job_id, IDLE)
+        return flags
+
+    def gpus_hot(self, job_id: str) -> list[str]:
+        """A GPU of the job ran above the temperature limit: tell the operators, and move the
+        job off that hardware (checkpoint, requeue, resume elsewhere)."""
+        job = self._ports.jobs.get(job_id)
+        if job.status is not JobStatus.RUNNING:
+            return job.flags
+        flags = sorted({*job.flags, FLAG_OVERHEATING})
+        self._ports.jobs.update(job_id, self._now(), {"flags": flags})
+        placement = job.placement
+        where = f" on {', '.join(placement.instance_ids)}" if placement else ""
+        self._ports.notifier.notify(
+            f"gpufleet: job {job.spec.name} overheating",
+            f"A GPU of job {job_id} ({job.spec.name}, team {job.spec.team}){where} ran above "
+            f"{self._policy.metrics.hot_temperature_celsius:g} C. The job is checkpointed and "
+            "moved to other hardware; check the instance's cooling and health.",
+        )
+        self.drain(job_id, OVERHEATED)
         return flags
 
     def instance_interrupted(self, instance_id: str) -> str | None:

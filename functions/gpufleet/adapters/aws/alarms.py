@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.domain.config import MetricPolicy
-from gpufleet.topology import ALARM_PREFIX, GPU_UTILIZATION_METRIC, JOB_DIMENSION, METRICS_NAMESPACE
+from gpufleet.topology import (
+    ALARM_PREFIX,
+    GPU_TEMPERATURE_METRIC,
+    GPU_UTILIZATION_METRIC,
+    JOB_DIMENSION,
+    METRICS_NAMESPACE,
+)
 
 IDLE = "idle"
+HOT = "hot"
 
 
 def alarm_name(job_id: str, kind: str) -> str:
@@ -44,5 +51,19 @@ class CloudWatchAlarms:
             TreatMissingData="notBreaching",
         )
 
+        self._client.put_metric_alarm(
+            AlarmName=alarm_name(job_id, HOT),
+            AlarmDescription=f"gpufleet job {job_id}: a GPU runs too hot",
+            Namespace=METRICS_NAMESPACE,
+            MetricName=GPU_TEMPERATURE_METRIC,
+            Dimensions=[{"Name": JOB_DIMENSION, "Value": job_id}],
+            Statistic="Maximum",
+            Period=policy.period_seconds,
+            EvaluationPeriods=policy.hot_periods,
+            Threshold=policy.hot_temperature_celsius,
+            ComparisonOperator="GreaterThanThreshold",
+            TreatMissingData="notBreaching",
+        )
+
     def delete(self, job_id: str) -> None:
-        self._client.delete_alarms(AlarmNames=[alarm_name(job_id, IDLE)])
+        self._client.delete_alarms(AlarmNames=[alarm_name(job_id, k) for k in (IDLE, HOT)])

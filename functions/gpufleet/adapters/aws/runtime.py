@@ -13,6 +13,7 @@ from gpufleet.adapters.aws.clock import SystemClock
 from gpufleet.adapters.aws.events import EventBridgePublisher
 from gpufleet.adapters.aws.fleet import Ec2Fleet
 from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.adapters.aws.notifier import SnsNotifier
 from gpufleet.adapters.aws.objects import S3ObjectStore
 from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.aws.workflow import StepFunctionsWorkflow
@@ -42,4 +43,5 @@ def aws_ports(settings: Settings) -> Ports:
         capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
         queue=DynamoJobQueue(client("dynamodb", region), settings.queue_table),
         alarms=CloudWatchAlarms(client("cloudwatch", region)),
+        notifier=SnsNotifier(client("sns", region), settings.notify_topic_arn),
     )

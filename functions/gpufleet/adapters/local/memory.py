@@ -319,3 +319,11 @@ class RecordingAlarms:
     def delete(self, job_id: str) -> None:
         self.created.pop(job_id, None)
         self.deleted.append(job_id)
+
+
+@dataclass
+class RecordingNotifier:
+    sent: list[tuple[str, str]] = field(default_factory=list)
+
+    def notify(self, subject: str, message: str) -> None:
+        self.sent.append((subject, message))
