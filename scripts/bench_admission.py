@@ -66,19 +66,9 @@ def bench_dynamodb_pass() -> None:
     from moto import mock_aws
 
     from gpufleet.adapters.aws.queue import DynamoJobQueue, _entry_item
-    from gpufleet.adapters.local.memory import (
-        FakeFleet,
-        InMemoryCapacityMemory,
-        InMemoryJobStore,
-        InMemoryObjects,
-        ManualClock,
-        RecordingAlarms,
-        RecordingNotifier,
-        RecordingPublisher,
-        RecordingWorkflow,
-    )
+    from gpufleet.adapters.local.memory import ManualClock, in_memory_ports
     from gpufleet.emulator.account import table_definition
-    from gpufleet.ports import Ports, QueueEntry
+    from gpufleet.ports import QueueEntry
     from gpufleet.services.dispatcher import DispatcherService
     from gpufleet.services.factory import build_lifecycle
     from gpufleet.settings import Settings
@@ -102,18 +92,7 @@ def bench_dynamodb_pass() -> None:
                     "queue": [{"PutRequest": {"Item": i}} for i in items[start : start + 25]]
                 }
             )
-        ports = Ports(
-            clock=ManualClock(NOW),
-            jobs=InMemoryJobStore(),
-            events=RecordingPublisher(),
-            objects=InMemoryObjects(),
-            workflow=RecordingWorkflow(),
-            fleet=FakeFleet(),
-            capacity=InMemoryCapacityMemory(),
-            queue=queue,
-            alarms=RecordingAlarms(),
-            notifier=RecordingNotifier(),
-        )
+        ports = in_memory_ports(clock=ManualClock(NOW), queue=queue)
         settings = Settings(
             region="us-east-1",
             jobs_table="-",

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.adapters.local.memory import (
-    FakeFleet,
-    InMemoryCapacityMemory,
-    InMemoryJobQueue,
-    InMemoryJobStore,
-    InMemoryObjects,
-    ManualClock,
-    RecordingAlarms,
-    RecordingNotifier,
-    RecordingPublisher,
-    RecordingWorkflow,
-)
+from gpufleet.adapters.local.memory import FakeFleet, in_memory_ports
 from gpufleet.ports import Ports
 from gpufleet.settings import Settings
 
@@ -28,18 +17,7 @@ timeout: 1h
 
 
 def local_ports(fleet: FakeFleet | None = None) -> Ports:
-    return Ports(
-        clock=ManualClock(),
-        jobs=InMemoryJobStore(),
-        events=RecordingPublisher(),
-        objects=InMemoryObjects(),
-        workflow=RecordingWorkflow(),
-        fleet=fleet or FakeFleet(),
-        capacity=InMemoryCapacityMemory(),
-        queue=InMemoryJobQueue(),
-        alarms=RecordingAlarms(),
-        notifier=RecordingNotifier(),
-    )
+    return in_memory_ports(fleet=fleet or FakeFleet())
 
 
 def make_settings(**changes: object) -> Settings:

@@ -22,8 +22,9 @@ from gpufleet.domain.queueing import (
     decide,
     effective_priority,
 )
+from gpufleet.domain.retry import PREEMPTED, RECLAIMED
 from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, RunningEntry
-from gpufleet.services.lifecycle import DRAIN_PREEMPTED, DRAIN_RECLAIMED, LifecycleService
+from gpufleet.services.lifecycle import LifecycleService
 
 # How many of the best waiting jobs one pass considers (the queue is read lazily, best first).
 CANDIDATES_PER_PASS = 200
@@ -80,14 +81,14 @@ class DispatcherService:
                 result.lost_races += 1
         for preemption in decision.preemptions:
             if ports.queue.mark_draining(preemption.victim_id, preemption.for_job_id):
-                self._lifecycle.drain(preemption.victim_id, DRAIN_PREEMPTED, preemption.for_job_id)
+                self._lifecycle.drain(preemption.victim_id, PREEMPTED, preemption.for_job_id)
                 ports.jobs.update(
                     preemption.victim_id, now, {"preempted_for": preemption.for_job_id}
                 )
                 result.preempted.append(preemption.victim_id)
         for job_id in decision.reclaims:
             if ports.queue.mark_draining(job_id, "reserve"):
-                self._lifecycle.drain(job_id, DRAIN_RECLAIMED)
+                self._lifecycle.drain(job_id, RECLAIMED)
                 result.reclaimed.append(job_id)
         result.waiting = {job_id: reason.value for job_id, reason in decision.waiting.items()}
         result.items_read = ports.queue.items_read() - read_before

@@ -111,9 +111,6 @@ class LaunchStepResult(BaseModel):
 
 FLAG_LOW_UTILIZATION = "low-utilization"
 FLAG_OVERHEATING = "overheating"
-DRAIN_PREEMPTED = PREEMPTED
-DRAIN_RECLAIMED = RECLAIMED
-DRAIN_INTERRUPTED = INTERRUPTED
 
 
 def run_manifest_key(job_id: str) -> str:

@@ -36,32 +36,54 @@ class CloudWatchAlarms:
     def create(self, job_id: str, policy: MetricPolicy) -> None:
         if not policy.enabled:
             return
-        self._client.put_metric_alarm(
-            AlarmName=alarm_name(job_id, IDLE),
-            AlarmDescription=f"gpufleet job {job_id}: GPUs idle",
-            Namespace=METRICS_NAMESPACE,
-            MetricName=GPU_UTILIZATION_METRIC,
-            Dimensions=[{"Name": JOB_DIMENSION, "Value": job_id}],
-            Statistic="Average",
-            Period=policy.period_seconds,
-            EvaluationPeriods=policy.low_utilization_periods,
-            Threshold=policy.low_utilization_percent,
-            ComparisonOperator="LessThanThreshold",
-            # No data (booting, checkpointing) is not idleness.
-            TreatMissingData="notBreaching",
+        self._put(
+            job_id,
+            IDLE,
+            "GPUs idle",
+            metric=GPU_UTILIZATION_METRIC,
+            statistic="Average",
+            periods=policy.low_utilization_periods,
+            threshold=policy.low_utilization_percent,
+            comparison="LessThanThreshold",
+            period=policy.period_seconds,
+        )
+        self._put(
+            job_id,
+            HOT,
+            "a GPU runs too hot",
+            metric=GPU_TEMPERATURE_METRIC,
+            statistic="Maximum",
+            periods=policy.hot_periods,
+            threshold=policy.hot_temperature_celsius,
+            comparison="GreaterThanThreshold",
+            period=policy.period_seconds,
         )
 
+    def _put(
+        self,
+        job_id: str,
+        kind: str,
+        what: str,
+        *,
+        metric: str,
+        statistic: str,
+        periods: int,
+        threshold: float,
+        comparison: str,
+        period: int,
+    ) -> None:
         self._client.put_metric_alarm(
-            AlarmName=alarm_name(job_id, HOT),
-            AlarmDescription=f"gpufleet job {job_id}: a GPU runs too hot",
+            AlarmName=alarm_name(job_id, kind),
+            AlarmDescription=f"gpufleet job {job_id}: {what}",
             Namespace=METRICS_NAMESPACE,
-            MetricName=GPU_TEMPERATURE_METRIC,
+            MetricName=metric,
             Dimensions=[{"Name": JOB_DIMENSION, "Value": job_id}],
-            Statistic="Maximum",
-            Period=policy.period_seconds,
-            EvaluationPeriods=policy.hot_periods,
-            Threshold=policy.hot_temperature_celsius,
-            ComparisonOperator="GreaterThanThreshold",
+            Statistic=statistic,
+            Period=period,
+            EvaluationPeriods=periods,
+            Threshold=threshold,
+            ComparisonOperator=comparison,
+            # No data (booting, checkpointing) is neither idle nor hot.
             TreatMissingData="notBreaching",
         )
 

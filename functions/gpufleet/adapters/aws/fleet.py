@@ -26,12 +26,18 @@ class Ec2Fleet:
         self._subnet_ids = subnet_ids
 
     @cached_property
+    def _subnets(self) -> list[dict[str, Any]]:
+        subnets: list[dict[str, Any]] = self._client.describe_subnets(SubnetIds=self._subnet_ids)[
+            "Subnets"
+        ]
+        return subnets
+
+    @cached_property
     def _subnet_by_zone(self) -> dict[str, str]:
-        response = self._client.describe_subnets(SubnetIds=self._subnet_ids)
         # Offerings name a zone by name (us-east-1a) or, in per-AZ price data, by its id
         # (use1-az6), which is the same physical zone in every account: accept both.
         by_zone: dict[str, str] = {}
-        for subnet in response["Subnets"]:
+        for subnet in self._subnets:
             by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
             if subnet.get("AvailabilityZoneId"):
                 by_zone.setdefault(subnet["AvailabilityZoneId"], subnet["SubnetId"])
@@ -39,8 +45,7 @@ class Ec2Fleet:
 
     @cached_property
     def _zone_names(self) -> list[str]:
-        response = self._client.describe_subnets(SubnetIds=self._subnet_ids)
-        return sorted({subnet["AvailabilityZone"] for subnet in response["Subnets"]})
+        return sorted({subnet["AvailabilityZone"] for subnet in self._subnets})
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
         if request.capacity_type is CapacityType.RESERVED and request.overrides[0].capacity_block:

@@ -17,6 +17,7 @@ from gpufleet.ports import (
     AdmissionLimits,
     ManagedInstance,
     ObjectTooLarge,
+    Ports,
     QueueEntry,
     RunningEntry,
 )
@@ -327,3 +328,21 @@ class RecordingNotifier:
 
     def notify(self, subject: str, message: str) -> None:
         self.sent.append((subject, message))
+
+
+def in_memory_ports(**overrides: Any) -> Ports:
+    """Every port in memory (a manual clock, a fake fleet); `overrides` replace some."""
+    ports: dict[str, Any] = {
+        "clock": ManualClock(),
+        "jobs": InMemoryJobStore(),
+        "events": RecordingPublisher(),
+        "objects": InMemoryObjects(),
+        "workflow": RecordingWorkflow(),
+        "fleet": FakeFleet(),
+        "capacity": InMemoryCapacityMemory(),
+        "queue": InMemoryJobQueue(),
+        "alarms": RecordingAlarms(),
+        "notifier": RecordingNotifier(),
+        **overrides,
+    }
+    return Ports(**ports)
