@@ -11,6 +11,7 @@ from typing import cast
 from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.local.memory import InMemoryObjects, RecordingWorkflow
 from gpufleet.domain.config import FleetConfig
+from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.emulator.account import Account
 from gpufleet.services.dispatcher import DispatcherService
@@ -44,9 +45,9 @@ def test_concurrent_dispatchers_admit_each_job_once_within_quotas(account: Accou
         ).encode()
         job_id = IntakeService(ports).submit_object(key, key, key).job_id
         assert job_id is not None
-        lifecycle.prepare(job_id)
+        plan = LaunchPlan.model_validate(lifecycle.prepare(job_id)["plan"])
         tokens[job_id] = f"token-{index}"
-        lifecycle.enqueue(job_id, tokens[job_id])
+        lifecycle.enqueue(job_id, tokens[job_id], plan)
 
     dispatchers = [
         DispatcherService(replace(ports, queue=DynamoJobQueue(client, table)), lifecycle, POLICY)

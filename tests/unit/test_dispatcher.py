@@ -73,7 +73,7 @@ class World:
     def enqueue(self, job_id: str) -> str:
         self.tokens += 1
         token = f"enqueue-{self.tokens}"
-        self.lifecycle.enqueue(job_id, token)
+        self.lifecycle.enqueue(job_id, token, self.plans[job_id])
         return token
 
     def start(self, job_id: str) -> str:
@@ -125,7 +125,7 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
     # The node checkpoints and stops; the workflow releases it and requeues it.
     run = world.finish(low, low_instance)
     assert world.lifecycle.release(low, {"run": run})["requeue"] is True
-    world.lifecycle.requeue(low)
+    world.plans[low] = world.lifecycle.requeue(low)
     job = world.ports.jobs.get(low)
     assert job.status is JobStatus.QUEUED and job.preemptions == 1 and job.prior_cost_usd > 0
     world.enqueue(low)
@@ -222,7 +222,12 @@ def test_resize_a_waiting_job_and_a_running_one() -> None:
     assert json.loads(control)["action"] == "checkpoint"
     run = world.finish(running, instance)
     assert world.lifecycle.release(running, {"run": run})["requeue"] is True
-    world.lifecycle.requeue(running)
+    world.plans[running] = world.lifecycle.requeue(running)
+    # The next run is planned for the new shape, not the old one.
+    from gpufleet.domain.catalog import load_bundled
+
+    first_choice = world.plans[running].steps[0].overrides[0].instance_type
+    assert load_bundled().instance_type(first_choice).gpus >= 4
     job = world.ports.jobs.get(running)
     assert job.effective_spec.resources.gpus == 4 and job.preemptions == 0
     world.enqueue(running)

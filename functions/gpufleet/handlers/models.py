@@ -83,8 +83,11 @@ class RecordOutcomeTask(JobTask):
 
 
 class RequeueTask(JobTask):
-    plan: dict[str, Any]
     attempt: int = Field(ge=0)
+
+
+class EnqueueTask(AwaitNodeTask):
+    plan: dict[str, Any]
 
 
 class InstanceEventDetail(_Open):

@@ -5,13 +5,14 @@ from __future__ import annotations
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from gpufleet.domain.planning import LaunchPlan
 from gpufleet.handlers.common import lifecycle, logger, tracer
-from gpufleet.handlers.models import AwaitNodeTask
+from gpufleet.handlers.models import EnqueueTask
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
-@event_parser(model=AwaitNodeTask)
-def handler(task: AwaitNodeTask, context: LambdaContext) -> None:
+@event_parser(model=EnqueueTask)
+def handler(task: EnqueueTask, context: LambdaContext) -> None:
     logger.append_keys(job_id=task.job_id)
-    lifecycle().enqueue(task.job_id, task.task_token)
+    lifecycle().enqueue(task.job_id, task.task_token, LaunchPlan.model_validate(task.plan))

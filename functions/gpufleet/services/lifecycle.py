@@ -133,15 +133,7 @@ class LifecycleService:
     def prepare(self, job_id: str) -> dict[str, Any]:
         """Check the stored job, queue it, and plan its launch."""
         job = self._ports.jobs.get(job_id)
-        # The plan fixes the order of capacity types and the timeouts; which offerings to try
-        # is decided at each launch, against the capacity memory of that moment.
-        spec = job.effective_spec
-        plan = self._planner(
-            spec,
-            unavailable=frozenset(),
-            expected=self._expected_duration(spec),
-            free_reservations=self._free_reservations(),
-        )
+        plan = self._plan(job)
         self._move(job, JobStatus.QUEUED)
         return {
             "job_id": job_id,
@@ -149,19 +141,14 @@ class LifecycleService:
             "launch": LaunchStepResult(step=0, attempt=0).model_dump(),
         }
 
-    def enqueue(self, job_id: str, task_token: str) -> None:
-        """Put the job in the admission queue with the workflow's token, and wake a dispatcher."""
+    def enqueue(self, job_id: str, task_token: str, plan: LaunchPlan) -> None:
+        """Put the job in the admission queue with the workflow's token, and wake a dispatcher.
+        `plan` is the one Prepare or Requeue made: its first choice is the cost estimate."""
         job = self._ports.jobs.get(job_id)
         if job.status.terminal:
             self._ports.workflow.complete_task(task_token, {"cancelled": True})
             return
         spec = job.effective_spec
-        plan = self._planner(
-            spec,
-            unavailable=frozenset(),
-            expected=self._expected_duration(spec),
-            free_reservations=(),
-        )
         entry = QueueEntry(
             job=QueuedJob(
                 job_id=job_id,
@@ -184,12 +171,13 @@ class LifecycleService:
             {"job_id": job_id, "team": spec.team, "priority": spec.priority.value},
         )
 
-    def requeue(self, job_id: str) -> None:
-        """Back to the queue after a checkpoint (preemption, reclaim, spot interruption): the
-        run's cost is kept, its placement and workflow plumbing are cleared."""
+    def requeue(self, job_id: str) -> LaunchPlan:
+        """Back to the queue after a checkpoint (preemption, reclaim, spot interruption) or for
+        a retry: the run's cost is kept, its placement and workflow plumbing are cleared, and
+        the launch is planned again for what the job now asks for (a resize, more GPU memory)."""
         job = self._ports.jobs.get(job_id)
         if job.status is JobStatus.QUEUED:
-            return  # a repeated step
+            return self._plan(job)  # a repeated step
         run_cost, run_held = 0.0, 0.0
         if job.placement is not None:
             released_at = job.released_at if job.released_at is not None else self._now()
@@ -227,6 +215,7 @@ class LifecycleService:
                 **changes,
             },
         )
+        return self._plan(self._ports.jobs.get(job_id))
 
     def drain(self, job_id: str, reason: str, for_job_id: str | None = None) -> bool:
         """Ask a running job's node to checkpoint and stop; the job is then requeued."""
@@ -539,6 +528,17 @@ class LifecycleService:
         }
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
         return moved
+
+    def _plan(self, job: Job) -> LaunchPlan:
+        """The order of capacity types and the timeouts for the job as it now is; which
+        offerings to try is decided at each launch, against the capacity memory of that moment."""
+        spec = job.effective_spec
+        return self._planner(
+            spec,
+            unavailable=frozenset(),
+            expected=self._expected_duration(spec),
+            free_reservations=self._free_reservations(),
+        )
 
     def _free_reservations(self) -> list[tuple[Reservation, int]]:
         """Active reservations with the instances live jobs do not hold."""
