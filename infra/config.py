@@ -98,6 +98,10 @@ class GpuFleetConfig:
     agent_pip_packages: str = "boto3"
     # The policy config (reservations, ...), relative to the repository root.
     config_file: str = "gpufleet.yaml"
+    # Alarm thresholds (docs/deploy.md, "Dashboard and alarms"); the GPU temperature limit is
+    # the config file's metrics.hot_temperature_celsius.
+    wait_slo_seconds: int = 1800  # p95 of the queue wait over 15 minutes
+    launch_failures_per_5min: int = 5
 
     @property
     def uses_placeholder_network(self) -> bool:
@@ -167,3 +171,7 @@ class GpuFleetConfig:
             raise ConfigError("event_retry_attempts must be in [0, 185]")
         if not 1 <= self.event_max_age_hours <= 24:
             raise ConfigError("event_max_age_hours must be in [1, 24]")
+        if not 60 <= self.wait_slo_seconds <= 86_400:
+            raise ConfigError("wait_slo_seconds must be in [60, 86400]")
+        if self.launch_failures_per_5min < 1:
+            raise ConfigError("launch_failures_per_5min must be at least 1")

@@ -17,6 +17,7 @@ from infra.constructs.functions import ASSET_EXCLUDE, Functions
 from infra.constructs.intake import Intake
 from infra.constructs.job_store import JobStore
 from infra.constructs.notifications import Notifications
+from infra.constructs.operations import Operations
 from infra.constructs.schedules import Schedules
 from infra.constructs.workflow import Workflow, state_machine_arn
 
@@ -87,12 +88,26 @@ class GpuFleetStack(Stack):
             self, "Schedules", functions=functions.by_id(), fleet_config=fleet_config
         )
 
+        operations = Operations(
+            self,
+            "Operations",
+            config=config,
+            fleet_config=fleet_config,
+            alerts=notifications.topic,
+            dead_letter_queues={
+                **{f"{cid}Function": q for cid, q in functions.dead_letter_queues.items()},
+                **{f"{rid}Target": q for rid, q in intake.rule_dead_letter_queues.items()},
+                "Schedules": schedules.dead_letter_queue,
+            },
+        )
+
         self.job_store = job_store
         self.intake = intake
         self.fleet = fleet
         self.functions = functions
         self.workflow = workflow
         self.schedules = schedules
+        self.operations = operations
 
         CfnOutput(self, "IntakeBucketName", value=intake.bucket.bucket_name)
         CfnOutput(self, "EventBusName", value=intake.bus.event_bus_name)
@@ -111,3 +126,5 @@ class GpuFleetStack(Stack):
             )
         CfnOutput(self, "LaunchTemplateId", value=fleet.launch_template.launch_template_id or "")
         CfnOutput(self, "AgentLogGroupName", value=fleet.agent_log_group.log_group_name)
+        CfnOutput(self, "DashboardName", value=operations.dashboard.dashboard_name)
+        CfnOutput(self, "DashboardUrl", value=operations.dashboard_url)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from gpufleet.adapters.local.memory import FakeFleet, in_memory_ports
+from typing import cast
+
+from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
+from gpufleet.domain.planning import LaunchPlan
 from gpufleet.ports import Ports
+from gpufleet.services.factory import build_intake, build_lifecycle
+from gpufleet.services.intake import IntakeService
 from gpufleet.settings import Settings
 
 SPEC_YAML = b"""
@@ -33,3 +38,15 @@ def make_settings(**changes: object) -> Settings:
         **changes,
     }
     return Settings.model_validate(values)
+
+
+def intake_for(ports: Ports, settings: Settings | None = None) -> IntakeService:
+    """Intake as the factory builds it: it plans each job with a lifecycle over the same ports."""
+    settings = settings or make_settings()
+    return build_intake(ports, settings, build_lifecycle(ports, settings))
+
+
+def plan_of(ports: Ports, job_id: str) -> LaunchPlan:
+    """The plan intake made for the job: the one its workflow was started with."""
+    state = cast(RecordingWorkflow, ports.workflow).inputs[job_id]
+    return LaunchPlan.model_validate(state["plan"])

@@ -6,7 +6,7 @@ implements them in memory (unit tests and the simulator). One contract suite run
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, QueuePolicy, RunningJob
+from gpufleet.domain.spec import Priority
 
 
 class Clock(Protocol):
@@ -80,6 +81,16 @@ class RunningEntry:
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """What an admission pass starts from besides the waiting jobs, read in one request."""
+
+    running: list[RunningEntry]
+    bookings: list[Booking]
+    waiting: Mapping[Priority, int]  # how many jobs wait, by class
+    gpus_held: int
+
+
+@dataclass(frozen=True)
 class AdmissionLimits:
     """What the admission write is conditioned on, so that concurrent dispatchers can never
     exceed a cap or a quota between reading the queue and writing."""
@@ -94,8 +105,19 @@ class JobQueue(Protocol):
         """Put a job in the queue (again, with a new token, if it is already there)."""
         ...
 
-    def candidates(self, now: float, policy: QueuePolicy, limit: int) -> list[QueueEntry]:
-        """The `limit` waiting jobs with the highest effective priority, best first."""
+    def candidates(
+        self,
+        now: float,
+        policy: QueuePolicy,
+        limit: int,
+        classes: Collection[Priority] | None = None,
+    ) -> list[QueueEntry]:
+        """The `limit` waiting jobs with the highest effective priority, best first; only
+        those of `classes` when given (the classes the state says are not empty)."""
+        ...
+
+    def state(self) -> QueueState:
+        """Running jobs, bookings, GPUs held and how many jobs wait per class."""
         ...
 
     def waiting(self) -> list[QueueEntry]:
@@ -110,7 +132,11 @@ class JobQueue(Protocol):
         cap would be exceeded."""
         ...
 
-    def mark_notified(self, job_id: str) -> None: ...
+    def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
+        """A launch attempt of an admitted job: its workflow evidently heard of the admission
+        (it is notified), what its instances cost per hour (0 while it has none), and when its
+        cost reaches its budget (checked by every full pass; None: no budget)."""
+        ...
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         """Record that a running job was asked to make room; False if it already was."""
@@ -160,8 +186,9 @@ class ObjectStore(Protocol):
 
 
 class Workflow(Protocol):
-    def start(self, job_id: str) -> None:
-        """Start the job's lifecycle; starting it again for the same job is a no-op."""
+    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
+        """Start the job's lifecycle from `state`; starting it again for the same job is a
+        no-op."""
         ...
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
@@ -198,12 +225,28 @@ class Fleet(Protocol):
         """Jobs that still have a placement group."""
         ...
 
+    def warm_pool(self) -> WarmPoolStatus:
+        """The warm pool's idle instances, and when a launch last asked for its instance type
+        (a new pool counts as asked for now). Only for a fleet given a warm pool."""
+        ...
+
+    def add_warm_instances(self, count: int) -> list[str]:
+        """Launch up to `count` idle instances of the warm pool's shape; return their ids."""
+        ...
+
 
 @dataclass(frozen=True)
 class ManagedInstance:
     instance_id: str
-    job_id: str | None
-    launched_at: float
+    job_id: str | None  # for a warm instance a launch took: the job that took it
+    launched_at: float  # for a warm instance a launch took: when it took it
+    warm: bool = False  # an idle warm-pool instance, waiting for a job
+
+
+@dataclass(frozen=True)
+class WarmPoolStatus:
+    idle: list[ManagedInstance]
+    demand_at: float
 
 
 class ObjectTooLarge(Exception):

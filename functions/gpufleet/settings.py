@@ -22,6 +22,7 @@ class Settings(BaseModel):
     intake_bucket: str
     job_state_machine_arn: str = ""
     launch_template_id: str = ""
+    efa_launch_template_id: str = ""  # multi-node jobs on EFA types launch from this one
     notify_topic_arn: str = ""
     subnet_ids: list[str] = Field(default_factory=list)
     config: FleetConfig = Field(default_factory=FleetConfig)
@@ -37,6 +38,8 @@ class Settings(BaseModel):
     capacity_memory_seconds: int = 300
     # A node that sends no heartbeat for this long is taken for lost.
     node_heartbeat_timeout_seconds: int = 900
+    # Each node's root EBS volume (the stack's `root_volume_gib`), priced into every run.
+    root_volume_gib: int = 200
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -50,6 +53,7 @@ class Settings(BaseModel):
             intake_bucket=env[topology.ENV_INTAKE_BUCKET],
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
             launch_template_id=env.get(topology.ENV_LAUNCH_TEMPLATE, ""),
+            efa_launch_template_id=env.get(topology.ENV_EFA_LAUNCH_TEMPLATE, ""),
             notify_topic_arn=env.get(topology.ENV_NOTIFY_TOPIC, ""),
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             config=config_from_env(env.get(topology.ENV_CONFIG)),
@@ -61,4 +65,5 @@ class Settings(BaseModel):
             node_heartbeat_timeout_seconds=int(
                 env.get("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "900")
             ),
+            root_volume_gib=int(env.get(topology.ENV_ROOT_VOLUME, "200")),
         )

@@ -24,6 +24,7 @@ DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
 DETAIL_JOB_QUEUED = "Job Queued"
 DETAIL_CAPACITY_FREED = "Capacity Freed"
 DETAIL_JOB_FLAGGED = "Job Flagged"
+DETAIL_JOB_SCALED = "Job Scaled"  # an elastic job changed its number of nodes
 DETAIL_NODE_STARTED = "Node Started"
 DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
@@ -35,17 +36,29 @@ DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
 TAG_MANAGED = "gpufleet:managed"
 TAG_JOB_ID = "gpufleet:job-id"
+# Warm-pool instances: "true" while idle, "claimed" once a launch took one (it then has a job).
+TAG_WARM = "gpufleet:warm"
+WARM_IDLE = "true"
+WARM_CLAIMED = "claimed"
+# The warm pool's claims live in the queue table under this partition key.
+WARM_POOL_PARTITION = "warm"
 
 # What node agents publish per job (namespace, metric, dimension), and the alarms on it.
 METRICS_NAMESPACE = "GpuFleet/Jobs"
 GPU_UTILIZATION_METRIC = "GpuUtilization"
 GPU_TEMPERATURE_METRIC = "GpuTemperature"
+GPU_MEMORY_METRIC = "GpuMemoryUsed"  # MiB used on the node's GPUs together
+# The node agent's own metrics: a job's code cannot publish under these names.
+AGENT_METRICS = frozenset({GPU_UTILIZATION_METRIC, GPU_TEMPERATURE_METRIC, GPU_MEMORY_METRIC})
 JOB_DIMENSION = "JobId"
 ALARM_PREFIX = "gpufleet-"
 DETAIL_ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 
 INTAKE_PREFIX = "jobs/"
 RUNS_PREFIX = "runs/"
+# The control instruction (runs/<job>/control.json) that has a node which just finished a stage
+# of a multi-stage job run the next one on the same instance.
+CONTROL_RUN_STAGE = "run-stage"
 
 
 @dataclass(frozen=True)
@@ -153,11 +166,10 @@ INTAKE_FROM_EVENT = Function(
     "gpufleet.handlers.on_submit_event.handler",
     "Accepts job specs sent as EventBridge events",
 )
-PREPARE = Function(
-    "Prepare", "gpufleet.handlers.on_prepare.handler", "Validates a job and chooses offerings"
-)
 LAUNCH = Function(
-    "Launch", "gpufleet.handlers.on_launch.handler", "Launches a job's nodes with CreateFleet"
+    "Launch",
+    "gpufleet.handlers.on_launch.handler",
+    "Launches a job's nodes with CreateFleet; the workflow then waits for their report",
 )
 ENQUEUE = Function(
     "Enqueue",
@@ -174,11 +186,6 @@ REQUEUE = Function(
     "Requeue",
     "gpufleet.handlers.on_requeue.handler",
     "Sends a checkpointed job back to the queue",
-)
-AWAIT_NODE = Function(
-    "AwaitNode",
-    "gpufleet.handlers.on_await_node.handler",
-    "Parks the workflow's task token until the job's node reports",
 )
 NODE_REPORT = Function(
     "NodeReport",
@@ -202,28 +209,22 @@ INSTANCE_EVENT = Function(
     "Checkpoints jobs on spot interruption warnings; notices instances that went away",
 )
 RELEASE = Function(
-    "Release", "gpufleet.handlers.on_release.handler", "Terminates every instance of a job"
-)
-RECORD_OUTCOME = Function(
-    "RecordOutcome",
-    "gpufleet.handlers.on_record_outcome.handler",
-    "Records a job's final status and cost",
+    "Release",
+    "gpufleet.handlers.on_release.handler",
+    "Terminates every instance of a job; requeues it, or records its final status and cost",
 )
 FUNCTIONS: tuple[Function, ...] = (
     INTAKE_FROM_S3,
     INTAKE_FROM_EVENT,
-    PREPARE,
     ENQUEUE,
     DISPATCH,
     LAUNCH,
-    AWAIT_NODE,
     REQUEUE,
     NODE_REPORT,
     INSTANCE_EVENT,
     METRIC_ALARM,
     RECONCILE,
     RELEASE,
-    RECORD_OUTCOME,
 )
 
 RULES: tuple[Rule, ...] = (
@@ -303,13 +304,10 @@ JOB_LIFECYCLE = StateMachine(
     construct_id="JobLifecycle",
     definition_file="job_lifecycle.asl.json",
     function_substitutions={
-        "PrepareFunctionArn": PREPARE.construct_id,
         "EnqueueFunctionArn": ENQUEUE.construct_id,
         "LaunchFunctionArn": LAUNCH.construct_id,
         "RequeueFunctionArn": REQUEUE.construct_id,
-        "AwaitNodeFunctionArn": AWAIT_NODE.construct_id,
         "ReleaseFunctionArn": RELEASE.construct_id,
-        "RecordOutcomeFunctionArn": RECORD_OUTCOME.construct_id,
     },
 )
 STATE_MACHINES: tuple[StateMachine, ...] = (JOB_LIFECYCLE,)
@@ -323,6 +321,10 @@ ENV_LAUNCH_TEMPLATE = "LAUNCH_TEMPLATE_ID"
 ENV_SUBNETS = "SUBNET_IDS"
 ENV_CONFIG = "GPUFLEET_CONFIG"  # the validated policy config (gpufleet.yaml) as compact JSON
 ENV_NOTIFY_TOPIC = "NOTIFY_TOPIC_ARN"  # SNS topic for alerts people must see
+# Optional: each node's root volume size in GiB, for storage cost (default 200, as the stack).
+ENV_ROOT_VOLUME = "GPUFLEET_ROOT_VOLUME_GIB"
+# The launch template with an EFA network interface, for multi-node jobs on EFA types.
+ENV_EFA_LAUNCH_TEMPLATE = "EFA_LAUNCH_TEMPLATE_ID"
 COMMON_ENV: tuple[str, ...] = (
     *(table.env_var for table in TABLES),
     ENV_EVENT_BUS,
@@ -332,7 +334,14 @@ COMMON_ENV: tuple[str, ...] = (
 EXTRA_ENV: dict[str, tuple[str, ...]] = {
     INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),
     INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE,),
-    LAUNCH.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
+    LAUNCH.construct_id: (
+        ENV_LAUNCH_TEMPLATE,
+        ENV_SUBNETS,
+        ENV_EFA_LAUNCH_TEMPLATE,
+        ENV_ROOT_VOLUME,
+    ),
+    # The reconciler launches the warm pool's instances.
+    RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
     METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
 }
 
@@ -340,3 +349,30 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
 def environment_of(function: Function) -> tuple[str, ...]:
     """The deployment variables a function is given."""
     return COMMON_ENV + EXTRA_ENV.get(function.construct_id, ())
+
+
+# The node agent's container output. The stack names the log group (its `AgentLogGroupName`
+# output, given to the agent as this variable); each run writes one stream per job and instance,
+# so every run of a job is found by the job's prefix.
+ENV_AGENT_LOG_GROUP = "GPUFLEET_AGENT_LOG_GROUP"
+
+
+def agent_log_stream_prefix(job_id: str) -> str:
+    return f"{job_id}/"
+
+
+def agent_log_stream(job_id: str, instance_id: str) -> str:
+    return agent_log_stream_prefix(job_id) + instance_id
+
+
+# The stack's outputs (CfnOutput id -> the deployment variable its value fills): the CLI reads a
+# deployed stack's with these (`--stack NAME`), and the emulator publishes the same ones.
+STACK_OUTPUTS: dict[str, str] = {
+    **{f"{t.construct_id}Name": t.env_var for t in TABLES},
+    "EventBusName": ENV_EVENT_BUS,
+    "IntakeBucketName": ENV_INTAKE_BUCKET,
+    f"{JOB_LIFECYCLE.construct_id}Arn": ENV_STATE_MACHINE,
+    "LaunchTemplateId": ENV_LAUNCH_TEMPLATE,
+    "AlertsTopicArn": ENV_NOTIFY_TOPIC,
+    "AgentLogGroupName": ENV_AGENT_LOG_GROUP,
+}

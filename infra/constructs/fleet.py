@@ -1,4 +1,8 @@
-"""What the GPU nodes run with: network, instance role and profile, launch template, agent.
+"""What the GPU nodes run with: network, instance role and profile, launch templates, agent.
+
+Two launch templates, alike but for the network interface: the plain one (one ENA interface) and
+one whose interface is an EFA, for multi-node jobs on instance types that have EFA (the Launch
+function picks it per instance type; CreateFleet overrides cannot name network interfaces).
 
 Job data never reaches the user data: the script below is fixed per deployment (bus, bucket,
 log group, agent code location). The node agent finds its job at run time from its own instance
@@ -113,13 +117,29 @@ class Fleet(Construct):
                 pip_packages=config.agent_pip_packages,
             )
         )
-        self.launch_template = ec2.LaunchTemplate(
+        profile = iam.InstanceProfile(self, "InstanceProfile", role=self.instance_role)
+        self.launch_template = self._launch_template("LaunchTemplate", config, user_data, profile)
+        self.efa_launch_template = self._launch_template(
+            "EfaLaunchTemplate", config, user_data, profile, efa=True
+        )
+
+    def _launch_template(
+        self,
+        construct_id: str,
+        config: GpuFleetConfig,
+        user_data: ec2.UserData,
+        profile: iam.IInstanceProfile,
+        *,
+        efa: bool = False,
+    ) -> ec2.LaunchTemplate:
+        template = ec2.LaunchTemplate(
             self,
-            "LaunchTemplate",
+            construct_id,
             machine_image=self.image,
             user_data=user_data,
-            role=self.instance_role,
-            security_group=self.security_group,
+            instance_profile=profile,
+            # An EFA template names its security group on the interface (EC2 refuses both).
+            security_group=None if efa else self.security_group,
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
             http_put_response_hop_limit=2,  # containers on the node reach IMDSv2 too
@@ -138,7 +158,7 @@ class Fleet(Construct):
                 )
             ],
         )
-        cfn_template = self.launch_template.node.default_child
+        cfn_template = template.node.default_child
         assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
         cfn_template.add_property_override(
             "LaunchTemplateData.TagSpecifications",
@@ -147,6 +167,22 @@ class Fleet(Construct):
                 for kind in TAGGED_AT_LAUNCH
             ],
         )
+        if efa:
+            # One EFA (with its ENA device) as the primary interface; the subnet comes from the
+            # fleet's override. Types with several network cards could take one EFA per card.
+            cfn_template.add_property_override(
+                "LaunchTemplateData.NetworkInterfaces",
+                [
+                    {
+                        "DeviceIndex": 0,
+                        "NetworkCardIndex": 0,
+                        "InterfaceType": "efa",
+                        "Groups": [self.security_group.security_group_id],
+                        "DeleteOnTermination": True,
+                    }
+                ],
+            )
+        return template
 
     # ARNs the Launch function's policy names -------------------------------------------------
     def arn(self, resource: str, name: str, *, account: bool = True) -> str:
@@ -158,13 +194,16 @@ class Fleet(Construct):
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
 
-    def launch_template_arn(self) -> str:
-        return self.arn("launch-template", self.launch_template.launch_template_id or "")
+    def launch_template_arns(self) -> list[str]:
+        return [
+            self.arn("launch-template", template.launch_template_id or "")
+            for template in (self.launch_template, self.efa_launch_template)
+        ]
 
     def existing_resource_arns(self) -> list[str]:
-        """What a launch uses but does not create: template, subnets, security group, AMI."""
+        """What a launch uses but does not create: templates, subnets, security group, AMI."""
         return [
-            self.launch_template_arn(),
+            *self.launch_template_arns(),
             self.arn("security-group", self.security_group.security_group_id),
             self.arn("image", self.image_id, account=False),
             *(self.arn("subnet", subnet) for subnet in self.subnet_ids),

@@ -65,18 +65,20 @@ class Permission(enum.Enum):
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
     ALARMS = "create and delete the per-job GPU alarms (named gpufleet-*)"
     NOTIFY = "publish alerts to the stack's SNS topic"
+    WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
+    CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
 
 
 P = Permission
 # What each handler calls (see gpufleet.services): the grants follow from it.
 PERMISSIONS: dict[str, frozenset[Permission]] = {
+    # Intake also plans the job's first launch (reading the team's past runs in the jobs table).
     topology.INTAKE_FROM_S3.construct_id: frozenset(
         {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
     ),
     topology.INTAKE_FROM_EVENT.construct_id: frozenset(
         {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
     ),
-    topology.PREPARE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
     # Enqueue completes its own task when the job was cancelled meanwhile.
     topology.ENQUEUE.construct_id: frozenset({P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE}),
     # Dispatch admits (completing the waiting task), asks victims to checkpoint through their
@@ -85,11 +87,13 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
         {P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE}
     ),
     topology.REQUEUE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
-    # Launch also terminates what a partial (all-or-nothing) launch left behind.
+    # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
+    # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
         {
             P.JOBS,
             P.PUBLISH,
+            P.TASK_RESPONSE,
             P.WRITE_RUNS,
             P.LAUNCH_FLEET,
             P.TERMINATE,
@@ -97,10 +101,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.ALARMS,
         }
     ),
-    # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/).
-    topology.METRIC_ALARM.construct_id: frozenset({P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY}),
-    # AwaitNode completes the task itself when the node finished before the token was parked.
-    topology.AWAIT_NODE.construct_id: frozenset({P.JOBS, P.TASK_RESPONSE}),
+    # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/); an
+    # elastic one is resized (its queue entry rewritten), a hot or leaking one alerted (SNS).
+    topology.METRIC_ALARM.construct_id: frozenset(
+        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.QUEUE}
+    ),
     topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
     topology.RELEASE.construct_id: frozenset(
         {P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH, P.PLACEMENT_GROUPS, P.ALARMS}
@@ -111,7 +116,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.INSTANCE_EVENT.construct_id: frozenset(
         {P.JOBS, P.TASK_RESPONSE, P.WRITE_RUNS, P.FIND_INSTANCES}
     ),
-    topology.RECORD_OUTCOME.construct_id: frozenset({P.JOBS, P.PUBLISH}),
+}
+# Only when the config has a warm pool: Launch claims its instances, Reconcile launches them.
+WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
+    topology.LAUNCH.construct_id: frozenset({P.WARM_POOL, P.CLAIM_WARM}),
+    topology.RECONCILE.construct_id: frozenset({P.WARM_POOL, P.LAUNCH_FLEET}),
 }
 # The functions that start workflows get the state machine's ARN in their environment.
 STARTS_WORKFLOW = tuple(cid for cid, grants in PERMISSIONS.items() if P.START_WORKFLOW in grants)
@@ -168,7 +177,9 @@ class Functions(Construct):
         }
         launch_environment = {
             topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",
+            topology.ENV_EFA_LAUNCH_TEMPLATE: fleet.efa_launch_template.launch_template_id or "",
             topology.ENV_SUBNETS: ",".join(fleet.subnet_ids),
+            topology.ENV_ROOT_VOLUME: str(config.root_volume_gib),
         }
 
         self.functions: dict[str, lambda_.Function] = {}
@@ -190,8 +201,13 @@ class Functions(Construct):
             )
             dlq = dead_letter_queue(self, f"{cid}DeadLetters")
             environment = dict(self.environment)
-            if cid == topology.LAUNCH.construct_id:
-                environment.update(launch_environment)
+            environment.update(
+                {
+                    name: value
+                    for name, value in launch_environment.items()
+                    if name in topology.EXTRA_ENV.get(cid, ())
+                }
+            )
             if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
                 environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic_arn
             function = lambda_.Function(
@@ -215,7 +231,10 @@ class Functions(Construct):
             self.functions[cid] = function
             self.roles[cid] = role
             self.dead_letter_queues[cid] = dlq
-            self._grant(role, PERMISSIONS[cid])
+            grants = PERMISSIONS[cid]
+            if fleet_config.warm_pool is not None:
+                grants |= WARM_POOL_PERMISSIONS.get(cid, frozenset())
+            self._grant(role, grants)
             nag.acknowledge(
                 function,
                 "AwsSolutions-L1",
@@ -332,6 +351,46 @@ class Functions(Construct):
                 )
                 star_reasons.append("ec2:DescribeInstances (no resource-level permissions)")
 
+        if P.WARM_POOL in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="WarmPoolClaims",
+                    actions=[
+                        "dynamodb:GetItem",
+                        "dynamodb:Query",
+                        "dynamodb:PutItem",
+                        "dynamodb:DeleteItem",
+                    ],
+                    resources=[self._job_store.tables[topology.QUEUE_TABLE.construct_id].table_arn],
+                    conditions={
+                        "ForAllValues:StringEquals": {
+                            "dynamodb:LeadingKeys": [topology.WARM_POOL_PARTITION]
+                        }
+                    },
+                )
+            )
+        if P.CLAIM_WARM in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ClaimWarmInstances",
+                    actions=["ec2:CreateTags"],
+                    resources=[self._ec2_arn("instance", "*")],
+                    conditions={
+                        "StringEquals": {
+                            **MANAGED_RESOURCE_CONDITION,
+                            f"aws:ResourceTag/{topology.TAG_WARM}": [
+                                topology.WARM_IDLE,
+                                topology.WARM_CLAIMED,
+                            ],
+                            f"aws:RequestTag/{topology.TAG_WARM}": topology.WARM_CLAIMED,
+                        },
+                        "ForAllValues:StringEquals": {
+                            "aws:TagKeys": [topology.TAG_JOB_ID, topology.TAG_WARM]
+                        },
+                    },
+                )
+            )
+            wildcards.append(self._nag_arn("instance", "*"))
         if P.NOTIFY in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

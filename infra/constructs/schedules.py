@@ -43,6 +43,7 @@ class Schedules(Construct):
             description="gpufleet schedules: invoke their target functions",
         )
         dead_letters = dead_letter_queue(self, "DeadLetters")
+        self.dead_letter_queue = dead_letters
         dead_letters.grant_send_messages(role)
         nag.acknowledge(
             dead_letters,

@@ -91,7 +91,7 @@ class Synth:
 
     def ref_target(self, env_var: str) -> str:
         """The logical id an environment variable of the functions refers to."""
-        value = self.function_env(topology.PREPARE.construct_id)[env_var]
+        value = self.function_env(topology.ENQUEUE.construct_id)[env_var]
         logical_id: str = value["Ref"]
         return logical_id
 

@@ -27,7 +27,7 @@ def _keys(schema: list[dict[str, str]]) -> list[tuple[str, str]]:
 
 
 def _template_table(synth: Synth, table: topology.Table) -> dict[str, Any]:
-    env = synth.function_env(topology.PREPARE.construct_id)
+    env = synth.function_env(topology.ENQUEUE.construct_id)
     return synth.props(env[table.env_var]["Ref"])
 
 
@@ -98,7 +98,11 @@ def test_functions_match_handlers_and_deployment_variables(synth: Synth, account
         assert set(live["Environment"]["Variables"]) == set(template_env) & deployment_vars
         # What the template gives a function is enough for its handler's settings.
         settings = Settings.from_env(
-            {**dict.fromkeys(template_env, "x"), topology.ENV_CONFIG: "{}"}
+            {
+                **dict.fromkeys(template_env, "x"),
+                topology.ENV_CONFIG: "{}",
+                topology.ENV_ROOT_VOLUME: template_env.get(topology.ENV_ROOT_VOLUME, "200"),
+            }
         )
         if topology.ENV_STATE_MACHINE in topology.environment_of(function):
             assert settings.job_state_machine_arn

@@ -144,10 +144,8 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
     }
     if spec.construct_id in STARTS_WORKFLOW:
         expected.add(topology.ENV_STATE_MACHINE)
-    if spec.construct_id == topology.LAUNCH.construct_id:
-        expected |= {topology.ENV_LAUNCH_TEMPLATE, topology.ENV_SUBNETS}
-    if spec.construct_id == topology.METRIC_ALARM.construct_id:
-        expected.add(topology.ENV_NOTIFY_TOPIC)
+    # Launch (templates, subnets), Reconcile (the warm pool's launches), MetricAlarm (alerts).
+    expected |= set(topology.EXTRA_ENV.get(spec.construct_id, ()))
     assert set(env) == expected
     for table in topology.TABLES:
         assert synth.resources[env[table.env_var]["Ref"]]["Type"] == "AWS::DynamoDB::Table"
@@ -443,9 +441,17 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
-    "states:SendTaskSuccess": {"AwaitNode", "NodeReport", "Enqueue", "Dispatch", "InstanceEvent"},
+    "states:SendTaskSuccess": {"Launch", "NodeReport", "Enqueue", "Dispatch", "InstanceEvent"},
     # The idempotency table (intake) and the admission queue (admit, release).
-    "dynamodb:DeleteItem": {"IntakeFromS3", "IntakeFromEvent", "Enqueue", "Dispatch", "Release"},
+    # MetricAlarm rewrites a resized job's queue entry.
+    "dynamodb:DeleteItem": {
+        "IntakeFromS3",
+        "IntakeFromEvent",
+        "Enqueue",
+        "Dispatch",
+        "Release",
+        "MetricAlarm",
+    },
     "s3:GetObject": {"IntakeFromS3", "IntakeFromEvent"},
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
@@ -454,7 +460,6 @@ EXCLUSIVE_ACTIONS = {
     "events:PutEvents": {
         "IntakeFromS3",
         "IntakeFromEvent",
-        "Prepare",
         "Enqueue",
         "Dispatch",
         "Launch",
@@ -462,7 +467,6 @@ EXCLUSIVE_ACTIONS = {
         "MetricAlarm",
         "Requeue",
         "Release",
-        "RecordOutcome",
     },
 }
 
@@ -510,14 +514,38 @@ def test_permission_table_matches_handlers() -> None:
 # -- fleet ---------------------------------------------------------------------------------------
 
 
-def _launch_template(synth: Synth) -> dict[str, Any]:
-    (template,) = synth.of_type("AWS::EC2::LaunchTemplate").values()
-    data: dict[str, Any] = template["Properties"]["LaunchTemplateData"]
+TEMPLATES = (topology.ENV_LAUNCH_TEMPLATE, topology.ENV_EFA_LAUNCH_TEMPLATE)
+
+
+def _launch_template(synth: Synth, env_var: str = topology.ENV_LAUNCH_TEMPLATE) -> dict[str, Any]:
+    """The data of the launch template the Launch function gets in `env_var`."""
+    template = synth.function_env(topology.LAUNCH.construct_id)[env_var]["Ref"]
+    data: dict[str, Any] = synth.props(template)["LaunchTemplateData"]
     return data
 
 
-def test_launch_template_hardening(synth: Synth) -> None:
-    data = _launch_template(synth)
+def test_the_launch_templates_are_the_two_the_launch_function_uses(synth: Synth) -> None:
+    launch_env = synth.function_env(topology.LAUNCH.construct_id)
+    used = {launch_env[name]["Ref"] for name in TEMPLATES}
+    assert used == set(synth.of_type("AWS::EC2::LaunchTemplate"))
+
+
+def test_the_efa_template_is_the_plain_one_with_an_efa_interface(synth: Synth) -> None:
+    plain = _launch_template(synth)
+    efa = _launch_template(synth, topology.ENV_EFA_LAUNCH_TEMPLATE)
+    [interface] = efa["NetworkInterfaces"]
+    assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
+    assert "SubnetId" not in interface  # each CreateFleet override names the subnet
+    # Security groups go on the interface: EC2 refuses them at the top level as well.
+    assert interface["Groups"] == plain["SecurityGroupIds"] and "SecurityGroupIds" not in efa
+    assert {k: v for k, v in efa.items() if k != "NetworkInterfaces"} == {
+        k: v for k, v in plain.items() if k != "SecurityGroupIds"
+    }
+
+
+@pytest.mark.parametrize("env_var", TEMPLATES)
+def test_launch_template_hardening(synth: Synth, env_var: str) -> None:
+    data = _launch_template(synth, env_var)
     assert data["MetadataOptions"] == {
         "HttpTokens": "required",
         "HttpPutResponseHopLimit": 2,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpufleet.adapters.aws.fleet import Ec2Fleet
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride, LaunchRequest
 from gpufleet.emulator.account import Account
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
@@ -238,3 +239,56 @@ def test_multi_node_jobs_launch_into_their_own_cluster_placement_group(
     assert fleet.delete_placement_group(job)
     assert job not in fleet.placement_group_jobs()
     assert not fleet.delete_placement_group(job)  # already gone: nothing to do
+
+
+def test_multi_node_jobs_on_efa_types_launch_from_the_efa_template(
+    account: Account, ec2: Any
+) -> None:
+    efa_types = frozenset(t.name for t in load_bundled().instance_types() if t.efa)
+    assert "p4d.24xlarge" in efa_types and "g5.xlarge" not in efa_types
+    fleet = Ec2Fleet(
+        ec2,
+        account.launch_template_id,
+        account.subnet_ids,
+        efa_launch_template_id=account.efa_launch_template_id,
+        efa_types=efa_types,
+    )
+    sent: list[dict[str, Any]] = []
+    ec2.meta.events.register(
+        "provide-client-params.ec2.CreateFleet", lambda params, **_: sent.append(params)
+    )
+    overrides = [
+        LaunchOverride(instance_type="p4d.24xlarge", zone="us-east-1a", hourly_usd=20.0),
+        LaunchOverride(instance_type="g5.xlarge", zone="us-east-1a", hourly_usd=0.4),
+    ]
+    for nodes in (2, 1):
+        launched = fleet.launch(
+            LaunchRequest(
+                job_id=job_id(),
+                attempt=0,
+                capacity_type=CapacityType.ON_DEMAND,
+                nodes=nodes,
+                overrides=overrides,
+            )
+        )
+        assert launched.launched and len(launched.instance_ids) == nodes
+    multi, single = (
+        {
+            c["LaunchTemplateSpecification"]["LaunchTemplateId"]: [
+                o["InstanceType"] for o in c["Overrides"]
+            ]
+            for c in params["LaunchTemplateConfigs"]
+        }
+        for params in sent[-2:]
+    )
+    # EFA only pays off between nodes: the EFA type of a multi-node job gets the EFA template.
+    assert multi == {
+        account.efa_launch_template_id: ["p4d.24xlarge"],
+        account.launch_template_id: ["g5.xlarge"],
+    }
+    assert single == {account.launch_template_id: ["p4d.24xlarge", "g5.xlarge"]}
+    [version] = ec2.describe_launch_template_versions(
+        LaunchTemplateId=account.efa_launch_template_id
+    )["LaunchTemplateVersions"]
+    [interface] = version["LaunchTemplateData"]["NetworkInterfaces"]
+    assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
-from gpufleet.domain.job import Job
+from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.account import Account
 from gpufleet.topology import INTAKE_FROM_EVENT, INTAKE_FROM_S3, JOB_LIFECYCLE, JOBS_TABLE
 from tests.helpers import SPEC_YAML
@@ -68,7 +69,44 @@ def test_an_upload_under_jobs_starts_one_lifecycle(account: Account, store: Dyna
     source = f"s3://{account.bucket}/jobs/upload-once.yaml"
     [job] = wait_for(lambda: jobs_from(store, source))
     assert job.spec.name == "resnet"
-    assert len(executions_for(account, job.job_id)) == 1
+    [execution] = executions_for(account, job.job_id)
+    # Intake planned the job: its lifecycle starts from the plan, at the first launch step.
+    described = account.client("stepfunctions").describe_execution(
+        executionArn=execution["executionArn"]
+    )
+    state = json.loads(described["input"])
+    assert state["job_id"] == job.job_id
+    assert LaunchPlan.model_validate(state["plan"]).steps
+    assert (state["launch"]["step"], state["launch"]["attempt"]) == (0, 0)
+
+
+def test_a_spec_nothing_can_run_is_stored_failed_without_a_lifecycle(
+    account: Account, store: DynamoJobStore
+) -> None:
+    event = {
+        "version": "0",
+        "id": "77777777-2222-3333-4444-555555555555",
+        "detail-type": "Job Submitted",
+        "source": "gpufleet",
+        "account": "123456789012",
+        "time": "2026-11-29T17:31:30Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": {
+            "name": "too-big",
+            "team": "t",
+            "image": "img",
+            "command": ["x"],
+            "resources": {"gpus": 1, "gpu_memory_gib": 1000},
+        },
+    }
+    # Invoked directly: once it answers, any lifecycle it would start has been started.
+    result = invoke(account, INTAKE_FROM_EVENT.construct_id, event)
+    assert result["accepted"]
+    [job] = jobs_from(store, f"event:{event['id']}")
+    assert job.status is JobStatus.FAILED
+    assert job.failure_reason is not None and "1000 GiB" in job.failure_reason
+    assert executions_for(account, job.job_id) == []
 
 
 def test_the_same_s3_notification_delivered_twice_creates_one_job(

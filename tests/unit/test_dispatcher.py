@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 
 from gpufleet.adapters.local.memory import (
     FakeFleet,
+    InMemoryJobQueue,
     InMemoryObjects,
     ManualClock,
     RecordingWorkflow,
@@ -17,9 +20,10 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuePolicy, RunningJob, TeamQuota
-from gpufleet.ports import AdmissionLimits, Ports
+from gpufleet.domain.spec import Priority
+from gpufleet.ports import AdmissionLimits, Ports, QueueEntry
 from gpufleet.services.dispatcher import DispatcherService, queue_listing
-from gpufleet.services.factory import build_dispatcher, build_lifecycle
+from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import (
     JobAlreadyEnded,
@@ -28,7 +32,7 @@ from gpufleet.services.lifecycle import (
     control_key,
     run_manifest_key,
 )
-from tests.helpers import local_ports, make_settings
+from tests.helpers import local_ports, make_settings, plan_of
 
 POLICY = QueuePolicy(
     max_gpus=8,
@@ -46,8 +50,10 @@ class World:
         self.ports: Ports = local_ports()
         self.lifecycle: LifecycleService = build_lifecycle(self.ports, SETTINGS)
         self.dispatcher: DispatcherService = build_dispatcher(self.ports, SETTINGS, self.lifecycle)
+        self.intake: IntakeService = build_intake(self.ports, SETTINGS, self.lifecycle)
         self.tokens = 0
         self.plans: dict[str, LaunchPlan] = {}
+        self.queue_tokens: dict[str, str] = {}  # each job's latest Enqueue token
 
     @property
     def clock(self) -> ManualClock:
@@ -64,9 +70,9 @@ class World:
         ).encode()
         key = f"jobs/{name}-{self.clock.now()}.yaml"
         cast(InMemoryObjects, self.ports.objects).objects[key] = body
-        job_id = IntakeService(self.ports).submit_object(key, key, key).job_id
+        job_id = self.intake.submit_object(key, key, key).job_id
         assert job_id is not None
-        self.plans[job_id] = LaunchPlan.model_validate(self.lifecycle.prepare(job_id)["plan"])
+        self.plans[job_id] = plan_of(self.ports, job_id)
         self.clock.advance(1)  # submissions in a known order
         return job_id
 
@@ -74,14 +80,19 @@ class World:
         self.tokens += 1
         token = f"enqueue-{self.tokens}"
         self.lifecycle.enqueue(job_id, token, self.plans[job_id])
+        self.queue_tokens[job_id] = token
         return token
 
     def start(self, job_id: str) -> str:
-        """Launch an admitted job and have its node report that it started."""
-        assert self.lifecycle.launch(job_id, self.plans[job_id], 0, self.tokens).launched
-        instance = self.ports.jobs.get(job_id).placement.instance_ids[0]  # type: ignore[union-attr]
+        """Launch an admitted job, handing on what the dispatcher said (as the workflow does),
+        and have its node report that it started."""
+        admission = self.workflow.completed[self.queue_tokens[job_id]]
+        assert admission["admitted"] is True
         self.tokens += 1
-        self.lifecycle.await_node(job_id, f"node-{self.tokens}")
+        token = f"run-{self.tokens}"
+        plan = self.plans[job_id]
+        assert self.lifecycle.launch(job_id, plan, 0, self.tokens, token, admission) is None
+        instance = self.ports.jobs.get(job_id).placement.instance_ids[0]  # type: ignore[union-attr]
         self.lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
         return instance
 
@@ -97,14 +108,81 @@ class World:
 def test_admission_completes_the_parked_task_within_the_quota() -> None:
     world = World()
     first, second = world.submit("a", "normal"), world.submit("b", "normal")
+    queued_at = world.clock.now()
     tokens = [world.enqueue(first), world.enqueue(second)]
+    world.clock.advance(30)
+    before = world.ports.jobs.get(first)
     result = world.dispatcher.run_pass()
     assert result.admitted == [first]
     assert result.waiting == {second: "quota"}
-    assert world.workflow.completed[tokens[0]] == {"admitted": True}
+    assert result.waited_seconds == [30.0]
+    # What the workflow hands to Launch, which notes the wait on the job.
+    assert world.workflow.completed[tokens[0]] == {
+        "admitted": True,
+        "queued_at": queued_at,
+        "admitted_at": queued_at + 30,
+    }
     assert tokens[1] not in world.workflow.completed
+    assert world.ports.jobs.get(first) == before  # admission does not touch the job
     rows, _ = queue_listing(world.ports, POLICY)
     assert [(row.job_id, row.reason) for row in rows] == [(second, "quota")]
+
+    world.start(first)
+    job = world.ports.jobs.get(first)
+    assert (job.waited_seconds, job.first_admitted_at) == (30.0, queued_at + 30)
+
+
+def test_a_pass_reports_the_queue_state_it_began_from() -> None:
+    world = World()
+    running = world.submit("run", "normal")
+    world.enqueue(running)
+    first = world.dispatcher.run_pass()
+    assert first.admitted == [running]
+    assert first.state is not None and first.state.running == []
+    assert {p: n for p, n in first.state.waiting.items() if n} == {Priority.NORMAL: 1}
+    world.start(running)
+    for name, priority in (("h1", "high"), ("h2", "high"), ("l1", "low")):
+        world.enqueue(world.submit(name, priority))
+    state = world.dispatcher.run_pass().state
+    assert state is not None
+    assert [r.job.job_id for r in state.running] == [running] and state.gpus_held == 4
+    assert {p: n for p, n in state.waiting.items() if n} == {Priority.HIGH: 2, Priority.LOW: 1}
+
+
+class CountingQueue(InMemoryJobQueue):
+    """Remembers which classes each `candidates` call asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[Collection[Priority] | None] = []
+
+    def candidates(
+        self,
+        now: float,
+        policy: QueuePolicy,
+        limit: int,
+        classes: Collection[Priority] | None = None,
+    ) -> list[QueueEntry]:
+        self.asked.append(None if classes is None else set(classes))
+        return super().candidates(now, policy, limit, classes)
+
+
+def test_an_event_woken_pass_reads_only_the_classes_that_have_jobs() -> None:
+    world = World()
+    queue = CountingQueue()
+    world.ports = replace(world.ports, queue=queue)
+    world.lifecycle = build_lifecycle(world.ports, SETTINGS)
+    world.dispatcher = build_dispatcher(world.ports, SETTINGS, world.lifecycle)
+    world.intake = build_intake(world.ports, SETTINGS, world.lifecycle)
+
+    assert world.dispatcher.run_pass(full=False).admitted == []
+    assert queue.asked == []  # nothing waits: no class is read at all
+    low = world.submit("low", "low")
+    world.enqueue(low)
+    assert world.dispatcher.run_pass(full=False).admitted == [low]
+    assert queue.asked == [{Priority.LOW}]
+    assert world.dispatcher.run_pass().admitted == []  # the schedule's pass reads them all
+    assert queue.asked[-1] is None
 
 
 def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -> None:
@@ -136,9 +214,8 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
     assert result.waiting == {low: "yielding"}
     high_instance = world.start(high)
     world.clock.advance(600)
-    world.finish(high, high_instance)
-    world.lifecycle.release(high)
-    world.lifecycle.record_outcome(high, {"run": {"exit_code": 0}})
+    run = world.finish(high, high_instance)
+    assert world.lifecycle.release(high, {"run": run})["outcome"]["status"] == "SUCCEEDED"
 
     assert world.dispatcher.run_pass().admitted == [low]
     world.start(low)
@@ -179,11 +256,15 @@ def test_cancel_a_waiting_job_and_a_running_one() -> None:
 
     assert world.lifecycle.cancel(running)["status"] == "CANCELLED"
     assert cast(FakeFleet, world.ports.fleet).live == {}  # released at once
-    assert world.ports.queue.running() == []  # its share is back
+    assert world.ports.queue.state().running == []  # its share is back
     with pytest.raises(JobAlreadyEnded):
         world.lifecycle.cancel(running)
-    # The workflow then records the cost of what the cancelled run held.
-    summary = world.lifecycle.record_outcome(running, {"run": {"cancelled": True}})
+    # The workflow then releases it, which records the cost of what the cancelled run held.
+    token = world.ports.jobs.get(running).task_token
+    assert token is not None and world.workflow.completed[token]["cancelled"] is True
+    released = world.lifecycle.release(running, {"run": world.workflow.completed[token]})
+    assert released["requeue"] is False
+    summary = released["outcome"]
     assert summary["status"] == "CANCELLED" and summary["cost_usd"] is not None
 
 
@@ -199,8 +280,16 @@ def test_an_admission_whose_notification_was_lost_is_sent_again() -> None:
     )
     # The dispatcher died here, before completing the task. The next pass does it.
     world.dispatcher.run_pass()
+    # Told again without the times: the launch then notes no wait rather than a wrong one.
     assert world.workflow.completed[token] == {"admitted": True}
-    assert world.ports.queue.running()[0].notified
+    # Until its launch says so, a pass cannot know the workflow heard: it tells it again, and
+    # that keeps the job's share.
+    world.dispatcher.run_pass()
+    [held] = world.ports.queue.state().running
+    assert held.job.job_id == job_id and not held.notified
+    world.start(job_id)
+    assert world.ports.queue.state().running[0].notified
+    assert world.ports.jobs.get(job_id).first_admitted_at is None
 
 
 def test_resize_a_waiting_job_and_a_running_one() -> None:

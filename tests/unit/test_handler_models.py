@@ -10,10 +10,13 @@ from aws_lambda_powertools.utilities.parser import envelopes, parse
 from pydantic import ValidationError
 
 from gpufleet.handlers.models import (
-    AwaitNodeTask,
+    EnqueueTask,
     JobTask,
+    LaunchTask,
+    RequeueTask,
     S3Notification,
     SubmittedEvent,
+    TokenTask,
 )
 from gpufleet.services.lifecycle import NodeReport
 
@@ -71,6 +74,35 @@ def test_task_payloads_with_bad_job_ids_are_refused(payload: dict[str, object]) 
         JobTask.model_validate(payload)
 
 
-def test_await_node_needs_a_token() -> None:
-    with pytest.raises(ValidationError):
-        AwaitNodeTask.model_validate({"job_id": "j-" + "0" * 20, "task_token": ""})
+JOB_ID = "j-" + "0" * 20
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [
+        (EnqueueTask, {"plan": {}}),
+        (LaunchTask, {"plan": {}, "step": 0, "attempt": 0}),
+    ],
+)
+def test_token_tasks_need_a_token(model: type[TokenTask], fields: dict[str, object]) -> None:
+    assert model.model_validate({"job_id": JOB_ID, "task_token": "t", **fields}).task_token == "t"
+    for bad in ({"task_token": ""}, {}):
+        with pytest.raises(ValidationError):
+            model.model_validate({"job_id": JOB_ID, **fields, **bad})
+
+
+def test_a_launch_task_carries_the_admission_when_there_is_one() -> None:
+    base = {"job_id": JOB_ID, "task_token": "t", "plan": {}, "step": 1, "attempt": 2}
+    assert LaunchTask.model_validate(base).admission == {}
+    admission = {"admitted": True, "queued_at": 10.0, "admitted_at": 70.0}
+    assert LaunchTask.model_validate({**base, "admission": admission}).admission == admission
+    for bad in ({"step": -1}, {"attempt": -1}):
+        with pytest.raises(ValidationError):
+            LaunchTask.model_validate({**base, **bad})
+
+
+def test_a_requeue_task_needs_the_attempt_it_counts_on_from() -> None:
+    assert RequeueTask.model_validate({"job_id": JOB_ID, "attempt": 3}).attempt == 3
+    for bad in ({}, {"attempt": -1}):
+        with pytest.raises(ValidationError):
+            RequeueTask.model_validate({"job_id": JOB_ID, **bad})

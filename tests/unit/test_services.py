@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pytest
@@ -16,30 +18,63 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
+from gpufleet.domain.cost import storage_usd_per_hour
 from gpufleet.domain.job import IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.services.factory import build_lifecycle
-from gpufleet.services.intake import IntakeService, is_error_report
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key, run_manifest_key
-from gpufleet.topology import DETAIL_JOB_REJECTED
-from tests.helpers import SPEC_YAML, local_ports, make_settings
+from gpufleet.services.intake import is_error_report
+from gpufleet.services.lifecycle import (
+    LaunchStepResult,
+    LifecycleService,
+    NodeReport,
+    control_key,
+    run_manifest_key,
+)
+from gpufleet.topology import DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
+from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings(max_launch_attempts=4, retry_wait_seconds=5)
 
 
 def submit(ports: Any, key: str = "jobs/a.yaml", body: bytes = SPEC_YAML) -> Any:
     cast(InMemoryObjects, ports.objects).objects[key] = body
-    return IntakeService(ports).submit_object(key, f"s3://bucket/{key}#etag", f"s3://bucket/{key}")
+    return intake_for(ports, SETTINGS).submit_object(
+        key, f"s3://bucket/{key}#etag", f"s3://bucket/{key}"
+    )
 
 
-def test_a_valid_upload_becomes_a_submitted_job_and_starts_its_lifecycle() -> None:
+def test_a_valid_upload_is_stored_queued_and_its_lifecycle_starts_with_its_plan() -> None:
     ports = local_ports()
     outcome = submit(ports)
     assert outcome.accepted
     job = ports.jobs.get(outcome.job_id)
-    assert job.status is JobStatus.SUBMITTED
-    assert cast(RecordingWorkflow, ports.workflow).started == [outcome.job_id]
+    assert job.status is JobStatus.QUEUED
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.started == [outcome.job_id]
+    state = workflow.inputs[outcome.job_id]
+    assert set(state) == {"job_id", "plan", "launch"}
+    assert state["job_id"] == outcome.job_id
+    assert state["launch"] == LaunchStepResult(step=0, attempt=0).model_dump()
+    plan = plan_of(ports, outcome.job_id)
+    assert plan.steps[0].capacity_type is CapacityType.SPOT and plan.steps[0].overrides
+    assert plan.max_launch_attempts == SETTINGS.max_launch_attempts
+    [changed] = cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_STATUS_CHANGED)
+    assert changed["job_id"] == outcome.job_id and changed["status"] == "QUEUED"
+
+
+def test_a_spec_nothing_in_the_catalog_can_run_is_stored_failed_and_starts_nothing() -> None:
+    ports = local_ports()
+    body = SPEC_YAML.replace(b"gpu_memory_gib: 16", b"gpu_memory_gib: 1000")
+    outcome = submit(ports, "jobs/huge-gpus.yaml", body)
+    assert outcome.accepted  # a valid spec: the job exists, so its submitter can see why
+    job = ports.jobs.get(outcome.job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.failure_reason is not None and "1000 GiB" in job.failure_reason
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.started == [] and workflow.inputs == {}
+    [changed] = cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_STATUS_CHANGED)
+    assert changed["status"] == "FAILED" and changed["reason"] == job.failure_reason
 
 
 def test_a_redelivery_creates_no_second_job_but_still_ensures_the_start() -> None:
@@ -48,6 +83,32 @@ def test_a_redelivery_creates_no_second_job_but_still_ensures_the_start() -> Non
     assert first.job_id == second.job_id
     assert len(ports.jobs.list_jobs()) == 1
     assert cast(RecordingWorkflow, ports.workflow).started == [first.job_id]
+    assert len(cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_STATUS_CHANGED)) == 1
+
+
+@dataclass
+class CrashingOnce(RecordingWorkflow):
+    """A workflow whose first start fails, as if intake died after storing the job."""
+
+    crashed: bool = False
+
+    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
+        if not self.crashed:
+            self.crashed = True
+            raise RuntimeError("intake died here")
+        super().start(job_id, state)
+
+
+def test_a_redelivery_starts_the_lifecycle_a_crashed_first_delivery_did_not() -> None:
+    workflow = CrashingOnce()
+    ports = replace(local_ports(), workflow=workflow)
+    with pytest.raises(RuntimeError):
+        submit(ports)
+    [stored] = ports.jobs.list_jobs()
+    assert stored.status is JobStatus.QUEUED and workflow.started == []
+    again = submit(ports)
+    assert again.job_id == stored.job_id and workflow.started == [stored.job_id]
+    assert plan_of(ports, stored.job_id).steps  # started with a plan, made again
 
 
 def test_a_bad_spec_writes_an_error_report_emits_rejected_and_changes_nothing_else() -> None:
@@ -77,11 +138,14 @@ def test_error_reports_are_recognised_so_they_never_loop_back_into_intake() -> N
 
 def test_an_event_submission_takes_the_same_path() -> None:
     ports = local_ports()
-    outcome = IntakeService(ports).submit_document(
+    intake = intake_for(ports, SETTINGS)
+    outcome = intake.submit_document(
         {"name": "a", "team": "b", "image": "i", "command": ["x"]}, "event:1", "event:1"
     )
     assert outcome.accepted
-    bad = IntakeService(ports).submit_document("not a mapping", "event:2", "event:2")
+    assert ports.jobs.get(outcome.job_id).status is JobStatus.QUEUED
+    assert cast(RecordingWorkflow, ports.workflow).started == [outcome.job_id]
+    bad = intake.submit_document("not a mapping", "event:2", "event:2")
     assert not bad.accepted and bad.error["error"] == "InvalidJobSpec"
 
 
@@ -102,75 +166,109 @@ def lifecycle_with_job(fleet: FakeFleet | None = None) -> tuple[LifecycleService
     return build_lifecycle(ports, SETTINGS), ports, job_id
 
 
-def run_to_launch(service: LifecycleService, job_id: str) -> tuple[LaunchPlan, Any]:
-    prepared = service.prepare(job_id)
-    plan = LaunchPlan.model_validate(prepared["plan"])
-    return plan, service.launch(job_id, plan, step=0, attempt=0)
+def run_to_launch(
+    service: LifecycleService, ports: Any, job_id: str, token: str = "token"
+) -> tuple[LaunchPlan, LaunchStepResult | None]:
+    """The first Launch of the plan intake made (None: launched, `token` parked on the job)."""
+    plan = plan_of(ports, job_id)
+    return plan, service.launch(job_id, plan, step=0, attempt=0, task_token=token)
 
 
 def test_the_happy_path_end_to_end_with_cost() -> None:
     service, ports, job_id = lifecycle_with_job()
-    _, launched = run_to_launch(service, job_id)
-    assert launched.launched
+    _, launched = run_to_launch(service, ports, job_id, "token-1")
+    assert launched is None
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING
     assert job.placement.capacity_type == "spot"
+    assert job.task_token == "token-1" and job.attempts == 1  # parked with the placement
     manifest = cast(InMemoryObjects, ports.objects).objects[run_manifest_key(job_id)]
     assert b'"command": ["python", "train.py"]' in manifest
     instance = job.placement.instance_ids[0]
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert "token-1" not in workflow.completed  # the run, not the launch, completes it
 
-    service.await_node(job_id, "token-1")
     service.node_report(started(job_id, instance))
+    assert ports.jobs.get(job_id).status is JobStatus.RUNNING
     cast(ManualClock, ports.clock).advance(1800)
     service.node_report(finished(job_id, instance))
-    assert cast(RecordingWorkflow, ports.workflow).completed["token-1"]["exit_code"] == 0
+    assert workflow.completed["token-1"]["exit_code"] == 0
 
-    assert service.release(job_id, {"run": {"exit_code": 0}}) == {
-        "terminated": [instance],
-        "requeue": False,
-        "reason": "",
-    }
-    summary = service.record_outcome(job_id, {"run": {"exit_code": 0}})
+    released = service.release(job_id, {"run": {"exit_code": 0}})
+    assert (released["terminated"], released["requeue"], released["reason"]) == (
+        [instance],
+        False,
+        "",
+    )
+    summary = released["outcome"]
     assert summary["status"] == "SUCCEEDED"
-    assert summary["cost_usd"] == pytest.approx(job.placement.hourly_usd / 2, rel=1e-6)
+    # Half an hour of the instance and of its disk.
+    placement = job.placement
+    disk_hourly = storage_usd_per_hour(
+        1, placement.storage_gib, placement.storage_usd_per_gib_month
+    )
+    expected = (placement.hourly_usd + disk_hourly) / 2
+    assert summary["cost_usd"] == pytest.approx(expected, rel=1e-5)
+    assert summary == ports.jobs.get(job_id).summary()
+    assert ports.jobs.get(job_id).released_at == cast(ManualClock, ports.clock).now()
     assert cast(FakeFleet, ports.fleet).live == {}
 
 
 def test_every_step_can_run_twice() -> None:
     service, ports, job_id = lifecycle_with_job()
-    service.prepare(job_id)
-    plan, _ = run_to_launch(service, job_id)
-    again = service.launch(job_id, plan, step=0, attempt=1)
-    assert again.launched
+    plan, _ = run_to_launch(service, ports, job_id, "token-1")
+    # Step Functions retries the Launch: the retry launches nothing and parks its own token.
+    assert service.launch(job_id, plan, step=0, attempt=1, task_token="token-2") is None
     assert len(cast(FakeFleet, ports.fleet).requests) == 1  # no second fleet
-    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    job = ports.jobs.get(job_id)
+    assert job.task_token == "token-2" and job.attempts == 1
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.completed == {}  # the node has not finished: the retry waits for it
+    instance = job.placement.instance_ids[0]
     for _ in range(2):
         service.node_report(started(job_id, instance))
         service.node_report(finished(job_id, instance))
-        service.release(job_id)
-    first = service.record_outcome(job_id, {"run": {"exit_code": 0}})
-    assert service.record_outcome(job_id, {"run": {"exit_code": 1}}) == first
+    assert set(workflow.completed) == {"token-2"}
+    outcomes = [service.release(job_id, {"run": {"exit_code": 0}})["outcome"] for _ in range(2)]
+    assert outcomes[0] == outcomes[1] and outcomes[0]["status"] == "SUCCEEDED"
+    # A later, different report of the end changes nothing: the job has ended.
+    assert service.release(job_id, {"run": {"exit_code": 1}})["outcome"] == outcomes[0]
 
 
-def test_a_finish_that_overtakes_its_start_and_its_token_still_completes_the_task() -> None:
+def test_a_node_report_delivered_again_after_the_job_ended_is_ignored() -> None:
     service, ports, job_id = lifecycle_with_job()
-    run_to_launch(service, job_id)
+    run_to_launch(service, ports, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.node_report(started(job_id, instance))
+    service.node_report(finished(job_id, instance))
+    summary = service.release(job_id, {"run": {"exit_code": 0}})["outcome"]
+    for late in (started(job_id, instance), finished(job_id, instance, exit_code=1)):
+        service.node_report(late)  # EventBridge delivers at least once, in any order
+    assert ports.jobs.get(job_id).summary() == summary
+
+
+def test_a_finish_that_overtakes_its_start_and_a_retried_launch_still_get_the_result() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    plan, _ = run_to_launch(service, ports, job_id, "token-1")
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(finished(job_id, instance))
     assert ports.jobs.get(job_id).status is JobStatus.RUNNING
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.completed["token-1"]["exit_code"] == 0
     service.node_report(started(job_id, instance))  # late, harmless
-    service.await_node(job_id, "late-token")
-    assert cast(RecordingWorkflow, ports.workflow).completed["late-token"]["exit_code"] == 0
+    assert ports.jobs.get(job_id).status is JobStatus.RUNNING
+    # A Launch retried after the node already finished: its token completes at once.
+    assert service.launch(job_id, plan, step=0, attempt=1, task_token="late-token") is None
+    assert workflow.completed["late-token"] == workflow.completed["token-1"]
+    assert len(cast(FakeFleet, ports.fleet).requests) == 1
 
 
 def test_heartbeats_reach_the_waiting_task_and_stop_once_it_completed() -> None:
     service, ports, job_id = lifecycle_with_job()
-    run_to_launch(service, job_id)
+    run_to_launch(service, ports, job_id, "token")
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     beat = NodeReport(job_id=job_id, instance_id=instance, phase="heartbeat")
-    service.node_report(beat)  # before the token is parked: nothing to tell yet
-    service.await_node(job_id, "token")
-    service.node_report(beat)
+    service.node_report(beat)  # the launch parked the token: the task hears it at once
     workflow = cast(RecordingWorkflow, ports.workflow)
     assert workflow.heartbeats == ["token"]
     service.node_report(finished(job_id, instance))
@@ -180,10 +278,11 @@ def test_heartbeats_reach_the_waiting_task_and_stop_once_it_completed() -> None:
 
 def test_reports_from_instances_the_job_does_not_hold_are_ignored() -> None:
     service, ports, job_id = lifecycle_with_job()
-    run_to_launch(service, job_id)
+    run_to_launch(service, ports, job_id)
     service.node_report(finished(job_id, "i-someone-else"))
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING and job.run_result is None
+    assert cast(RecordingWorkflow, ports.workflow).completed == {}
 
 
 def test_spot_capacity_errors_fall_back_to_on_demand() -> None:
@@ -191,24 +290,39 @@ def test_spot_capacity_errors_fall_back_to_on_demand() -> None:
         return ["InsufficientInstanceCapacity"] if request.capacity_type == "spot" else None
 
     service, ports, job_id = lifecycle_with_job(FakeFleet(no_spot))
-    plan, first = run_to_launch(service, job_id)
+    plan, first = run_to_launch(service, ports, job_id, "token-1")
+    assert first is not None
     assert not first.launched and first.step == 1 and not first.give_up
-    second = service.launch(job_id, plan, step=first.step, attempt=first.attempt)
-    assert second.launched
-    assert ports.jobs.get(job_id).placement.capacity_type == "on-demand"
+    assert first.category == "capacity" and "InsufficientInstanceCapacity" in first.error
+    # No capacity: the launch hands its own token back with what to do next.
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.completed["token-1"] == {"launch": first.model_dump()}
+    assert ports.jobs.get(job_id).status is JobStatus.LAUNCHING  # admitted, holds its share
+    second = service.launch(job_id, plan, step=first.step, attempt=first.attempt, task_token="t-2")
+    assert second is None and "t-2" not in workflow.completed
+    job = ports.jobs.get(job_id)
+    assert job.placement.capacity_type == "on-demand" and job.ondemand_fallback
+    assert job.task_token == "t-2"
 
 
 def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
-    service, _, job_id = lifecycle_with_job(FakeFleet(lambda _r: ["InsufficientInstanceCapacity"]))
-    plan, result = run_to_launch(service, job_id)
+    service, ports, job_id = lifecycle_with_job(
+        FakeFleet(lambda _r: ["InsufficientInstanceCapacity"])
+    )
+    plan, result = run_to_launch(service, ports, job_id, "launch-0")
+    assert result is not None
     moves = [result]
-    while not (result.give_up or result.launched):
-        result = service.launch(job_id, plan, step=result.step, attempt=result.attempt)
+    while not result.give_up:
+        token = f"launch-{len(moves)}"
+        result = service.launch(job_id, plan, result.step, result.attempt, task_token=token)
+        assert result is not None
+        assert cast(RecordingWorkflow, ports.workflow).completed[token]["launch"]["give_up"] is (
+            result.give_up
+        )
         moves.append(result)
     assert any(m.retry_later for m in moves)
     assert result.give_up and result.attempt == SETTINGS.max_launch_attempts
-    service.release(job_id)
-    summary = service.record_outcome(job_id, {"launch": result.model_dump()})
+    summary = service.release(job_id, {"launch": result.model_dump()})["outcome"]
     assert summary["status"] == "FAILED"
     assert "no capacity" in summary["failure_reason"]
     assert summary["cost_usd"] is None
@@ -216,28 +330,12 @@ def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
 
 def test_a_terminal_job_cannot_be_revived() -> None:
     service, ports, job_id = lifecycle_with_job()
-    service.prepare(job_id)
-    service.record_outcome(job_id, {"error": {"Error": "Boom"}})
+    assert service.release(job_id, {"error": {"Error": "Boom"}})["outcome"]["status"] == "FAILED"
     with pytest.raises(IllegalTransition):
         ports.jobs.transition(job_id, JobStatus.RUNNING, 0.0)
-    plan = LaunchPlan.model_validate(
-        {
-            "nodes": 1,
-            "steps": [
-                {
-                    "capacity_type": "spot",
-                    "overrides": [{"instance_type": "g5.xlarge", "hourly_usd": 1}],
-                }
-            ],
-            "max_launch_attempts": 1,
-            "retry_wait_seconds": 1,
-            "run_timeout_seconds": 10,
-            "heartbeat_timeout_seconds": 5,
-            "expected_seconds": 60,
-            "expected_source": "spec",
-        }
-    )
-    assert service.launch(job_id, plan, 0, 0).give_up
+    gave_up = service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token="token")
+    assert gave_up is not None and gave_up.give_up
+    assert cast(RecordingWorkflow, ports.workflow).completed["token"]["launch"]["give_up"]
     assert cast(FakeFleet, ports.fleet).requests == []
 
 
@@ -247,8 +345,8 @@ def test_offerings_without_capacity_are_skipped_by_later_launches_until_they_exp
 
     fleet = FakeFleet(no_spot)
     service, ports, first = lifecycle_with_job(fleet)
-    plan, failed = run_to_launch(service, first)
-    assert not failed.launched
+    plan, failed = run_to_launch(service, ports, first)
+    assert failed is not None and not failed.launched
     tried = {o.instance_type for o in fleet.requests[0].overrides}
     remembered = ports.capacity.unavailable(ports.clock.now())
     assert remembered == {f"spot:{t}:us-east-1" for t in tried}
@@ -256,37 +354,32 @@ def test_offerings_without_capacity_are_skipped_by_later_launches_until_they_exp
     # A second job, a minute later: its spot launch avoids every remembered offering.
     second = submit(ports, "jobs/b.yaml").job_id
     cast(ManualClock, ports.clock).advance(60)
-    service.prepare(second)
-    service.launch(second, plan, step=0, attempt=0)
+    service.launch(second, plan, step=0, attempt=0, task_token="second")
     assert not tried & {o.instance_type for o in fleet.requests[-1].overrides}
 
     # Once the memory expires, spot is tried again on the best offerings.
     third = submit(ports, "jobs/c.yaml").job_id
     cast(ManualClock, ports.clock).advance(SETTINGS.capacity_memory_seconds)
-    service.prepare(third)
-    service.launch(third, plan, step=0, attempt=0)
+    service.launch(third, plan, step=0, attempt=0, task_token="third")
     assert fleet.requests[-1].capacity_type == "spot"
     assert tried == {o.instance_type for o in fleet.requests[-1].overrides}
 
 
 def test_without_an_expected_duration_the_teams_similar_runs_set_it() -> None:
     service, ports, first = lifecycle_with_job()
-    assert service.prepare(first)["plan"]["expected_source"] == "default"
+    assert plan_of(ports, first).expected_source == "default"
     # Three finished runs of the same image and resources, of 20, 30 and 40 minutes.
     for index, minutes in enumerate((20, 30, 40)):
         job_id = submit(ports, f"jobs/past-{index}.yaml").job_id
-        service.prepare(job_id)
-        plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
-        service.launch(job_id, plan, 0, 0)
+        assert service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token=job_id) is None
         cast(ManualClock, ports.clock).advance(minutes * 60)
-        service.release(job_id)
         instance = ports.jobs.get(job_id).placement.instance_ids[0]
         service.node_report(finished(job_id, instance))
-        service.record_outcome(job_id, {"run": {"exit_code": 0}})
+        service.release(job_id, {"run": {"exit_code": 0}})
     new = submit(ports, "jobs/new.yaml").job_id
-    plan = service.prepare(new)["plan"]
-    assert plan["expected_source"] == "history"
-    assert plan["expected_seconds"] == 30 * 60
+    plan = plan_of(ports, new)
+    assert plan.expected_source == "history"
+    assert plan.expected_seconds == 30 * 60
 
 
 def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> None:
@@ -300,29 +393,88 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
     ports = local_ports()
     settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[reservation])})
     service = build_lifecycle(ports, settings)
-    first, second = submit(ports, "jobs/1.yaml").job_id, submit(ports, "jobs/2.yaml").job_id
-    for job_id in (first, second):
-        plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
-        assert service.launch(job_id, plan, 0, 0).launched
+    intake = intake_for(ports, settings)
+
+    def submit_here(key: str) -> str:
+        cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
+        job_id = intake.submit_object(key, key, key).job_id
+        assert job_id is not None
+        return job_id
+
+    first, second = submit_here("jobs/1.yaml"), submit_here("jobs/2.yaml")
+    # Both were planned while the reservation was free: both plans start with it.
+    plans = {job_id: plan_of(ports, job_id) for job_id in (first, second)}
+    assert {p.steps[0].capacity_type for p in plans.values()} == {CapacityType.RESERVED}
+    assert service.launch(first, plans[first], 0, 0, task_token=first) is None
+    # By the second's launch the first holds it: the reserved step is skipped without a
+    # CreateFleet call, and the next step (spot) launches.
+    requests = len(cast(FakeFleet, ports.fleet).requests)
+    skipped = service.launch(second, plans[second], 0, 0, task_token=second)
+    assert skipped is not None and skipped.step == 1 and not skipped.give_up
+    assert len(cast(FakeFleet, ports.fleet).requests) == requests
+    assert service.launch(second, plans[second], 1, 1, task_token=f"{second}-2") is None
     placed = {job_id: ports.jobs.get(job_id).placement for job_id in (first, second)}
     assert placed[first].capacity_type == "reserved"
     assert placed[first].reservation_id == reservation.id and placed[first].hourly_usd == 0.0
     assert placed[second].capacity_type == "spot"  # the reservation was full
 
     service.node_report(finished(first, placed[first].instance_ids[0]))
-    service.release(first)
-    service.record_outcome(first, {"run": {"exit_code": 0}})
-    third = submit(ports, "jobs/3.yaml").job_id
-    plan = LaunchPlan.model_validate(service.prepare(third)["plan"])
-    service.launch(third, plan, 0, 0)
+    service.release(first, {"run": {"exit_code": 0}})
+    third = submit_here("jobs/3.yaml")
+    service.launch(third, plan_of(ports, third), 0, 0, task_token=third)
     assert ports.jobs.get(third).placement.reservation_id == reservation.id
+
+
+def test_the_first_launch_after_an_admission_notes_the_wait_once() -> None:
+    def no_spot(request: LaunchRequest) -> list[str] | None:
+        return ["InsufficientInstanceCapacity"] if request.capacity_type == "spot" else None
+
+    service, ports, job_id = lifecycle_with_job(FakeFleet(no_spot))
+    clock = cast(ManualClock, ports.clock)
+    ports.jobs.update(job_id, clock.now(), {"preempted_for": "j-" + "1" * 20})
+    queued_at = clock.now()
+    clock.advance(90)
+    admission = {"admitted": True, "queued_at": queued_at, "admitted_at": clock.now()}
+    plan = plan_of(ports, job_id)
+    # Admitted, but no spot capacity: the job still leaves the queue, and the wait is noted.
+    failed = service.launch(job_id, plan, 0, 0, task_token="t-1", admission=admission)
+    assert failed is not None and failed.step == 1
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.LAUNCHING
+    assert (job.waited_seconds, job.first_admitted_at) == (90.0, admission["admitted_at"])
+    assert job.preempted_for is None
+    # The next step of the same admission launches; the Choice hands the admission on again.
+    clock.advance(30)
+    assert service.launch(job_id, plan, 1, 1, task_token="t-2", admission=admission) is None
+    job = ports.jobs.get(job_id)
+    assert (job.waited_seconds, job.first_admitted_at) == (90.0, admission["admitted_at"])
+
+    # Requeued and admitted again: the waits add up; the first admission stays the first.
+    service.node_report(finished(job_id, job.placement.instance_ids[0], exit_code=1))
+    assert service.release(job_id, {"run": {"exit_code": 1}})["requeue"] is True
+    service.requeue(job_id)
+    requeued_at = clock.now()
+    clock.advance(45)
+    again = {"admitted": True, "queued_at": requeued_at, "admitted_at": clock.now()}
+    service.launch(job_id, plan, 1, 2, task_token="t-3", admission=again)
+    job = ports.jobs.get(job_id)
+    assert (job.waited_seconds, job.first_admitted_at) == (135.0, admission["admitted_at"])
+
+
+def test_an_admission_without_times_launches_without_noting_a_wait() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    # What a dispatcher sends when it tells an admission again after a crash.
+    run = service.launch(job_id, plan_of(ports, job_id), 0, 0, "t", admission={"admitted": True})
+    assert run is None
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.LAUNCHING
+    assert (job.waited_seconds, job.first_admitted_at) == (0.0, None)
 
 
 def test_a_spot_warning_drains_the_job_and_its_run_is_requeued_not_failed() -> None:
     service, ports, job_id = lifecycle_with_job()
-    run_to_launch(service, job_id)
+    run_to_launch(service, ports, job_id, "token")
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
-    service.await_node(job_id, "token")
     service.node_report(started(job_id, instance))
     assert service.instance_interrupted(instance) == job_id
     assert b"checkpoint" in cast(InMemoryObjects, ports.objects).objects[control_key(job_id)]
@@ -344,19 +496,34 @@ def test_a_spot_warning_drains_the_job_and_its_run_is_requeued_not_failed() -> N
     assert service.instance_interrupted(leftover) is None
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
-    assert service.release(job_id, {"run": run})["requeue"] is True
+    released = service.release(job_id, {"run": run})
+    assert released["requeue"] is True
+    assert "outcome" not in released  # the job has not ended
+    assert ports.jobs.get(job_id).status is JobStatus.RUNNING
     service.requeue(job_id)
     job = ports.jobs.get(job_id)
     assert (job.status, job.interruptions, job.retries) == (JobStatus.QUEUED, 1, 0)
 
 
+def test_the_next_run_starts_from_the_requeued_plan_and_counts_launches_on() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, ports, job_id)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.instance_interrupted(instance)
+    service.node_report(finished(job_id, instance))
+    service.release(job_id, {"run": {"exit_code": 0, "interrupted": True}})
+    state = service.workflow_input(job_id, service.requeue(job_id), attempt=1)
+    assert state["job_id"] == job_id
+    assert state["launch"] == LaunchStepResult(step=0, attempt=1).model_dump()
+    assert LaunchPlan.model_validate(state["plan"]) == plan_of(ports, job_id)  # same shape
+
+
 def test_an_instance_that_vanishes_ends_the_run_and_a_failure_is_retried_then_final() -> None:
     service, ports, job_id = lifecycle_with_job()
-    plan = LaunchPlan.model_validate(service.prepare(job_id)["plan"])
+    plan = plan_of(ports, job_id)
     for attempt in range(SPEC_MAX_RETRIES + 1):
-        service.launch(job_id, plan, 0, attempt)
+        assert service.launch(job_id, plan, 0, attempt, task_token=f"token-{attempt}") is None
         instance = ports.jobs.get(job_id).placement.instance_ids[0]
-        service.await_node(job_id, f"token-{attempt}")
         service.node_report(started(job_id, instance))
         assert service.instance_gone(instance, "terminated") == job_id
         run = cast(RecordingWorkflow, ports.workflow).completed[f"token-{attempt}"]
@@ -369,8 +536,8 @@ def test_an_instance_that_vanishes_ends_the_run_and_a_failure_is_retried_then_fi
             assert ports.jobs.get(job_id).retries == attempt + 1
         else:
             assert released["requeue"] is False
-    summary = service.record_outcome(job_id, {"run": {"exit_code": None, "reason": "lost"}})
-    assert summary["status"] == "FAILED"
+    assert released["outcome"]["status"] == "FAILED"
+    assert "terminated" in released["outcome"]["failure_reason"]
 
 
 SPEC_MAX_RETRIES = 3
@@ -381,12 +548,11 @@ def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, s
     ports = local_ports()
     key = "jobs/idle.yaml"
     cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML + f"on_idle: {policy}\n".encode()
-    job_id = IntakeService(ports).submit_object(key, key, key).job_id
+    job_id = intake_for(ports, SETTINGS).submit_object(key, key, key).job_id
     service = build_lifecycle(ports, SETTINGS)
-    _, launched = run_to_launch(service, job_id)
-    assert launched.launched and job_id in cast(RecordingAlarms, ports.alarms).created
+    _, launched = run_to_launch(service, ports, job_id, "token")
+    assert launched is None and job_id in cast(RecordingAlarms, ports.alarms).created
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
-    service.await_node(job_id, "token")
     service.node_report(started(job_id, instance))
 
     assert service.gpus_idle(job_id) == ["low-utilization"]
@@ -394,10 +560,10 @@ def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, s
     assert (b"checkpoint" in control) is (policy == "release")
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
-    assert service.release(job_id, {"run": run})["requeue"] is False
+    released = service.release(job_id, {"run": run})
+    assert released["requeue"] is False
     assert job_id in cast(RecordingAlarms, ports.alarms).deleted
-    summary = service.record_outcome(job_id, {"run": run})
-    assert summary["status"] == status
+    assert released["outcome"]["status"] == status
 
 
 def test_alarm_names_round_trip() -> None:
@@ -410,9 +576,8 @@ def test_alarm_names_round_trip() -> None:
 
 def test_an_overheating_gpu_alerts_the_operators_and_moves_the_job_elsewhere() -> None:
     service, ports, job_id = lifecycle_with_job()
-    run_to_launch(service, job_id)
+    run_to_launch(service, ports, job_id, "token")
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
-    service.await_node(job_id, "token")
     service.node_report(started(job_id, instance))
     assert service.gpus_hot(job_id) == ["overheating"]
     [(subject, message)] = cast(RecordingNotifier, ports.notifier).sent

@@ -9,7 +9,7 @@ import boto3
 
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, Imds, NvidiaSmi, S3Manifests
 from gpufleet.agent.docker import DockerRuntime
-from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, NodeAgent
+from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, JobMetrics, NodeAgent
 
 
 def main() -> int:
@@ -20,14 +20,16 @@ def main() -> int:
     parser.add_argument("--heartbeat-seconds", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
     args = parser.parse_args()
     session = boto3.session.Session(region_name=args.region)
+    job_metrics = JobMetrics()
     agent = NodeAgent(
         identity=Imds(),
         manifests=S3Manifests(session.client("s3"), args.bucket),
         reporter=EventBridgeReporter(session.client("events"), args.bus),
-        runtime=DockerRuntime(),
+        runtime=DockerRuntime(output=job_metrics.feed),
         heartbeat_seconds=args.heartbeat_seconds,
         gpu_probe=NvidiaSmi(),
         metrics=CloudWatchMetrics(session.client("cloudwatch")),
+        job_metrics=job_metrics,
     )
     outcome = agent.run()
     return 0 if outcome.exit_code == 0 else 1

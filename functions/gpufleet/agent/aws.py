@@ -97,7 +97,8 @@ class CloudWatchMetrics:
 
 
 class NvidiaSmi:
-    """GPU utilization and temperature from nvidia-smi (the DLAMI has the driver)."""
+    """GPU utilization, temperature and memory used from nvidia-smi (the DLAMI has the
+    driver)."""
 
     def utilization_percent(self) -> float | None:
         values = self._query("utilization.gpu")
@@ -106,6 +107,10 @@ class NvidiaSmi:
     def temperature_celsius(self) -> float | None:
         values = self._query("temperature.gpu")
         return max(values) if values else None
+
+    def memory_used_mib(self) -> float | None:
+        values = self._query("memory.used")  # MiB per GPU, with nounits
+        return sum(values) if values else None
 
     @staticmethod
     def _query(field: str) -> list[float]:

@@ -1,11 +1,19 @@
-"""The real container runtime on the instance: `docker run` with every GPU, no shell."""
+"""The real container runtime on the instance: `docker run` with every GPU, no shell.
+
+The container's stdout passes through the agent line by line (on to the agent's own stdout, the
+journal), so that the lines the job prints for gpufleet (`GPUFLEET_METRIC ...`) reach `output`.
+Its stderr is left alone.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import IO
 
 from gpufleet.agent.node import RunManifest, RunOutcome
 
@@ -43,18 +51,46 @@ def docker_argv(manifest: RunManifest) -> list[str]:
     return argv
 
 
+def relay(stream: IO[str], output: Callable[[str], None]) -> None:
+    """Copy the container's stdout to ours and hand each line to `output`, until it closes."""
+    for line in stream:
+        sys.stdout.write(line)
+        output(line)
+    sys.stdout.flush()
+
+
 class DockerRuntime:
-    def __init__(self, grace_seconds: int = 110) -> None:
+    def __init__(
+        self, grace_seconds: int = 110, output: Callable[[str], None] = lambda _line: None
+    ) -> None:
         self._grace_seconds = grace_seconds
+        self._output = output
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         env = {**os.environ, **manifest.env}
         if manifest.resume and manifest.checkpoint:
             env[RESUME_VARIABLE] = manifest.checkpoint
         try:
-            process = subprocess.Popen(docker_argv(manifest), env=env)  # noqa: S603 - argv list
+            process = subprocess.Popen(  # noqa: S603 - argv list
+                docker_argv(manifest),
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                errors="replace",
+            )
         except OSError as exc:
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
+        assert process.stdout is not None
+        relaying = threading.Thread(target=relay, args=(process.stdout, self._output), daemon=True)
+        relaying.start()
+        try:
+            return self._supervise(manifest, process, stop)
+        finally:
+            relaying.join(timeout=10)
+
+    def _supervise(
+        self, manifest: RunManifest, process: subprocess.Popen[str], stop: threading.Event
+    ) -> RunOutcome:
         deadline = time.monotonic() + manifest.timeout_seconds
         while process.poll() is None:
             if stop.wait(1.0):

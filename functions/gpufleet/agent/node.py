@@ -1,24 +1,39 @@
 """The node agent: what runs on each instance gpufleet launches.
 
-It learns which job it serves from the instance's tags, fetches the job's run manifest, reports
-that it started, runs the container with every GPU, and reports how it ended. User input (argv
-and environment) goes to the container runtime as a list and an environment mapping; nothing is
+It learns which job it serves from the instance's tags (a warm-pool instance waits until a
+launch claims it and tags it with its job), fetches the job's run manifest, reports that it
+started, runs the container with every GPU, and reports how it ended. User input (argv and
+environment) goes to the container runtime as a list and an environment mapping; nothing is
 ever passed through a shell.
+
+While the container runs, the agent publishes the job's GPU utilization, temperature and memory
+used, and the metrics the job's own code prints on its stdout as `GPUFLEET_METRIC name=value`
+lines (`JobMetrics`), to CloudWatch (`GpuFleet/Jobs`, dimension `JobId`).
+
+A stage of a multi-stage job whose next stage may reuse the instance (`await_next_stage` in its
+manifest) then waits, for a bounded time, for the control plane to say so (`run-stage` in
+control.json), and runs the next stage's manifest the same way.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufleet.topology import (
+    AGENT_METRICS,
     AGENT_SOURCE,
+    CONTROL_RUN_STAGE,
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
     DETAIL_NODE_STARTED,
+    GPU_MEMORY_METRIC,
     GPU_TEMPERATURE_METRIC,
     GPU_UTILIZATION_METRIC,
     RUNS_PREFIX,
@@ -37,6 +52,8 @@ class RunManifest:
     timeout_seconds: int = 86400
     checkpoint: str | None = None
     resume: bool = False
+    stage: str | None = None  # of a multi-stage job
+    await_next_stage: bool = False  # the next stage may run on this instance
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
@@ -51,6 +68,8 @@ class RunManifest:
             timeout_seconds=int(document.get("timeout_seconds", 86400)),
             checkpoint=document.get("checkpoint"),
             resume=bool(document.get("resume", False)),
+            stage=None if document.get("stage") is None else str(document["stage"]),
+            await_next_stage=bool(document.get("await_next_stage", False)),
         )
 
 
@@ -88,6 +107,10 @@ class GpuProbe(Protocol):
         """The hottest GPU's temperature now (None: cannot tell)."""
         ...
 
+    def memory_used_mib(self) -> float | None:
+        """GPU memory in use on the node, all its GPUs together, MiB (None: cannot tell)."""
+        ...
+
 
 class MetricSink(Protocol):
     def put(self, job_id: str, name: str, value: float, unit: str) -> None: ...
@@ -106,6 +129,61 @@ DEFAULT_HEARTBEAT_SECONDS = 300.0
 DEFAULT_METRICS_SECONDS = 60.0
 # How often the agent looks for a checkpoint instruction; well inside the grace period.
 DEFAULT_CONTROL_POLL_SECONDS = 10.0
+# How often an idle warm-pool instance looks at its tags for the job that claimed it.
+DEFAULT_CLAIM_POLL_SECONDS = 2.0
+# How long a node that finished a stage waits to be told to run the next one there. The release
+# step decides within seconds of the finish report; an instance it releases is terminated.
+DEFAULT_STAGE_WAIT_SECONDS = 300.0
+
+JOB_METRIC_PREFIX = "GPUFLEET_METRIC "
+# Each name is a custom CloudWatch metric (billed per metric and month): a run gets this many.
+MAX_JOB_METRICS = 10
+MAX_JOB_METRIC_LINE = 1024
+_JOB_METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")  # as a spec's scale_on.metric
+
+
+def parse_job_metric_line(line: str) -> dict[str, float]:
+    """`GPUFLEET_METRIC samples_per_second=1234 loss=0.31` -> {name: value}. Anything else (other
+    output, malformed pairs, non-finite values, the agent's own metric names) yields nothing."""
+    if not line.startswith(JOB_METRIC_PREFIX) or len(line) > MAX_JOB_METRIC_LINE:
+        return {}
+    values: dict[str, float] = {}
+    for pair in line[len(JOB_METRIC_PREFIX) :].split():
+        name, equals, text = pair.partition("=")
+        if not equals or not _JOB_METRIC_NAME.match(name) or name in AGENT_METRICS:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            values[name] = value
+    return values
+
+
+class JobMetrics:
+    """What the job's code reports on its stdout, averaged per name between two publications.
+    Fed line by line by the container runtime (from its own thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: set[str] = set()
+        self._sums: dict[str, tuple[float, int]] = {}
+
+    def feed(self, line: str) -> None:
+        for name, value in parse_job_metric_line(line.rstrip("\n")).items():
+            with self._lock:
+                if name not in self._names and len(self._names) >= MAX_JOB_METRICS:
+                    continue
+                self._names.add(name)
+                total, count = self._sums.get(name, (0.0, 0))
+                self._sums[name] = (total + value, count + 1)
+
+    def take_means(self) -> dict[str, float]:
+        """The mean of each metric reported since the last call."""
+        with self._lock:
+            sums, self._sums = self._sums, {}
+        return {name: total / count for name, (total, count) in sums.items()}
 
 
 class NodeAgent:
@@ -120,6 +198,9 @@ class NodeAgent:
         gpu_probe: GpuProbe | None = None,
         metrics: MetricSink | None = None,
         metrics_seconds: float = DEFAULT_METRICS_SECONDS,
+        job_metrics: JobMetrics | None = None,
+        claim_poll_seconds: float = DEFAULT_CLAIM_POLL_SECONDS,
+        stage_wait_seconds: float = DEFAULT_STAGE_WAIT_SECONDS,
     ) -> None:
         self._identity = identity
         self._manifests = manifests
@@ -130,10 +211,13 @@ class NodeAgent:
         self._gpu_probe = gpu_probe
         self._metrics = metrics
         self._metrics_seconds = metrics_seconds
+        self._job_metrics = job_metrics
+        self._claim_poll_seconds = claim_poll_seconds
+        self._stage_wait_seconds = stage_wait_seconds
 
     def run(self) -> RunOutcome:
         instance_id = self._identity.instance_id()
-        job_id = self._identity.tags()[TAG_JOB_ID]
+        job_id = self._claimed_job()
         base = {"job_id": job_id, "instance_id": instance_id}
         try:
             raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
@@ -142,6 +226,38 @@ class NodeAgent:
             outcome = RunOutcome(exit_code=None, reason=f"could not read the run manifest: {exc}")
             self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
             return outcome
+        while True:
+            outcome = self._run_once(manifest, base)
+            if outcome.exit_code != 0 or not manifest.await_next_stage:
+                return outcome
+            following = self._next_stage(job_id, manifest.stage)
+            if following is None:
+                return outcome
+            manifest = following
+
+    def _next_stage(self, job_id: str, finished: str | None) -> RunManifest | None:
+        """Wait for the control plane to have this instance run the stage after `finished`;
+        None when it does not say so in time (it released the instance, or is about to)."""
+        rounds = max(1, math.ceil(self._stage_wait_seconds / self._control_poll_seconds))
+        for _ in range(rounds):
+            try:
+                control = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
+                stage = control.get("stage") if control.get("action") == CONTROL_RUN_STAGE else None
+                if stage is not None and stage != finished:
+                    raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
+                    manifest = RunManifest.from_json(raw)
+                    if manifest.stage == stage:
+                        return manifest
+            except Exception:  # noqa: S110 - no instruction yet (or unreadable): look again
+                pass
+            time.sleep(self._control_poll_seconds)
+        return None
+
+    def _run_once(self, manifest: RunManifest, job_base: dict[str, str]) -> RunOutcome:
+        """Run one manifest's container, with heartbeats, metrics and the control watch, and
+        report its start and its end."""
+        job_id = manifest.job_id
+        base = {**job_base, "stage": manifest.stage} if manifest.stage else job_base
         self._report(DETAIL_NODE_STARTED, base, "started")
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         helpers = [
@@ -164,6 +280,15 @@ class NodeAgent:
         self._report(DETAIL_NODE_FINISHED, base, "finished", outcome, interrupted.is_set())
         return outcome
 
+    def _claimed_job(self) -> str:
+        """The job this instance runs: tagged at launch, or when a launch claims a warm-pool
+        instance, which waits idle until then (the pool releases it if none comes)."""
+        while True:
+            job_id = self._identity.tags().get(TAG_JOB_ID)
+            if job_id:
+                return job_id
+            time.sleep(self._claim_poll_seconds)
+
     def _heartbeat(self, base: dict[str, str], finished: threading.Event) -> None:
         while not finished.wait(self._heartbeat_seconds):
             try:
@@ -172,20 +297,27 @@ class NodeAgent:
                 continue
 
     def _publish_metrics(self, job_id: str, finished: threading.Event) -> None:
-        """GPU utilization of the job, one datapoint per interval: what the idle and busy
-        alarms watch."""
-        if self._gpu_probe is None or self._metrics is None:
+        """One datapoint per interval of each metric: what the job's alarms watch."""
+        if self._metrics is None:
             return
         while not finished.wait(self._metrics_seconds):
             try:
-                utilization = self._gpu_probe.utilization_percent()
-                if utilization is not None:
-                    self._metrics.put(job_id, GPU_UTILIZATION_METRIC, utilization, "Percent")
-                temperature = self._gpu_probe.temperature_celsius()
-                if temperature is not None:
-                    self._metrics.put(job_id, GPU_TEMPERATURE_METRIC, temperature, "None")
+                for name, value, unit in self._datapoints():
+                    self._metrics.put(job_id, name, value, unit)
             except Exception:  # noqa: S112 - a missed datapoint is sent at the next interval
                 continue
+
+    def _datapoints(self) -> list[tuple[str, float, str]]:
+        points: list[tuple[str, float | None, str]] = []
+        if self._gpu_probe is not None:
+            points += [
+                (GPU_UTILIZATION_METRIC, self._gpu_probe.utilization_percent(), "Percent"),
+                (GPU_TEMPERATURE_METRIC, self._gpu_probe.temperature_celsius(), "None"),
+                (GPU_MEMORY_METRIC, self._gpu_probe.memory_used_mib(), "Megabytes"),
+            ]
+        if self._job_metrics is not None:
+            points += [(n, v, "None") for n, v in sorted(self._job_metrics.take_means().items())]
+        return [(name, value, unit) for name, value, unit in points if value is not None]
 
     def _watch_control(
         self,

@@ -6,7 +6,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpufleet.cli import catalog, demo, plan, queue, schema, simulate
+from gpufleet.cli import (
+    catalog,
+    cost,
+    demo,
+    emulator,
+    jobs,
+    logs,
+    plan,
+    queue,
+    schema,
+    simulate,
+    templates,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpufleet", description="Run GPU training jobs on EC2, spot first."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (schema, plan, catalog, queue, simulate, demo):
+    for module in (
+        schema,
+        plan,
+        templates,
+        jobs,
+        logs,
+        cost,
+        catalog,
+        queue,
+        simulate,
+        demo,
+        emulator,
+    ):
         module.register(commands)
     return parser
 

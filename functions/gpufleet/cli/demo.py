@@ -12,7 +12,9 @@ def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo", help="run sample jobs end to end on an embedded (moto) AWS account"
     )
-    parser.add_argument("--scenario", choices=("basic", "preemption", "spot"), default="basic")
+    parser.add_argument(
+        "--scenario", choices=("basic", "preemption", "spot", "stages"), default="basic"
+    )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (progress goes to stderr)"
     )
@@ -47,6 +49,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
             f"{job['instance_type'] or '-':<16}{job['capacity_type'] or '-':<11}"
             f"{hourly:>9}{job['held_seconds']:>9.1f}{(job['cost_usd'] or 0):>11.6f}"
         )
+        for stage in job.get("stages", []):  # a multi-stage job: one line per stage
+            held = stage["held_seconds"]
+            print(
+                f"{'':<24}{'- ' + stage['name']:<18}{stage['status']:<11}"
+                f"{stage['instance_type'] or '-':<16}{stage['capacity_type'] or '-':<11}"
+                f"{'':>9}{(held or 0):>9.1f}{(stage['cost_usd'] or 0):>11.6f}"
+            )
     print()
     print(f"rejected submissions: {summary['rejected']}")
     print(f"instances running:    {summary['instances_running']}")

@@ -1,31 +1,32 @@
 """Which gpufleet the CLI talks to.
 
-`--stack NAME` reads a deployed stack's outputs (table names, bus, bucket, state machine).
-Without it, the CLI reads the same environment variables the functions get (`JOBS_TABLE`,
-`QUEUE_TABLE`, ...): that is how it runs against the embedded account in tests, or against a
-stack whose outputs you exported. The policy (quotas, windows) comes from the local
-`gpufleet.yaml` (`--config`), the file the stack was deployed with.
+`--stack NAME` reads a deployed stack's outputs (table names, bus, bucket, state machine, agent
+log group). Without it, the CLI reads the same environment variables the functions get
+(`JOBS_TABLE`, `QUEUE_TABLE`, ...): that is how it runs against the emulator (`gpufleet emulator`
+prints them), or against a stack whose outputs you exported. `--endpoint-url URL` (or
+`AWS_ENDPOINT_URL`) sends every AWS call to another endpoint, e.g. the emulator's. The policy
+(quotas, windows, templates) comes from the local `gpufleet.yaml` (`--config`), the file the
+stack was deployed with.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.settings import Settings
 
-# Stack output -> the environment variable the functions read.
-_OUTPUTS = {
-    **{f"{t.construct_id}Name": t.env_var for t in topology.TABLES},
-    "EventBusName": topology.ENV_EVENT_BUS,
-    "IntakeBucketName": topology.ENV_INTAKE_BUCKET,
-    f"{topology.JOB_LIFECYCLE.construct_id}Arn": topology.ENV_STATE_MACHINE,
-    "LaunchTemplateId": topology.ENV_LAUNCH_TEMPLATE,
-}
+if TYPE_CHECKING:
+    from gpufleet.ports import JobStore
+
+# botocore reads it whenever it builds a client (boto3 >= 1.28), for every service.
+ENV_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 
 
 class TargetError(Exception):
@@ -36,17 +37,32 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", help="a deployed gpufleet stack (default: the environment)")
     parser.add_argument("--region", help="AWS region of the stack")
     parser.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        help="send every AWS call here, e.g. the emulator's (default: $AWS_ENDPOINT_URL)",
+    )
+    parser.add_argument(
         "--config", default="gpufleet.yaml", help="policy file the stack uses (%(default)s)"
     )
 
 
+def fail(message: str) -> int:
+    """Report a command's failure the one way every command does; the exit code to return."""
+    print(f"gpufleet: {message}", file=sys.stderr)
+    return 2
+
+
 def _stack_environment(stack: str, region: str | None) -> dict[str, str]:
     import boto3
+    from botocore.exceptions import ClientError
 
     cloudformation = boto3.session.Session(region_name=region).client("cloudformation")
-    described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    try:
+        described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    except ClientError as exc:
+        raise TargetError(f"stack {stack}: {exc.response['Error']['Message']}") from None
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
-    return {env: outputs[key] for key, env in _OUTPUTS.items() if key in outputs}
+    return {env: outputs[key] for key, env in topology.STACK_OUTPUTS.items() if key in outputs}
 
 
 def _policy(path: str) -> FleetConfig:
@@ -56,16 +72,56 @@ def _policy(path: str) -> FleetConfig:
     return config_from_yaml(config_path.read_text(encoding="utf-8"))
 
 
-def resolve(args: argparse.Namespace) -> Settings:
-    env: dict[str, Any] = dict(os.environ)
+def _environment(args: argparse.Namespace) -> dict[str, str]:
+    """The deployment variables of the target, as the functions would see them."""
+    if args.endpoint_url:
+        # The clients are built later, by the adapters, from the process environment: this is
+        # the one setting every one of them (and the stack lookup) honours. One command is one
+        # process, so nothing else sees it.
+        os.environ[ENV_ENDPOINT_URL] = args.endpoint_url
+    env = dict(os.environ)
     if args.region:
         env["AWS_REGION"] = args.region
     if args.stack:
-        env.update(_stack_environment(args.stack, args.region))
+        # boto3 reads only AWS_DEFAULT_REGION; the functions (and Settings) read AWS_REGION first.
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        env.update(_stack_environment(args.stack, region))
     env[topology.ENV_CONFIG] = config_to_env(_policy(args.config))
     missing = [name for name in topology.COMMON_ENV if not env.get(name)]
     if missing:
         raise TargetError(
             "no gpufleet to talk to: give --stack NAME, or set " + ", ".join(sorted(missing))
         )
-    return Settings.from_env(env)
+    return env
+
+
+def resolve(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(_environment(args))
+
+
+class Connection:
+    """A resolved target: what the everyday commands work with. Only what a command uses is
+    built (on first use): a boto3 client costs a tenth of a second or more to build, and these
+    commands read one table, where all the ports take a second."""
+
+    def __init__(self, settings: Settings, agent_log_group: str | None) -> None:
+        self.settings = settings
+        self.agent_log_group = agent_log_group
+
+    @cached_property
+    def jobs(self) -> JobStore:
+        """The job store alone: all that status, list and cost read."""
+        from gpufleet.adapters.aws.job_store import DynamoJobStore
+
+        return DynamoJobStore(self.client("dynamodb"), self.settings.jobs_table)
+
+    def client(self, service: str) -> Any:
+        """A boto3 client for what no port covers (uploading a spec, reading logs)."""
+        from gpufleet.adapters.aws.runtime import client
+
+        return client(service, self.settings.region)
+
+
+def connect(args: argparse.Namespace) -> Connection:
+    env = _environment(args)
+    return Connection(Settings.from_env(env), env.get(topology.ENV_AGENT_LOG_GROUP) or None)

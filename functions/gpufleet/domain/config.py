@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpufleet.domain.queueing import QueuePolicy
+from gpufleet.domain.spec import Name, Resources
 
 # Lambda environment variables hold at most 4 KiB in all.
 MAX_CONFIG_JSON_BYTES = 3072
@@ -54,8 +55,11 @@ class Reservation(BaseModel):
 
 
 class MetricPolicy(BaseModel):
-    """When a job's GPUs count as idle: its mean utilization below `low_utilization_percent`
-    for `low_utilization_periods` periods of `period_seconds` in a row."""
+    """When a job's metrics call for an action, each over `period_seconds` periods in a row:
+    idle (mean utilization below `low_utilization_percent` for `low_utilization_periods`), busy
+    (above `high_utilization_percent` for `high_utilization_periods`: elastic jobs scale out by
+    `scale_step_nodes`), hot, and leaking (GPU memory used growing by more than
+    `memory_leak_growth_mib` in each of `memory_leak_periods` periods). docs/fleet.md."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,12 +69,50 @@ class MetricPolicy(BaseModel):
     low_utilization_periods: int = Field(default=30, ge=1, le=1440)
     hot_temperature_celsius: float = Field(default=85.0, gt=0, lt=150)
     hot_periods: int = Field(default=3, ge=1, le=1440)
+    high_utilization_percent: float = Field(default=85.0, gt=0, lt=100)
+    high_utilization_periods: int = Field(default=15, ge=1, le=1440)
+    scale_step_nodes: int = Field(default=1, ge=1, le=16)
+    memory_leak_growth_mib: float = Field(default=1.0, ge=0)
+    memory_leak_periods: int = Field(default=15, ge=1, le=1440)
 
     @model_validator(mode="after")
     def _cloudwatch_periods(self) -> MetricPolicy:
         if self.period_seconds not in (10, 20, 30) and self.period_seconds % 60:
             raise ValueError("period_seconds is 10, 20, 30 or a multiple of 60 (CloudWatch)")
         return self
+
+    @model_validator(mode="after")
+    def _busy_above_idle(self) -> MetricPolicy:
+        if self.high_utilization_percent <= self.low_utilization_percent:
+            raise ValueError("high_utilization_percent must be above low_utilization_percent")
+        return self
+
+
+class WarmPool(BaseModel):
+    """Idle instances of one shape kept running so that short jobs start in seconds. The pool is
+    kept full while launches ask for its type; after `ttl_minutes` without one, its idle
+    instances are released (docs/fleet.md, "Warm pool")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_type: str = Field(pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
+    count: int = Field(ge=1, le=20, description="Idle instances kept while in demand")
+    ttl_minutes: int = Field(default=60, ge=5, le=7 * 24 * 60)
+    # A warm instance is only handed to a launch of the same capacity type (and so price).
+    capacity_type: Literal["spot", "on-demand"] = "spot"
+
+
+class CostPolicy(BaseModel):
+    """How runs are priced besides the instances' hourly price (docs/cost.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # EBS gp3 list price in us-east-1, USD per GiB-month (AWS prorates by the second over a
+    # 730-hour month); each node's root volume is billed while the node is held.
+    ebs_usd_per_gib_month: float = Field(default=0.08, ge=0, le=10)
+    # An estimate is price x expected hours x this, plus storage: spot prices move and runs
+    # overrun their expected time.
+    estimate_factor: float = Field(default=1.2, ge=1, le=10)
 
 
 class FleetConfig(BaseModel):
@@ -79,6 +121,10 @@ class FleetConfig(BaseModel):
     reservations: list[Reservation] = Field(default_factory=list, max_length=50)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     metrics: MetricPolicy = Field(default_factory=MetricPolicy)
+    # Named resources a job spec can use with `template: NAME` (docs/templates.md).
+    templates: dict[Name, Resources] = Field(default_factory=dict, max_length=32)
+    warm_pool: WarmPool | None = None
+    cost: CostPolicy = Field(default_factory=CostPolicy)
 
 
 class ConfigFileError(ValueError):

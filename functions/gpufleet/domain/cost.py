@@ -1,4 +1,5 @@
-"""What a run cost: every node's hourly price for every second it was held."""
+"""What a run cost: every node's hourly price for every second it was held, plus its EBS
+storage for the same seconds."""
 
 from __future__ import annotations
 
@@ -17,8 +18,25 @@ def fleet_hourly_usd(placement: Placement) -> float:
     return placement.hourly_usd * len(placement.instance_ids)
 
 
+# AWS prorates a GiB-month of EBS by the second over a 730-hour month.
+SECONDS_PER_MONTH = 730 * 3600
+
+
+def storage_usd_per_hour(nodes: int, gib_per_node: float, usd_per_gib_month: float) -> float:
+    return nodes * gib_per_node * usd_per_gib_month * 3600 / SECONDS_PER_MONTH
+
+
+def storage_cost_usd(placement: Placement, released_at: float) -> float:
+    per_hour = storage_usd_per_hour(
+        len(placement.instance_ids), placement.storage_gib, placement.storage_usd_per_gib_month
+    )
+    return per_hour * held_seconds(placement, released_at) / 3600.0
+
+
 def run_cost_usd(placement: Placement, released_at: float) -> float:
-    return fleet_hourly_usd(placement) * held_seconds(placement, released_at) / 3600.0
+    """Instances and their storage, for as long as the run held them."""
+    compute = fleet_hourly_usd(placement) * held_seconds(placement, released_at) / 3600.0
+    return compute + storage_cost_usd(placement, released_at)
 
 
 def month_start(epoch_seconds: float) -> float:

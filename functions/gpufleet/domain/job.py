@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,6 +87,34 @@ class Placement(BaseModel):
     reservation_id: str | None = None
     gpu_memory_gib: float = Field(default=0, ge=0, description="Memory per GPU of the type")
     launched_at: float = Field(description="Epoch seconds")
+    storage_gib: float = Field(default=0, ge=0, description="EBS volume of each node")
+    storage_usd_per_gib_month: float = Field(default=0, ge=0)
+
+
+class StageRecord(BaseModel):
+    """How one stage of a multi-stage job ended: where its last run ran, and what every run of
+    it (retries, requeues) held and cost."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    status: JobStatus
+    instance_type: str | None = None
+    capacity_type: str | None = None
+    instance_ids: list[str] = Field(default_factory=list)
+    gpus: int | None = Field(default=None, description="GPUs of its instances, all together")
+    cost_usd: float = 0.0
+    held_seconds: float = 0.0
+    # The job's counters count each stage on its own: these are the stage's.
+    retries: int = 0
+    preemptions: int = 0
+    interruptions: int = 0
+    reused_previous: bool = False  # ran on the previous stage's instances
+
+
+# A stage's status in reports before it ran: still to come, or never run because the job ended.
+STAGE_PENDING = "PENDING"
+STAGE_SKIPPED = "SKIPPED"
 
 
 class Job(BaseModel):
@@ -126,14 +154,29 @@ class Job(BaseModel):
     # What the fleet noticed about the job's runs (e.g. "low-utilization").
     flags: list[str] = Field(default_factory=list)
 
+    # Multi-stage jobs: the stage now running (or waiting), and how the earlier ones ended.
+    stage_index: int = 0
+    stage_records: list[StageRecord] = Field(default_factory=list)
+
     @property
     def effective_spec(self) -> JobSpec:
+        """What the job now asks for: its current stage's spec, with the override if any."""
+        spec = self.spec.for_stage(self.stage_index) if self.spec.stages else self.spec
         if self.resources_override is None:
-            return self.spec
-        return self.spec.model_copy(update={"resources": self.resources_override})
+            return spec
+        return spec.model_copy(update={"resources": self.resources_override})
 
-    prior_cost_usd: float = 0.0
+    @property
+    def stage_name(self) -> str | None:
+        """The current stage's name; None for a job without stages."""
+        return self.spec.stages[self.stage_index].name if self.spec.stages else None
+
+    prior_cost_usd: float = 0.0  # instances and storage, of every earlier run
     prior_held_seconds: float = 0.0
+    prior_storage_usd: float = 0.0  # the storage part of prior_cost_usd
+    storage_usd: float | None = None  # the storage part of cost_usd, once the job ended
+    # Before the first run: price x expected hours x the estimate factor, plus storage.
+    estimated_cost_usd: float | None = None
     first_admitted_at: float | None = None
     waited_seconds: float = 0.0  # in the admission queue, over every run
 
@@ -156,5 +199,43 @@ class Job(BaseModel):
             "capacity_type": placement.capacity_type if placement else None,
             "hourly_usd": placement.hourly_usd if placement else None,
             "cost_usd": self.cost_usd,
+            "storage_usd": self.storage_usd,
+            "estimated_cost_usd": self.estimated_cost_usd,
             "failure_reason": self.failure_reason,
+            "stages": self.stage_summaries(),
         }
+
+    def stage_summaries(self) -> list[dict[str, Any]]:
+        """One line per stage of the spec, in order: the ended ones as recorded, the current
+        one with the job's status and placement, the others pending (or skipped, once the job
+        ended). Empty for a job without stages."""
+        lines = [record.model_dump(mode="json") for record in self.stage_records]
+        for index in range(len(self.stage_records), len(self.spec.stages)):
+            current = index == self.stage_index and not self.status.terminal
+            placement = self.placement if current else None
+            status = STAGE_SKIPPED if self.status.terminal else STAGE_PENDING
+            lines.append(
+                {
+                    "name": self.spec.stages[index].name,
+                    "status": self.status.value if current else status,
+                    "instance_type": placement.instance_type if placement else None,
+                    "capacity_type": placement.capacity_type if placement else None,
+                    "instance_ids": list(placement.instance_ids) if placement else [],
+                    "gpus": None,
+                    # Not known yet for the current stage (its run is not over); none for the rest.
+                    "cost_usd": None if current else 0.0,
+                    "held_seconds": None if current else 0.0,
+                    "retries": self.retries if current else 0,
+                    "preemptions": self.preemptions if current else 0,
+                    "interruptions": self.interruptions if current else 0,
+                    "reused_previous": None,
+                }
+            )
+        return lines
+
+    def total(self, counter: Literal["retries", "preemptions", "interruptions"]) -> int:
+        """`counter` over the whole job. A multi-stage job's counters start again at each
+        stage, so this adds up the ended stages' and the current one's."""
+        current = getattr(self, counter) if len(self.stage_records) <= self.stage_index else 0
+        ended = sum(int(getattr(record, counter)) for record in self.stage_records)
+        return int(current) + ended

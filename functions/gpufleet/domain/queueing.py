@@ -131,6 +131,8 @@ class RunningJob:
     borrowed: bool = False  # admitted beyond its team's entitlement
     in_reserve: bool = False  # admitted into the reserve
     draining_for: str | None = None  # asked to checkpoint and stop, to make room for this job
+    stop_at: float | None = None  # when its cost reaches its budget (jobs with a budget)
+    hourly_usd: float = 0.0  # of its instances and storage, once launched
 
     @property
     def draining(self) -> bool:

@@ -23,6 +23,12 @@ OUT_OF_MEMORY = "out-of-memory"  # a retry on GPUs with more memory
 RESIZED = "resized"
 IDLE = "idle"  # released because its GPUs sat idle: the job ends
 OVERHEATED = "overheated"  # moved off hardware running too hot: requeued elsewhere
+# GPU memory kept growing: restarted (from its checkpoint, if it writes one), counted as a retry.
+MEMORY_LEAK = "memory-leak"
+# Stopped (at a checkpoint, or at once) because its cost reached its budget: the job ends.
+BUDGET = "budget"
+# A stage of a multi-stage job succeeded: the job goes back to the queue for its next stage.
+NEXT_STAGE = "next-stage"
 
 # A job interrupted this often is probably asking for capacity that keeps being reclaimed.
 DEFAULT_MAX_INTERRUPTIONS = 10
@@ -56,8 +62,13 @@ def after_run(
     run = run if isinstance(run, Mapping) else None
     if run is not None and run.get("cancelled"):
         return Verdict(False)
+    if drain_reason == BUDGET:
+        return Verdict(False, reason="its cost reached its budget")
     if drain_reason in (PREEMPTED, RECLAIMED, RESIZED, OVERHEATED):
         return Verdict(True, drain_reason, f"stopped at a checkpoint: {drain_reason}")
+    if drain_reason == MEMORY_LEAK:
+        retry = retries < spec.max_retries
+        return Verdict(retry, RETRY if retry else None, "its GPU memory kept growing (a leak)")
     if drain_reason == INTERRUPTED or (run is not None and run.get("interrupted")):
         if interruptions < max_interruptions:
             return Verdict(True, INTERRUPTED, "spot interruption")

@@ -80,6 +80,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
 
+class Elastic(_Strict):
+    """An elastic job runs on `min_nodes` to `max_nodes` nodes: busy GPUs (or its own `scale_on`
+    metric) add nodes, idle ones remove them; each change is a checkpoint and a resume on the
+    new shape (docs/fleet.md, "Elastic jobs")."""
+
+    min_nodes: int = Field(default=1, ge=1, le=64, description="Fewest nodes it scales in to")
+    max_nodes: int = Field(ge=2, le=64, description="Most nodes it scales out to")
+
+    @model_validator(mode="after")
+    def _a_range(self) -> Elastic:
+        if self.min_nodes >= self.max_nodes:
+            raise ValueError("min_nodes must be below max_nodes")
+        return self
+
+
 class Resources(_Strict):
     """What one node of the job needs. `nodes` > 1 asks for that many identical nodes."""
 
@@ -96,10 +111,119 @@ class Resources(_Strict):
     memory_gib: float = Field(default=1, gt=0, le=32768, description="Minimum RAM per node, GiB")
     nodes: int = Field(default=1, ge=1, le=64, description="Number of nodes")
     arch: Architecture = Field(default=Architecture.X86_64, description="CPU architecture")
+    elastic: Elastic | None = Field(
+        default=None, description="Scale between min_nodes and max_nodes (nodes is the start)"
+    )
 
     @property
     def total_gpus(self) -> int:
         return self.gpus * self.nodes
+
+    @model_validator(mode="after")
+    def _multi_node_needs_gpus(self) -> Resources:
+        # Here rather than on JobSpec so resource templates in the config are held to it too.
+        if self.nodes > 1 and self.gpus == 0:
+            raise ValueError("multi-node jobs need GPUs on every node (resources.gpus >= 1)")
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_within_elastic_range(self) -> Resources:
+        elastic = self.elastic
+        if elastic is None:
+            return self
+        if self.gpus == 0:
+            raise ValueError("elastic jobs scale GPU nodes (resources.gpus >= 1)")
+        if not elastic.min_nodes <= self.nodes <= elastic.max_nodes:
+            raise ValueError("nodes must lie within elastic.min_nodes and elastic.max_nodes")
+        return self
+
+
+# A metric the job's own code publishes through the node agent (docs/fleet.md).
+JobMetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")]
+
+
+class ScaleOn(_Strict):
+    """Scale an elastic job out when a metric its code publishes stays below (or above) a
+    threshold, e.g. `{metric: samples_per_second, below: 1000, for_minutes: 10}`."""
+
+    metric: JobMetricName
+    below: float | None = None
+    above: float | None = None
+    for_minutes: float = Field(default=10, gt=0, le=1440, description="How long it must hold")
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> ScaleOn:
+        if (self.below is None) == (self.above is None):
+            raise ValueError("give exactly one of below and above")
+        return self
+
+
+def _refuse_shell_string(value: Any) -> Any:
+    if isinstance(value, str):
+        raise ValueError(
+            "command is an argv list, e.g. ['python', 'train.py']; a shell string is refused"
+        )
+    return value
+
+
+def _duration_or_none(value: Any) -> Any:
+    return None if value is None else parse_duration(value)
+
+
+MAX_STAGES = 10
+
+
+class Stage(_Strict):
+    """One step of a multi-stage job (docs/stages.md). Every field but `name` is optional: what
+    a stage leaves out, it takes from the job (its `resources` and `command`, ...)."""
+
+    name: Name
+    template: Name | None = Field(
+        default=None, description="A resource template; `resources` overrides its fields"
+    )
+    resources: Resources | None = Field(
+        default=None,
+        description="Overrides of the stage's template, or of the job's resources without one. "
+        "The stored job holds the resolved resources",
+    )
+    image: ImageRef | None = None
+    command: list[Arg] | None = Field(
+        default=None, min_length=1, max_length=1024, description="argv list, as the job's"
+    )
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
+        default_factory=dict, max_length=256, description="Laid over the job's environment"
+    )
+    max_retries: int | None = Field(default=None, ge=0, le=20)
+    retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
+        default=None, max_length=64
+    )
+    timeout_seconds: int | None = Field(default=None, alias="timeout", ge=60, le=14 * 86400)
+    expected_duration_seconds: int | None = Field(
+        default=None, alias="expected_duration", ge=1, le=14 * 86400
+    )
+    reuse_previous: bool = Field(
+        default=False,
+        description="Run on the previous stage's instances when they fit, instead of new ones",
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    _argv_not_shell = field_validator("command", mode="before")(_refuse_shell_string)
+    _duration = field_validator("timeout_seconds", "expected_duration_seconds", mode="before")(
+        _duration_or_none
+    )
+
+
+# The fields of a stage that replace the job's in `JobSpec.for_stage` (env is merged instead).
+_STAGE_OVERRIDES = (
+    "resources",
+    "image",
+    "command",
+    "max_retries",
+    "retry_exit_codes",
+    "timeout_seconds",
+    "expected_duration_seconds",
+)
 
 
 class JobSpec(_Strict):
@@ -116,6 +240,11 @@ class JobSpec(_Strict):
         default_factory=dict, max_length=256
     )
     resources: Resources = Field(default_factory=Resources)
+    template: Name | None = Field(
+        default=None,
+        description="A resource template of the fleet config (gpufleet templates); the fields "
+        "`resources` names override the template's. The stored job holds the resolved resources",
+    )
     spot: SpotPolicy = SpotPolicy.AUTO
     checkpoint: (
         Annotated[str, StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")]
@@ -157,32 +286,64 @@ class JobSpec(_Strict):
         description="Expected run time, used for cost estimates and selection",
     )
     budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
+    on_budget: Literal["checkpoint", "stop"] = Field(
+        default="checkpoint",
+        description="When the job's cost reaches budget_usd: checkpoint then stop, or stop now",
+    )
+    scale_on: ScaleOn | None = Field(
+        default=None, description="A metric of the job's own that scales it out (elastic jobs)"
+    )
+    stages: list[Stage] = Field(
+        default_factory=list,
+        max_length=MAX_STAGES,
+        description="Steps run in order, each on its own instances (docs/stages.md); the job's "
+        "fields are the defaults of every stage",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @field_validator("command", mode="before")
     @classmethod
     def _argv_not_shell(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            raise ValueError(
-                "command is an argv list, e.g. ['python', 'train.py']; a shell string is refused"
-            )
-        return value
+        return _refuse_shell_string(value)
 
     @field_validator("timeout_seconds", "expected_duration_seconds", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return None if value is None else parse_duration(value)
+        return _duration_or_none(value)
+
+    @field_validator("stages")
+    @classmethod
+    def _stages_are_consistent(cls, stages: list[Stage]) -> list[Stage]:
+        names = [stage.name for stage in stages]
+        if len(set(names)) != len(names):
+            raise ValueError("stage names must be unique")
+        if stages and stages[0].reuse_previous:
+            raise ValueError("the first stage has no previous stage to reuse")
+        return stages
 
     @model_validator(mode="after")
-    def _consistent(self) -> JobSpec:
-        if self.resources.nodes > 1 and self.resources.gpus == 0:
-            raise ValueError("multi-node jobs need GPUs on every node (resources.gpus >= 1)")
+    def _scale_on_needs_elastic(self) -> JobSpec:
+        # Not with a template: the elastic range may be the template's. A job that ends up
+        # without one gets no scale_on alarm.
+        if self.scale_on and self.resources.elastic is None and self.template is None:
+            raise ValueError("scale_on scales elastic jobs: give resources.elastic")
         return self
 
     def to_document(self) -> dict[str, Any]:
         """The canonical JSON-ready form, with the same field names a submitter writes."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def for_stage(self, index: int) -> JobSpec:
+        """What stage `index` runs: this spec with the fields the stage gives in place of the
+        job's, and the stage's environment laid over the job's."""
+        stage = self.stages[index]
+        changes: dict[str, Any] = {"env": {**self.env, **stage.env}}
+        for name in _STAGE_OVERRIDES:
+            value = getattr(stage, name)
+            if value is not None:
+                changes[name] = value
+        return self.model_copy(update=changes)
 
 
 class FieldError(BaseModel):

@@ -57,6 +57,7 @@ class Account:
     bucket: str = BUCKET_NAME
     bus: str = BUS_NAME
     launch_template_id: str = ""
+    efa_launch_template_id: str = ""
     subnet_ids: list[str] = field(default_factory=list)
     config: FleetConfig = field(default_factory=FleetConfig)
     notify_topic_arn: str = ""
@@ -81,13 +82,19 @@ class Account:
                     topology.JOB_LIFECYCLE.construct_id, ""
                 ),
                 topology.ENV_LAUNCH_TEMPLATE: self.launch_template_id,
+                topology.ENV_EFA_LAUNCH_TEMPLATE: self.efa_launch_template_id,
                 topology.ENV_SUBNETS: ",".join(self.subnet_ids),
                 topology.ENV_CONFIG: config_to_env(self.config),
                 topology.ENV_NOTIFY_TOPIC: self.notify_topic_arn,
+                topology.ENV_ROOT_VOLUME: str(ROOT_VOLUME_GIB),
                 "AWS_REGION": self.region,
             }
         )
         return env
+
+
+# The stack's default root volume (infra/config.py `root_volume_gib`).
+ROOT_VOLUME_GIB = 200
 
 
 def _write_log(log_group: str, text: str) -> None:
@@ -170,6 +177,7 @@ def _forget_cold_starts() -> None:
         common.lifecycle,
         common.dispatcher,
         common.reconciler,
+        common.actions,
         common.idempotency_store,
     ):
         cached.cache_clear()
@@ -195,6 +203,17 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
         LaunchTemplateData={
             "ImageId": AMI_ID,
             "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    # The same with an EFA as its network interface (multi-node jobs on EFA types).
+    account.efa_launch_template_id = ec2.create_launch_template(
+        LaunchTemplateName="gpufleet-node-efa",
+        LaunchTemplateData={
+            "ImageId": AMI_ID,
+            "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+            "NetworkInterfaces": [
+                {"DeviceIndex": 0, "InterfaceType": "efa", "DeleteOnTermination": True}
+            ],
         },
     )["LaunchTemplate"]["LaunchTemplateId"]
 

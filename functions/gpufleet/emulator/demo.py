@@ -38,6 +38,7 @@ class Submission:
     # Held back until the named job has been RUNNING this long (to stage a preemption).
     after_running: str | None = None
     delay_seconds: float = 0.0
+    copy_as: str | None = None  # upload under this name (the same spec as several jobs)
 
 
 @dataclass
@@ -104,6 +105,12 @@ def spot_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
     return _scenario_from_folder(events_dir / "scenarios" / "spot", "spot")
 
 
+def stages_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A three-stage job: preprocess on a CPU-only type, train on GPUs, evaluate on a small
+    GPU type, each stage on its own instances and with its own cost."""
+    return _scenario_from_folder(events_dir / "scenarios" / "stages", "stages")
+
+
 def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
     config = json.loads((folder / "scenario.json").read_text())
     return DemoScenario(
@@ -126,6 +133,13 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
                     interrupt_after_seconds=b.get("interrupt_after_seconds"),
                     needs_gpu_memory_gib=float(b.get("needs_gpu_memory_gib", 0.0)),
                     gpu_utilization=float(b.get("gpu_utilization", 90.0)),
+                    gpu_memory_growth_mib_per_second=float(
+                        b.get("gpu_memory_growth_mib_per_second", 0.0)
+                    ),
+                    prints_metrics=tuple(
+                        (str(name), float(value))
+                        for name, value in b.get("prints_metrics", {}).items()
+                    ),
                 )
                 for job, b in config["jobs"].items()
             },
@@ -135,7 +149,12 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
     )
 
 
-SCENARIOS = {"basic": basic_scenario, "preemption": preemption_scenario, "spot": spot_scenario}
+SCENARIOS = {
+    "basic": basic_scenario,
+    "preemption": preemption_scenario,
+    "spot": spot_scenario,
+    "stages": stages_scenario,
+}
 
 
 class _Observer:
@@ -173,7 +192,7 @@ def _submit(account: Account, submission: Submission) -> None:
     if submission.via == "s3":
         account.client("s3").put_object(
             Bucket=account.bucket,
-            Key=f"{INTAKE_PREFIX}{submission.path.name}",
+            Key=f"{INTAKE_PREFIX}{submission.copy_as or submission.path.name}",
             Body=submission.path.read_bytes(),
         )
         return
@@ -230,15 +249,18 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                 observer.poll()
                 jobs = store.list_jobs()
                 for job in sorted(jobs, key=lambda j: j.created_at):
-                    if seen.get(job.job_id) != job.status.value:
-                        seen[job.job_id] = job.status.value
+                    # A multi-stage job's stage changes are news even when its status is not.
+                    stage = f" [{job.stage_name}]" if job.stage_name else ""
+                    if seen.get(job.job_id) != job.status.value + stage:
+                        seen[job.job_id] = job.status.value + stage
                         where = (
                             f" on {job.placement.instance_type} ({job.placement.capacity_type})"
                             if job.placement and job.status.value == "RUNNING"
                             else ""
                         )
                         reason = f": {job.failure_reason}" if job.failure_reason else ""
-                        say(f"{job.job_id} {job.spec.name:<16} {job.status.value}{where}{reason}")
+                        status = job.status.value + stage
+                        say(f"{job.job_id} {job.spec.name:<16} {status}{where}{reason}")
                         if job.status.value == "RUNNING":
                             running_since.setdefault(job.spec.name, time.monotonic())
                 for submission in list(held_back):
@@ -284,13 +306,16 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         "capacity_type": placement.capacity_type if placement else None,
         **cost_report(job),
         "failure_reason": job.failure_reason,
-        "preemptions": job.preemptions,
-        "interruptions": job.interruptions,
-        "retries": job.retries,
+        "preemptions": job.total("preemptions"),
+        "interruptions": job.total("interruptions"),
+        "retries": job.total("retries"),
         "ondemand_fallback": job.ondemand_fallback,
         "flags": job.flags,
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
+        # A multi-stage job's stages, in order: where each ran, what it cost (they add up to
+        # cost_usd); empty for other jobs.
+        "stages": job.stage_summaries(),
     }
 
 

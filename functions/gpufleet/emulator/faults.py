@@ -1,24 +1,57 @@
-"""Capacity errors for the emulator: moto's CreateFleet never runs out of capacity.
+"""Faults for the emulator, injected at the SDK's edge: the control plane's code is untouched.
 
-A `before-call` hook answers CreateFleet with the real error shape (HTTP 200, no instances,
-`Errors[]` with `InsufficientInstanceCapacity`) for the jobs and capacity types a scenario names.
+- `CapacityFaults`: moto's CreateFleet never runs out of capacity. A `before-call` hook answers
+  CreateFleet with the real error shape (HTTP 200, no instances, `Errors[]` with
+  `InsufficientInstanceCapacity`) for the jobs and capacity types a scenario names.
+- `DynamoThrottling`: a share of the control plane's DynamoDB calls is answered with the real
+  throttling error (HTTP 400, `ProvisionedThroughputExceededException` or
+  `ThrottlingException`). It answers at `before-send`, inside botocore's retry loop, so the
+  client's retry policy sees exactly what AWS would send.
+- `CrashAfterWrites`: a share of handler runs die right after one of their writes succeeded (the
+  write happened; what the handler meant to do next did not), as a Lambda does that times out
+  or is killed mid-way. Whoever invoked it then retries as Lambda or the state machine would.
+
+Hooks are active for clients created inside `injected(...)` (handlers create theirs at cold
+start, inside the embedded account).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import botocore.handlers
 from botocore.awsrequest import AWSResponse
 
-from gpufleet.topology import RUNS_PREFIX
+from gpufleet.emulator.patches import CONTROL_PLANE, current_actor
+from gpufleet.topology import IDEMPOTENCY_TABLE, RUNS_PREFIX
 
 _JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
+
+# A botocore handler spec: (event, handler) or (event, handler, botocore.handlers.REGISTER_FIRST).
+HookSpec = tuple[Any, ...]
+
+
+class Injector(Protocol):
+    def hooks(self) -> list[HookSpec]: ...
+
+
+@contextmanager
+def injected(*injectors: Injector) -> Iterator[None]:
+    """The injectors' hooks, for every botocore session created inside the block."""
+    entries = [hook for injector in injectors for hook in injector.hooks()]
+    botocore.handlers.BUILTIN_HANDLERS.extend(entries)
+    try:
+        yield
+    finally:
+        for entry in entries:
+            botocore.handlers.BUILTIN_HANDLERS.remove(entry)
 
 
 def _job_name(bucket: str, job_id: str) -> str:
@@ -40,6 +73,9 @@ class CapacityFaults:
         self._should_fail = should_fail
         self._lock = threading.Lock()
         self.injected = 0
+
+    def hooks(self) -> list[HookSpec]:
+        return [("before-call.ec2.CreateFleet", self)]
 
     def __call__(
         self, params: dict[str, Any], **_: Any
@@ -75,12 +111,134 @@ class CapacityFaults:
         return http, parsed
 
 
-@contextmanager
-def injected(faults: CapacityFaults) -> Iterator[CapacityFaults]:
-    """Active for clients created inside the block (handlers create theirs at cold start)."""
-    entry = ("before-call.ec2.CreateFleet", faults)
-    botocore.handlers.BUILTIN_HANDLERS.append(entry)
-    try:
-        yield faults
-    finally:
-        botocore.handlers.BUILTIN_HANDLERS.remove(entry)
+class _RawBody:
+    """The raw stream botocore reads an HTTP response body from."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._body
+
+
+# What DynamoDB answers when it throttles (JSON 1.0 protocol: the type names the error).
+_THROTTLES = (
+    (
+        "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+        "The level of configured provisioned throughput for the table was exceeded. "
+        "Consider increasing your provisioning level with the UpdateTable API.",
+    ),
+    (
+        "com.amazon.coral.availability#ThrottlingException",
+        "Throughput exceeds the current capacity of your table or index.",
+    ),
+)
+
+
+class DynamoThrottling:
+    """Throttle `rate` of the control plane's DynamoDB requests (each attempt is drawn anew, so
+    the SDK's retries usually get through, as in AWS)."""
+
+    def __init__(self, rate: float, rng: random.Random) -> None:
+        self._rate = rate
+        self._rng = rng
+        self._lock = threading.Lock()
+        self.injected = 0
+
+    def hooks(self) -> list[HookSpec]:
+        # First: moto answers at `before-send` too, and the first answer wins.
+        return [("before-send.dynamodb", self, botocore.handlers.REGISTER_FIRST)]
+
+    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+        if current_actor() != CONTROL_PLANE:
+            return None
+        with self._lock:
+            if self._rng.random() >= self._rate:
+                return None
+            self.injected += 1
+            error_type, message = self._rng.choice(_THROTTLES)
+        body = json.dumps({"__type": error_type, "message": message}).encode()
+        headers = {
+            "Content-Type": "application/x-amz-json-1.0",
+            "x-amzn-RequestId": "THROTTLED0000000000000000000000000000000000000000000",
+        }
+        return AWSResponse(request.url, 400, headers, _RawBody(body))
+
+
+class HandlerCrashed(Exception):
+    """The injected death of a handler run, right after a write it made succeeded."""
+
+
+# Operations that change something (by name: the APIs gpufleet calls follow the convention).
+_WRITES = re.compile(
+    r"^(Put|Update|Delete|TransactWrite|BatchWrite|Create|Run|Terminate|Start|Stop|Send|Publish"
+    r"|Set)"
+)
+_BOOKKEEPING = "gpufleet_chaos_bookkeeping"
+
+
+@dataclass
+class _Run:
+    function_name: str
+    crash_after: int | None  # the write after which this run dies; None: it lives
+    writes: int = 0
+
+
+class CrashAfterWrites:
+    """`rate` of handler runs crash right after their Nth successful write, N drawn from
+    1..`max_write` (a run with fewer writes lives). Writes to the idempotency table do not
+    count: they are Powertools' bookkeeping, whose in-progress record outlives an immediate
+    retry in the emulator, where AWS retries after a minute, when the record has expired."""
+
+    def __init__(self, rate: float, max_write: int, rng: random.Random) -> None:
+        self._rate = rate
+        self._max_write = max_write
+        self._rng = rng
+        self._lock = threading.Lock()
+        self._runs = threading.local()
+        self.crashes: list[str] = []  # "function after Operation (write N)"
+
+    def hooks(self) -> list[HookSpec]:
+        return [
+            ("before-parameter-build.dynamodb", self._note_bookkeeping),
+            ("after-call", self._after_call),
+        ]
+
+    @contextmanager
+    def invocation(self, function_name: str) -> Iterator[None]:
+        """One handler run; runs nest (a handler's event can be delivered synchronously)."""
+        with self._lock:
+            dies = self._rng.random() < self._rate
+            crash_after = self._rng.randint(1, self._max_write) if dies else None
+        stack: list[_Run] = self._runs.__dict__.setdefault("stack", [])
+        stack.append(_Run(function_name, crash_after))
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def _note_bookkeeping(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context[_BOOKKEEPING] = IDEMPOTENCY_TABLE.construct_id in str(params.get("TableName", ""))
+
+    def _after_call(
+        self, event_name: str, http_response: Any, context: dict[str, Any], **_: Any
+    ) -> None:
+        stack: list[_Run] = getattr(self._runs, "stack", [])
+        if not stack or current_actor() != CONTROL_PLANE:
+            return
+        run = stack[-1]
+        operation = event_name.rsplit(".", 1)[-1]
+        if (
+            run.crash_after is None
+            or not _WRITES.match(operation)
+            or context.get(_BOOKKEEPING)
+            or http_response.status_code >= 300
+        ):
+            return
+        run.writes += 1
+        if run.writes == run.crash_after:
+            run.crash_after = None  # one death per run
+            what = f"{run.function_name} after {operation} (write {run.writes})"
+            with self._lock:
+                self.crashes.append(what)
+            raise HandlerCrashed(f"injected crash: {what}")

@@ -8,12 +8,12 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, S3Manifests
-from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
+from gpufleet.agent.node import JOB_METRIC_PREFIX, JobMetrics, NodeAgent, RunManifest, RunOutcome
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
@@ -23,7 +23,11 @@ from gpufleet.topology import (
     RUNS_PREFIX,
     TAG_JOB_ID,
     TAG_MANAGED,
+    agent_log_stream,
 )
+
+# The emulator's agent log group (the stack names its own; `gpufleet emulator` exports this one).
+AGENT_LOG_GROUP = "/gpufleet/agent"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ class Behaviour:
     needs_gpu_memory_gib: float = 0.0
     gpu_utilization: float = 90.0  # what its GPUs report while it runs
     gpu_temperature: float = 65.0
+    # GPU memory in use on the node (MiB) when it starts, and how fast it grows (a leak).
+    gpu_memory_mib: float = 8000.0
+    gpu_memory_growth_mib_per_second: float = 0.0
+    # What the job's code prints for gpufleet while it runs: `GPUFLEET_METRIC name=value`.
+    prints_metrics: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -49,10 +58,15 @@ class NodeScenario:
     heartbeat_seconds: float = 60.0
     metrics_seconds: float = 0.5  # between GPU utilization datapoints
     notice_seconds: float = 2.0  # EC2 gives two minutes between warning and termination
+    # By job name, or "job/stage" for one stage of a multi-stage job.
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     default: Behaviour = field(default_factory=Behaviour)
+    # How long a node that finished a stage waits to be told to run the next one there.
+    stage_wait_seconds: float = 10.0
 
-    def behaviour(self, job_name: str) -> Behaviour:
+    def behaviour(self, job_name: str, stage: str | None = None) -> Behaviour:
+        if stage is not None and f"{job_name}/{stage}" in self.behaviours:
+            return self.behaviours[f"{job_name}/{stage}"]
         return self.behaviours.get(job_name, self.default)
 
 
@@ -82,6 +96,30 @@ class EmulatedIdentity:
         return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
 
 
+class ContainerLog:
+    """What Docker's awslogs driver does with a container's output on a real node: one stream
+    per job and instance in the agent log group, written through the CloudWatch Logs API."""
+
+    def __init__(self, logs: Any, job_id: str, instance_id: str) -> None:
+        self._logs = logs
+        self._stream = agent_log_stream(job_id, instance_id)
+        self._created = False
+
+    def write(self, *lines: str) -> None:
+        with acting_as(NODE):
+            if not self._created:
+                self._logs.create_log_stream(
+                    logGroupName=AGENT_LOG_GROUP, logStreamName=self._stream
+                )
+                self._created = True
+            now = int(time.time() * 1000)
+            self._logs.put_log_events(
+                logGroupName=AGENT_LOG_GROUP,
+                logStreamName=self._stream,
+                logEvents=[{"timestamp": now, "message": line} for line in lines],
+            )
+
+
 class NodeVanished(Exception):
     """The simulated machine is gone; its agent dies with it."""
 
@@ -90,31 +128,50 @@ class SimulatedRuntime:
     """Runs for the scenario's duration, unless the instance is terminated under it."""
 
     def __init__(
-        self, ec2: Any, instance_id: str, scenario: NodeScenario, resumed: set[str]
+        self,
+        ec2: Any,
+        instance_id: str,
+        scenario: NodeScenario,
+        resumed: set[str],
+        log: ContainerLog,
+        output: Callable[[str], None] = lambda _line: None,
     ) -> None:
         self._ec2 = ec2
         self._instance_id = instance_id
         self._scenario = scenario
         self.resumed = resumed
+        self._log = log
+        self._output = output  # the container's stdout, line by line, as the agent reads it
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
-        behaviour = self._scenario.behaviour(manifest.name)
+        behaviour = self._scenario.behaviour(manifest.name, manifest.stage)
         if manifest.resume:
             self.resumed.add(manifest.job_id)
+            self._log.write(f"resuming from {manifest.checkpoint}")
+        self._log.write(f"{manifest.image}: {' '.join(manifest.command)} on {manifest.gpus} GPU(s)")
         if behaviour.needs_gpu_memory_gib > self._gpu_memory_gib():
             time.sleep(min(behaviour.duration_seconds, 0.5))
+            self._log.write("torch.OutOfMemoryError: CUDA out of memory")
             return RunOutcome(
                 exit_code=1, reason="torch.OutOfMemoryError: CUDA out of memory", oom=True
             )
         deadline = time.monotonic() + min(behaviour.duration_seconds, manifest.timeout_seconds)
         while time.monotonic() < deadline:
+            self._print_metrics(behaviour)
             if stop.wait(0.1):
+                self._log.write("SIGTERM: checkpoint written, exiting")
                 return RunOutcome(exit_code=0, reason="checkpointed on request")
             if not self._alive():
                 return RunOutcome(exit_code=None, reason="the instance was terminated")
         if behaviour.vanishes:
             raise NodeVanished(self._instance_id)
+        self._log.write(f"training finished, exit code {behaviour.exit_code}")
         return RunOutcome(exit_code=behaviour.exit_code)
+
+    def _print_metrics(self, behaviour: Behaviour) -> None:
+        if behaviour.prints_metrics:
+            pairs = " ".join(f"{name}={value:g}" for name, value in behaviour.prints_metrics)
+            self._output(f"{JOB_METRIC_PREFIX}{pairs}\n")
 
     def _gpu_memory_gib(self) -> float:
         with acting_as(EMULATOR):
@@ -132,12 +189,17 @@ class SimulatedGpus:
 
     def __init__(self, behaviour: Behaviour) -> None:
         self._behaviour = behaviour
+        self._started = time.monotonic()
 
     def utilization_percent(self) -> float | None:
         return self._behaviour.gpu_utilization
 
     def temperature_celsius(self) -> float | None:
         return self._behaviour.gpu_temperature
+
+    def memory_used_mib(self) -> float | None:
+        growth = self._behaviour.gpu_memory_growth_mib_per_second
+        return self._behaviour.gpu_memory_mib + growth * (time.monotonic() - self._started)
 
 
 class _AsNode:
@@ -183,6 +245,13 @@ class NodeSimulator:
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
 
     def start(self) -> None:
+        # The stack creates the agent log group; nodes only add their streams to it.
+        logs = self._account.client("logs")
+        with (
+            acting_as(EMULATOR),
+            contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException),
+        ):
+            logs.create_log_group(logGroupName=AGENT_LOG_GROUP)
         self._watcher.start()
 
     def stop(self) -> None:
@@ -229,23 +298,48 @@ class NodeSimulator:
                 CloudWatchMetrics(self._account.client("cloudwatch")),
             )
             identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
+            if not self._claimed(identity):
+                return  # a warm instance released before any launch took it
             job_id = identity.tags().get(TAG_JOB_ID, "")
             with acting_as(EMULATOR):
                 behaviour = self._scenario.behaviour(self._job_name(job_id))
             self._schedule_interruption(instance_id, job_id, behaviour)
+            job_metrics = JobMetrics()
             agent = NodeAgent(
                 identity=identity,
                 manifests=node,
                 reporter=node,
-                runtime=SimulatedRuntime(self._ec2, instance_id, self._scenario, self.resumed),
+                runtime=SimulatedRuntime(
+                    self._ec2,
+                    instance_id,
+                    self._scenario,
+                    self.resumed,
+                    ContainerLog(self._account.client("logs"), job_id, instance_id),
+                    output=job_metrics.feed,
+                ),
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
                 gpu_probe=SimulatedGpus(behaviour),
                 metrics=node,
                 metrics_seconds=self._scenario.metrics_seconds,
+                job_metrics=job_metrics,
+                stage_wait_seconds=self._scenario.stage_wait_seconds,
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
+
+    def _claimed(self, identity: EmulatedIdentity) -> bool:
+        """Whether the instance has a job: a warm-pool instance idles until a launch tags it
+        (the agent would wait too, but the simulated GPUs and log need the job first)."""
+        while TAG_JOB_ID not in identity.tags():
+            if self._stop.is_set() or not self._alive(identity.instance_id()):
+                return False
+            self._stop.wait(0.2)
+        return True
+
+    def _alive(self, instance_id: str) -> bool:
+        with acting_as(EMULATOR):
+            return _instance(self._ec2, instance_id)["State"]["Name"] in ("pending", "running")
 
     def _schedule_interruption(self, instance_id: str, job_id: str, behaviour: Behaviour) -> None:
         with self._lock:  # two instances of one job can boot at once

@@ -12,6 +12,9 @@
    counted against the actor on the calling thread, so the demo reports the API calls the
    control plane made and nothing else.
 
+A `FaultPlan` (see `planned_faults`) can take over the asynchronous deliveries and wrap every
+handler run, for chaos runs: without one, each event is delivered once, on time.
+
 moto is pinned exactly (see requirements.lock): these patches rely on its internals.
 """
 
@@ -29,9 +32,9 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import botocore.handlers
 
@@ -43,6 +46,35 @@ _local = threading.local()
 
 # botocore names some services differently from the ARNs and the console.
 _SERVICE_NAMES = {"sfn": "states", "cloudwatch": "cloudwatch", "eventbridge": "events"}
+
+
+class FaultPlan(Protocol):
+    """How a chaos run bends the account's asynchronous plumbing (the default: not at all)."""
+
+    def deliver(self, delivery: Callable[[], bool]) -> bool:
+        """Carry out one asynchronous delivery of an event: call `delivery` (one delivery with
+        Lambda's retries) as often and as late as the plan says."""
+        ...
+
+    def invocation(self, function_name: str) -> AbstractContextManager[None]:
+        """Wraps each run of a handler, on the thread that runs it."""
+        ...
+
+
+_fault_plan: FaultPlan | None = None
+
+
+@contextmanager
+def planned_faults(plan: FaultPlan) -> Iterator[FaultPlan]:
+    """Deliveries and handler runs follow `plan` inside the block (one plan at a time)."""
+    global _fault_plan
+    if _fault_plan is not None:
+        raise RuntimeError("a fault plan is already active")
+    _fault_plan = plan
+    try:
+        yield plan
+    finally:
+        _fault_plan = None
 
 
 def current_actor() -> str:
@@ -163,8 +195,12 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
         previous_buffer = getattr(_local, "log_buffer", None)
         _local.log_buffer = buffer
         errored = False
+        plan = _fault_plan
         try:
-            with acting_as(CONTROL_PLANE):
+            with (
+                acting_as(CONTROL_PLANE),
+                plan.invocation(self.function_name) if plan else nullcontext(),
+            ):
                 result = _resolve_handler(self.handler)(payload, context)
             output = json.dumps(result)
         except Exception as exc:
@@ -233,6 +269,33 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
 
         _replace(DynamoDBBackend, operation, atomic, undo)
 
+    # A `.waitForTaskToken` task with a heartbeat: moto waits for the first heartbeat before it
+    # looks for the task's result, so a result sent while the task's Lambda still ran (Launch
+    # handing back a launch that got no capacity) waits out a whole heartbeat period. Step
+    # Functions takes such a result at once.
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_callback as callback,
+    )
+    from moto.stepfunctions.parser.asl.eval.callback.callback import HeartbeatTimedOut
+
+    def wait_with_heartbeat(
+        _task: Any, env: Any, callback_endpoint: Any, heartbeat_endpoint: Any
+    ) -> Any:
+        outcome = callback_endpoint.get_outcome()
+        while env.is_running() and outcome is None:
+            received = heartbeat_endpoint.clear_and_wait()
+            if not received and env.is_running():
+                return callback_endpoint.get_outcome() or HeartbeatTimedOut()
+            outcome = callback_endpoint.get_outcome()
+        return outcome
+
+    _replace(
+        callback.StateTaskServiceCallback,
+        "_wait_for_task_token_heartbeat",
+        wait_with_heartbeat,
+        undo,
+    )
+
     # moto has no EC2 placement groups: the emulator answers for them.
     from gpufleet.emulator.placement_groups import PlacementGroups
 
@@ -255,8 +318,12 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
             kwargs["file"] = buffer
         print(*values, **kwargs)
 
-    emf.print = routed_print  # type: ignore[attr-defined]
-    undo.append(lambda: delattr(emf, "print"))
+    # Both Powertools' metrics and its single metrics (`single_metric`) print.
+    from aws_lambda_powertools.metrics import base as metrics_base
+
+    for module in (emf, metrics_base):
+        module.print = routed_print  # type: ignore[attr-defined]
+        undo.append(functools.partial(delattr, module, "print"))
 
     # Handler output (Powertools Logger, EMF metrics) goes to each invocation's log group.
     routed = _ThreadRoutedStream(sys.stdout)
@@ -288,8 +355,13 @@ def invoke_async(account_id: str, function_arn: str, event: Any) -> bool:
 
     region = function_arn.split(":")[3]
     function = get_backend(account_id, region).get_function(function_arn)
-    for _attempt in range(3):
-        _output, errored, _logs = function._invoke_lambda(json.dumps(event))
-        if not errored:
-            return True
-    return False
+
+    def delivery() -> bool:
+        for _attempt in range(3):
+            _output, errored, _logs = function._invoke_lambda(json.dumps(event))
+            if not errored:
+                return True
+        return False
+
+    plan = _fault_plan
+    return delivery() if plan is None else plan.deliver(delivery)

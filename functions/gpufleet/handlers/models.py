@@ -68,26 +68,29 @@ class JobTask(BaseModel):
     job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
 
 
-class LaunchTask(JobTask):
-    plan: dict[str, Any]
-    step: int = Field(ge=0)
-    attempt: int = Field(ge=0)
+class TokenTask(JobTask):
+    """A `.waitForTaskToken` task: the workflow waits until something completes the token."""
 
-
-class AwaitNodeTask(JobTask):
     task_token: str = Field(min_length=1, max_length=4096)
 
 
-class RecordOutcomeTask(JobTask):
+class EnqueueTask(TokenTask):
+    plan: dict[str, Any]
+
+
+class LaunchTask(TokenTask):
+    plan: dict[str, Any]
+    step: int = Field(ge=0)
+    attempt: int = Field(ge=0)
+    admission: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReleaseTask(JobTask):
     state: dict[str, Any]
 
 
 class RequeueTask(JobTask):
     attempt: int = Field(ge=0)
-
-
-class EnqueueTask(AwaitNodeTask):
-    plan: dict[str, Any]
 
 
 class InstanceEventDetail(_Open):

@@ -1,14 +1,14 @@
-"""Workflow task: one CreateFleet attempt for one step of the plan."""
+"""Workflow task (.waitForTaskToken): one CreateFleet attempt for one step of the plan; the
+token then waits for the node's report of the run."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from gpufleet import telemetry
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
+from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import LaunchTask
 
 
@@ -16,11 +16,16 @@ from gpufleet.handlers.models import LaunchTask
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 @event_parser(model=LaunchTask)
-def handler(task: LaunchTask, context: LambdaContext) -> dict[str, Any]:
+def handler(task: LaunchTask, context: LambdaContext) -> None:
     logger.append_keys(job_id=task.job_id)
     plan = LaunchPlan.model_validate(task.plan)
-    result = lifecycle().launch(task.job_id, plan, task.step, task.attempt)
-    metrics.add_metric(
-        name="Launched" if result.launched else "LaunchFailures", unit="Count", value=1
+    failed = lifecycle().launch(
+        task.job_id, plan, task.step, task.attempt, task.task_token, task.admission
     )
-    return result.model_dump()
+    if failed is not None:
+        count(
+            telemetry.LAUNCH_FAILURES,
+            dimensions={
+                telemetry.ERROR_CATEGORY: failed.category or telemetry.UNKNOWN_ERROR_CATEGORY
+            },
+        )

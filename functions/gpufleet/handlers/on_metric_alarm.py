@@ -1,4 +1,4 @@
-"""`CloudWatch Alarm State Change` (default bus) for a job's GPU alarms -> its policy."""
+"""`CloudWatch Alarm State Change` (default bus) for a job's metric alarms -> its action."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpufleet.adapters.aws.alarms import HOT, IDLE, parse_alarm_name
-from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
+from gpufleet import telemetry
+from gpufleet.adapters.aws.alarms import parse_alarm_name
+from gpufleet.domain.scaling import AlarmKind
+from gpufleet.handlers.common import actions, count, logger, metrics, tracer
 from gpufleet.handlers.models import AlarmEvent
+
+_COUNTED = {AlarmKind.IDLE: telemetry.IDLE_JOBS, AlarmKind.HOT: telemetry.OVERHEATED_JOBS}
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -21,13 +25,8 @@ def handler(event: AlarmEvent, context: LambdaContext) -> dict[str, Any]:
     if parsed is None or event.detail.state.value != "ALARM":
         return {"ignored": event.detail.alarmName}
     job_id, kind = parsed
-    logger.append_keys(job_id=job_id, alarm=kind)
-    if kind == IDLE:
-        flags = lifecycle().gpus_idle(job_id)
-        metrics.add_metric(name="IdleJobs", unit="Count", value=1)
-    elif kind == HOT:
-        flags = lifecycle().gpus_hot(job_id)
-        metrics.add_metric(name="OverheatedJobs", unit="Count", value=1)
-    else:
-        flags = []
-    return {"job_id": job_id, "flags": flags}
+    logger.append_keys(job_id=job_id, alarm=kind.value)
+    flags = actions().on_alarm(job_id, kind)
+    if kind in _COUNTED:
+        count(_COUNTED[kind])
+    return {"job_id": job_id, "alarm": kind.value, "flags": flags}

@@ -16,12 +16,6 @@ from gpufleet.handlers.models import RequeueTask
 @event_parser(model=RequeueTask)
 def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
-    plan = lifecycle().requeue(task.job_id)
-    # A fresh state for the next run: the plan for the job as it now is (a resize, more GPU
-    # memory), and launch attempts counted on, so that a new launch never reuses an earlier
-    # one's idempotency token.
-    return {
-        "job_id": task.job_id,
-        "plan": plan.model_dump(mode="json"),
-        "launch": {"step": 0, "attempt": task.attempt},
-    }
+    service = lifecycle()
+    # The attempt that launched the last run is spent: the next launch counts on from it.
+    return service.workflow_input(task.job_id, service.requeue(task.job_id), task.attempt + 1)

@@ -9,7 +9,6 @@ is never admitted twice and no quota is exceeded, whoever wins.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.domain.cost import spend_this_month_usd
 from gpufleet.domain.job import JobNotFound
@@ -23,7 +22,7 @@ from gpufleet.domain.queueing import (
     effective_priority,
 )
 from gpufleet.domain.retry import PREEMPTED, RECLAIMED
-from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, RunningEntry
+from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, QueueState, RunningEntry
 from gpufleet.services.lifecycle import LifecycleService
 
 # How many of the best waiting jobs one pass considers (the queue is read lazily, best first).
@@ -39,6 +38,9 @@ class PassResult:
     lost_races: int = 0
     waiting: dict[str, str] = field(default_factory=dict)
     items_read: int = 0
+    waited_seconds: list[float] = field(default_factory=list)  # of each admission
+    over_budget: list[str] = field(default_factory=list)  # stopped: cost reached the budget
+    state: QueueState | None = None  # as the pass began (for the gauges)
 
 
 class DispatcherService:
@@ -54,16 +56,29 @@ class DispatcherService:
         self._policy = policy
         self._limit = candidates_per_pass
 
-    def run_pass(self) -> PassResult:
+    def run_pass(self, full: bool = True) -> PassResult:
+        """One admission pass. A `full` pass (the schedule's) reads every class of the queue;
+        a pass woken by an event reads only the classes the queue's counts say are not empty."""
         ports, policy = self._ports, self._policy
         now = ports.clock.now()
         read_before = ports.queue.items_read()
         result = PassResult()
-        running = ports.queue.running()
+        state = ports.queue.state()
+        running, bookings = state.running, state.bookings
+        result.state = state
         self._notify_admitted(running)
         result.forced = self._stop_overdue(running, now)
-        candidates = ports.queue.candidates(now, policy, self._limit)
-        bookings = ports.queue.bookings()
+        result.over_budget = [
+            r.job.job_id
+            for r in running
+            if r.job.stop_at is not None
+            and r.job.stop_at <= now
+            and self._lifecycle.over_budget(r.job.job_id)
+        ]
+        classes = None if full else [p for p, n in state.waiting.items() if n > 0]
+        candidates = (
+            [] if classes == [] else ports.queue.candidates(now, policy, self._limit, classes)
+        )
         decision = decide(
             [c.job for c in candidates],
             [r.job for r in running],
@@ -77,6 +92,7 @@ class DispatcherService:
             entry = by_id[admission.job_id]
             if self._admit(entry, admission, bookings, now):
                 result.admitted.append(admission.job_id)
+                result.waited_seconds.append(max(0.0, now - entry.queued_at))
             else:
                 result.lost_races += 1
         for preemption in decision.preemptions:
@@ -120,30 +136,21 @@ class DispatcherService:
         )
         if not self._ports.queue.admit(entry, running, limits):
             return False
-        self._tell_admitted(job.job_id, entry.task_token)
-        try:
-            stored = self._ports.jobs.get(job.job_id)
-            changes: dict[str, Any] = {
-                "preempted_for": None,
-                "waited_seconds": stored.waited_seconds + max(0.0, now - entry.queued_at),
-            }
-            if stored.first_admitted_at is None:
-                changes["first_admitted_at"] = now
-            self._ports.jobs.update(job.job_id, now, changes)
-        except JobNotFound:
-            pass
+        # The launch that follows notes the wait on the job, in the write it makes anyway.
+        self._tell_admitted(
+            job.job_id, entry.task_token, {"queued_at": entry.queued_at, "admitted_at": now}
+        )
         return True
 
     def _notify_admitted(self, running: list[RunningEntry]) -> None:
         """An admission whose workflow was never told (the dispatcher died in between)."""
         for entry in running:
             if not entry.notified:
-                self._tell_admitted(entry.job.job_id, entry.task_token)
+                self._tell_admitted(entry.job.job_id, entry.task_token, {})
 
-    def _tell_admitted(self, job_id: str, token: str) -> None:
-        if self._ports.workflow.complete_task(token, {"admitted": True}):
-            self._ports.queue.mark_notified(job_id)
-            return
+    def _tell_admitted(self, job_id: str, token: str, admission: dict[str, float]) -> None:
+        if self._ports.workflow.complete_task(token, {"admitted": True, **admission}):
+            return  # its launch marks it notified, in the write it makes anyway
         # The workflow no longer waits: if the job ended (cancelled, stopped), its share goes
         # back; otherwise the next pass tells it again.
         try:
@@ -193,8 +200,8 @@ def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], li
     """Every waiting job in admission order, with the reason it waits (read-only)."""
     now = ports.clock.now()
     waiting = ports.queue.waiting()
-    bookings = ports.queue.bookings()
-    running = [r.job for r in ports.queue.running()]
+    state = ports.queue.state()
+    bookings, running = state.bookings, [r.job for r in state.running]
     jobs = [w.job for w in waiting]
     decision = decide(
         jobs, running, bookings, now, policy, team_spend_usd=team_spend(ports, policy, now)

@@ -10,6 +10,7 @@ from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.planning import LaunchPlan, plan_launch
 from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports
+from gpufleet.services.actions import MetricActions
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
@@ -17,8 +18,8 @@ from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.settings import Settings
 
 
-def build_intake(ports: Ports) -> IntakeService:
-    return IntakeService(ports)
+def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> IntakeService:
+    return IntakeService(ports, lifecycle.prepare, settings.config.templates)
 
 
 def build_dispatcher(
@@ -32,7 +33,12 @@ def build_reconciler(ports: Ports, settings: Settings) -> ReconcilerService:
         ports,
         grace_seconds=settings.reconcile_grace_seconds,
         boot_allowance_seconds=settings.boot_allowance_seconds,
+        warm_pool=settings.config.warm_pool,
     )
+
+
+def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> MetricActions:
+    return MetricActions(ports, lifecycle, settings.config.metrics)
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
@@ -64,6 +70,10 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         reservations=tuple(settings.config.reservations),
         max_interruptions=settings.max_interruptions,
         gpu_memory_of=lambda name: catalog.instance_type(name).gpu_memory_gib,
+        instance_type_of=catalog.instance_type,
+        data_bucket=settings.intake_bucket,
         metrics=settings.config.metrics,
+        cost=settings.config.cost,
+        root_volume_gib=settings.root_volume_gib,
     )
     return LifecycleService(ports, planner, policy)

@@ -13,8 +13,15 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.domain.config import MetricPolicy, Reservation
-from gpufleet.domain.cost import fleet_hourly_usd, held_seconds, run_cost_usd
+from gpufleet.domain.catalog import InstanceType
+from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
+from gpufleet.domain.cost import (
+    fleet_hourly_usd,
+    held_seconds,
+    run_cost_usd,
+    storage_cost_usd,
+    storage_usd_per_hour,
+)
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
 from gpufleet.domain.launch import (
@@ -27,22 +34,27 @@ from gpufleet.domain.launch import (
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
 from gpufleet.domain.queueing import QueuedJob
 from gpufleet.domain.retry import (
+    BUDGET,
     DEFAULT_MAX_INTERRUPTIONS,
     IDLE,
     INTERRUPTED,
+    NEXT_STAGE,
     OUT_OF_MEMORY,
     OVERHEATED,
     PREEMPTED,
     RECLAIMED,
     RESIZED,
     RETRY,
+    Verdict,
     after_run,
 )
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse, stage_environment
 from gpufleet.ports import Ports, QueueEntry
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
+    CONTROL_RUN_STAGE,
     DETAIL_CAPACITY_FREED,
     DETAIL_JOB_FLAGGED,
     DETAIL_JOB_QUEUED,
@@ -74,6 +86,12 @@ class LifecyclePolicy:
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
     gpu_memory_of: Callable[[str], float] = lambda _instance_type: 0.0
     metrics: MetricPolicy = field(default_factory=MetricPolicy)
+    cost: CostPolicy = field(default_factory=CostPolicy)
+    root_volume_gib: int = 200  # each node's EBS volume
+    # Catalog lookup (None: unknown type): whether a stage fits on the last one's instances,
+    # and how many GPUs a stage held.
+    instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None
+    data_bucket: str = ""  # where stages pass data to each other (runs/<job>/stages/<stage>/)
 
 
 class JobAlreadyEnded(Exception):
@@ -95,6 +113,8 @@ class NodeReport(BaseModel):
     interrupted: bool = False
     # The container died of GPU out-of-memory (recognised in its last log lines).
     oom: bool = False
+    # The stage of a multi-stage job the node ran (reports of an earlier stage are stale).
+    stage: str | None = Field(default=None, max_length=64)
 
 
 class LaunchStepResult(BaseModel):
@@ -107,6 +127,7 @@ class LaunchStepResult(BaseModel):
     give_up: bool = False
     wait_seconds: int = 1  # before the next try, when retry_later
     error: str = ""
+    category: str = ""  # of the launch error (capacity, quota, configuration)
 
 
 FLAG_LOW_UTILIZATION = "low-utilization"
@@ -118,8 +139,13 @@ def run_manifest_key(job_id: str) -> str:
 
 
 def control_key(job_id: str) -> str:
-    """Where the node agent looks for instructions (checkpoint and stop)."""
+    """Where the node agent looks for instructions (checkpoint and stop, run the next stage)."""
     return f"{RUNS_PREFIX}{job_id}/control.json"
+
+
+def stage_data_root(bucket: str, job_id: str) -> str:
+    """Where a multi-stage job's stages write their output, one prefix per stage."""
+    return f"s3://{bucket}/{RUNS_PREFIX}{job_id}/stages/"
 
 
 class LifecycleService:
@@ -130,15 +156,67 @@ class LifecycleService:
 
     # -- state machine tasks -------------------------------------------------------------------
 
-    def prepare(self, job_id: str) -> dict[str, Any]:
-        """Check the stored job, queue it, and plan its launch."""
-        job = self._ports.jobs.get(job_id)
-        plan = self._plan(job)
-        self._move(job, JobStatus.QUEUED)
+    def prepare(self, job: Job) -> tuple[Job, dict[str, Any] | None]:
+        """A new job's first plan, made at intake before the job is stored: the job is QUEUED
+        with its workflow's input, or FAILED (and no workflow starts) when nothing in the
+        catalog can run it."""
+        try:
+            plans = self._plan_stages(job)
+        except NoFeasibleOffering as exc:
+            failed = job.model_copy(update={"status": JobStatus.FAILED, "failure_reason": str(exc)})
+            return failed, None
+        plan = plans[0]
+        estimate = round(sum(self.estimate_usd(p) for p in plans), 6)
+        budget = job.spec.budget_usd
+        if budget is not None and estimate > budget:
+            reason = f"its estimated cost ${estimate:.2f} exceeds its budget ${budget:.2f}"
+            failed = job.model_copy(
+                update={
+                    "status": JobStatus.FAILED,
+                    "failure_reason": reason,
+                    "estimated_cost_usd": estimate,
+                }
+            )
+            return failed, None
+        queued = job.model_copy(update={"status": JobStatus.QUEUED, "estimated_cost_usd": estimate})
+        return queued, self.workflow_input(job.job_id, plan, attempt=0)
+
+    def _plan_stages(self, job: Job) -> list[LaunchPlan]:
+        """The job's first plan, and for a multi-stage job one for every stage: a stage nothing
+        in the catalog can run fails the job at intake, not after the stages before it ran.
+        Raises NoFeasibleOffering naming the stage."""
+        if not job.spec.stages:
+            return [self._plan(job)]
+        plans = []
+        for index, stage in enumerate(job.spec.stages):
+            try:
+                plans.append(self._plan(job.model_copy(update={"stage_index": index})))
+            except NoFeasibleOffering as exc:
+                raise NoFeasibleOffering(
+                    f"stage {stage.name!r}: {exc}", exc.constraint, exc.region
+                ) from None
+        return plans
+
+    def estimate_usd(self, plan: LaunchPlan) -> float:
+        """Before a run: the plan's first choice x expected hours x the estimate factor, plus
+        the nodes' storage for as long."""
+        hours = plan.expected_seconds / 3600
+        storage = storage_usd_per_hour(
+            plan.nodes, self._policy.root_volume_gib, self._policy.cost.ebs_usd_per_gib_month
+        )
+        return round(
+            plan.estimated_cost_usd() * self._policy.cost.estimate_factor + storage * hours, 6
+        )
+
+    @staticmethod
+    def workflow_input(job_id: str, plan: LaunchPlan, attempt: int) -> dict[str, Any]:
+        """The state a run of the lifecycle starts from: the plan for the job as it now is, and
+        launch attempts counted on, so a new launch never reuses an earlier one's idempotency
+        token."""
         return {
             "job_id": job_id,
             "plan": plan.model_dump(mode="json"),
-            "launch": LaunchStepResult(step=0, attempt=0).model_dump(),
+            "launch": LaunchStepResult(step=0, attempt=attempt).model_dump(),
         }
 
     def enqueue(self, job_id: str, task_token: str, plan: LaunchPlan) -> None:
@@ -159,7 +237,7 @@ class LifecycleService:
                 enqueued_at=job.created_at,
                 preempted_for=job.preempted_for,
                 preemptions=job.preemptions,
-                estimated_cost_usd=round(plan.estimated_cost_usd(), 6),
+                estimated_cost_usd=self.estimate_usd(plan),
             ),
             task_token=task_token,
             queued_at=self._now(),
@@ -178,11 +256,7 @@ class LifecycleService:
         job = self._ports.jobs.get(job_id)
         if job.status is JobStatus.QUEUED:
             return self._plan(job)  # a repeated step
-        run_cost, run_held = 0.0, 0.0
-        if job.placement is not None:
-            released_at = job.released_at if job.released_at is not None else self._now()
-            run_cost = run_cost_usd(job.placement, released_at)
-            run_held = held_seconds(job.placement, released_at)
+        released_at = job.released_at if job.released_at is not None else self._now()
         counter = {
             INTERRUPTED: "interruptions",
             RETRY: "retries",
@@ -200,6 +274,8 @@ class LifecycleService:
             changes["resources_override"] = resources.model_copy(
                 update={"gpu_memory_gib": max(resources.gpu_memory_gib, floor)}
             )
+        if job.drain_reason == NEXT_STAGE:
+            changes.update(_next_stage_changes(job))
         self._move(
             job,
             JobStatus.QUEUED,
@@ -210,8 +286,7 @@ class LifecycleService:
                 "run_result": None,
                 "drain_reason": None,
                 "drain_requested_at": None,
-                "prior_cost_usd": job.prior_cost_usd + run_cost,
-                "prior_held_seconds": job.prior_held_seconds + run_held,
+                **_spent_until(job, released_at),
                 **changes,
             },
         )
@@ -349,16 +424,46 @@ class LifecycleService:
             self._ports.workflow.complete_task(job.task_token, result)
         return job_id
 
-    def launch(self, job_id: str, plan: LaunchPlan, step: int, attempt: int) -> LaunchStepResult:
-        """Try one step of the plan (one capacity type over its offerings)."""
+    def launch(
+        self,
+        job_id: str,
+        plan: LaunchPlan,
+        step: int,
+        attempt: int,
+        task_token: str,
+        admission: Mapping[str, Any] | None = None,
+    ) -> LaunchStepResult | None:
+        """Try one step of the plan (one capacity type over its offerings). The workflow waits
+        on `task_token` for the whole run: a launched job parks it with its placement, and the
+        node's report completes it; a launch that got no capacity completes it at once with what
+        to do next (returned too). `admission` is what the dispatcher said when it admitted the
+        job (when it was queued, when admitted)."""
+        result = self._launch(job_id, plan, step, attempt, task_token, admission or {})
+        if result is not None:
+            self._ports.workflow.complete_task(task_token, {"launch": result.model_dump()})
+        return result
+
+    def _launch(
+        self,
+        job_id: str,
+        plan: LaunchPlan,
+        step: int,
+        attempt: int,
+        task_token: str,
+        admission: Mapping[str, Any],
+    ) -> LaunchStepResult | None:
         job = self._ports.jobs.get(job_id)
         if job.status.terminal:
             return LaunchStepResult(step=step, attempt=attempt, give_up=True, error="job ended")
-        job = self._move(job, JobStatus.LAUNCHING)
         if job.placement is not None:
-            # A retry of a launch that already succeeded: do not launch again.
-            return LaunchStepResult(step=step, attempt=attempt, launched=True)
-        self._ports.objects.put_json(run_manifest_key(job_id), _run_manifest(job))
+            # A retry of a launch that already succeeded: park the token, do not launch again.
+            job = self._ports.jobs.update(job_id, self._now(), {"task_token": task_token})
+            if job.run_result is not None:  # and its node already finished
+                self._ports.workflow.complete_task(task_token, job.run_result)
+            return None
+        self._ports.objects.put_json(
+            run_manifest_key(job_id), _run_manifest(job, self._policy.data_bucket)
+        )
         # A new run starts with no instruction pending: a checkpoint request was for the last.
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
@@ -389,13 +494,25 @@ class LifecycleService:
                 fell_back = capacity_type is CapacityType.ON_DEMAND and any(
                     s.capacity_type is CapacityType.SPOT for s in plan.steps[:step]
                 )
-                self._record_placement(job, result, launch_step, fell_back)
+                changes = {
+                    **self._admitted_changes(job, admission),
+                    "placement": self._placement(result, launch_step),
+                    "attempts": job.attempts + 1,
+                    "ondemand_fallback": fell_back,
+                    "task_token": task_token,
+                }
+                job = self._move(job, JobStatus.LAUNCHING, changes)
                 self._ports.alarms.create(job_id, self._policy.metrics)
-                return LaunchStepResult(step=step, attempt=attempt + 1, launched=True)
+                self._note_launch(job)
+                return None
             self._ports.capacity.remember(
                 shortage_keys(result, self._policy.region),
                 until=self._now() + self._policy.capacity_memory_seconds,
             )
+        if job.status is JobStatus.QUEUED:
+            # Admitted: the job holds its share while it waits for capacity.
+            job = self._move(job, JobStatus.LAUNCHING, self._admitted_changes(job, admission))
+            self._note_launch(job)
         next_move = plan.after_failure(step, attempt + 1, result.error_category)
         return LaunchStepResult(
             step=next_move.step,
@@ -404,19 +521,73 @@ class LifecycleService:
             give_up=next_move.give_up,
             wait_seconds=max(1, next_move.wait_seconds),
             error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
+            category=result.error_category.value if result.error_category else "",
         )
 
-    def await_node(self, job_id: str, task_token: str) -> None:
-        """Park the workflow's token; complete it at once if the node already finished."""
-        job = self._ports.jobs.update(job_id, self._ports.clock.now(), {"task_token": task_token})
-        if job.run_result is not None:
-            self._ports.workflow.complete_task(task_token, job.run_result)
+    def _note_launch(self, job: Job) -> None:
+        """Tell the queue the job launched (or tries to): its hourly cost, for the fleet's cost
+        per hour, and for a job with a budget the moment its cost will reach it, for the
+        dispatcher's passes to stop it then."""
+        placement = job.placement
+        per_hour, stop_at = 0.0, None
+        if placement is not None:
+            per_hour = fleet_hourly_usd(placement) + storage_usd_per_hour(
+                len(placement.instance_ids),
+                placement.storage_gib,
+                placement.storage_usd_per_gib_month,
+            )
+            budget = job.spec.budget_usd
+            if budget is not None and per_hour > 0:
+                left = max(0.0, budget - job.prior_cost_usd)
+                stop_at = placement.launched_at + left / per_hour * 3600
+        self._ports.queue.note_launch(job.job_id, round(per_hour, 6), stop_at)
+
+    def over_budget(self, job_id: str) -> bool:
+        """A running job's cost reached its budget: tell the operators, and stop it as its spec
+        says (checkpoint then stop, or stop now); either way it ends FAILED."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal or job.drain_reason == BUDGET:
+            return False
+        self._ports.notifier.notify(
+            f"gpufleet: job {job.spec.name} reached its budget",
+            f"Job {job_id} ({job.spec.name}, team {job.spec.team}) reached its budget of "
+            f"${job.spec.budget_usd:.2f}; it is stopped "
+            + ("after a checkpoint." if job.spec.on_budget == "checkpoint" else "now."),
+        )
+        if job.spec.on_budget == "checkpoint":
+            return self.drain(job_id, BUDGET)
+        self._ports.jobs.update(
+            job_id, self._now(), {"drain_reason": BUDGET, "drain_requested_at": self._now()}
+        )
+        self._ports.fleet.terminate_job_instances(job_id)
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(
+                job.task_token, {"exit_code": None, "reason": "stopped: budget reached"}
+            )
+        return True
+
+    @staticmethod
+    def _admitted_changes(job: Job, admission: Mapping[str, Any]) -> dict[str, Any]:
+        """The first launch after an admission notes the wait it ended."""
+        if job.status is not JobStatus.QUEUED:
+            return {}
+        changes: dict[str, Any] = {"preempted_for": None}
+        admitted_at, queued_at = admission.get("admitted_at"), admission.get("queued_at")
+        if isinstance(admitted_at, int | float) and isinstance(queued_at, int | float):
+            changes["waited_seconds"] = job.waited_seconds + max(0.0, admitted_at - queued_at)
+            if job.first_admitted_at is None:
+                changes["first_admitted_at"] = float(admitted_at)
+        return changes
 
     def node_report(self, report: NodeReport) -> None:
         """A node's start, heartbeat or finish. Reports from instances the job does not hold
-        (stale, or forged) are ignored."""
+        (stale, or forged), or about a stage the job has moved past, are ignored."""
         job = self._ports.jobs.get(report.job_id)
         if job.placement is None or report.instance_id not in job.placement.instance_ids:
+            return
+        if job.status.terminal:
+            return  # a report delivered again after the job ended
+        if report.stage is not None and report.stage != job.stage_name:
             return
         if report.phase == "started":
             self._move(job, JobStatus.RUNNING)
@@ -427,68 +598,193 @@ class LifecycleService:
             self._node_finished(job, report)
 
     def _node_finished(self, job: Job, report: NodeReport) -> None:
-        # A finish can overtake its start; the node evidently ran.
-        job = self._move(job, JobStatus.RUNNING)
         result = {
             "exit_code": report.exit_code,
             "reason": report.reason,
             "interrupted": report.interrupted,
             "oom": report.oom,
         }
-        job = self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"run_result": result})
+        if job.stage_name is not None:
+            result["stage"] = job.stage_name  # which stage's run the release step looks at
+        # A finish can overtake its start; the node evidently ran.
+        job = self._move(job, JobStatus.RUNNING, {"run_result": result})
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
 
     def release(self, job_id: str, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Terminate every instance of the job, note when its cost stopped, give its share of
-        the quotas back to the queue, and say whether the job goes back to it (a checkpointed,
-        interrupted or retryable run) or ends here."""
+        """Terminate every instance of the job, note when its cost stopped and give its share of
+        the quotas back to the queue. Then either the job goes back to the queue (a
+        checkpointed, interrupted or retryable run, or the next stage of a multi-stage job:
+        `requeue`), or its final status and cost are set from what the workflow saw
+        (`outcome`). A stage whose successor asks for its instances and fits on them keeps
+        them instead (`next_stage.here`: the workflow goes straight back to Launch)."""
+        state = state or {}
+        job = self._ports.jobs.get(job_id)
+        here = self._next_stage_here(job, state)
+        if here is not None:
+            return here
         terminated = self._ports.fleet.terminate_job_instances(job_id)
         self._ports.alarms.delete(job_id)
-        job = self._ports.jobs.get(job_id)
         if job.effective_spec.resources.nodes > 1:
             self._ports.fleet.delete_placement_group(job_id)
-        changes: dict[str, Any] = {}
-        if job.released_at is None and job.placement is not None:
-            changes["released_at"] = self._now()
-        released_at = changes.get("released_at", job.released_at)
+        released_at = job.released_at
+        if released_at is None and job.placement is not None:
+            released_at = self._now()
+        verdict = self._verdict(job, state, released_at)
+        requeue = verdict.requeue and not job.status.terminal
+        released = {"released_at": released_at} if job.released_at != released_at else {}
+        outcome: dict[str, Any] | None = None
+        if requeue:
+            changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
+            if verdict.kind == NEXT_STAGE:
+                changes["failure_reason"] = None
+                changes.update(self._stage_end(job, JobStatus.SUCCEEDED, released_at))
+            self._ports.jobs.update(job_id, self._now(), changes)
+        else:
+            outcome = self._finish(job, state, released_at, released)
+        if self._ports.queue.release(job_id):
+            self._ports.events.publish(
+                CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
+            )
+        result: dict[str, Any] = {
+            "terminated": terminated,
+            "requeue": requeue,
+            "reason": verdict.reason,
+            "next_stage": {"here": False},
+        }
+        if outcome is not None:
+            result["outcome"] = outcome
+        return result
+
+    def _verdict(self, job: Job, state: Mapping[str, Any], released_at: float | None) -> Verdict:
+        """After a run: requeue (and why) or the end. A multi-stage job's stage that succeeded
+        with stages still to come is requeued for the next one."""
         ran = held_seconds(job.placement, released_at) if job.placement and released_at else None
         verdict = after_run(
-            job.spec,
-            state or {},
+            job.effective_spec,
+            state,
             drain_reason=job.drain_reason,
             retries=job.retries,
             interruptions=job.interruptions,
             ran_seconds=ran,
             max_interruptions=self._policy.max_interruptions,
         )
-        if verdict.requeue and not job.status.terminal:
-            changes["drain_reason"] = verdict.kind
-            changes["failure_reason"] = verdict.reason
-        if changes:
-            self._ports.jobs.update(job_id, self._now(), changes)
-        if self._ports.queue.release(job_id):
-            self._ports.events.publish(
-                CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
-            )
+        following = job.stage_index + 1
+        if verdict.requeue or job.status.terminal or following >= len(job.spec.stages):
+            return verdict
+        if self._outcome(job, state, released_at)[0] is not JobStatus.SUCCEEDED:
+            return verdict
+        next_name = job.spec.stages[following].name
+        return Verdict(True, NEXT_STAGE, f"stage {job.stage_name!r} done; next {next_name!r}")
+
+    def _next_stage_here(self, job: Job, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        """When the stage that just succeeded is followed by one that asks for its instances
+        (`reuse_previous`) and fits on them: record the stage, keep the instances (those the
+        next stage needs; any others are terminated), and have the nodes run the next stage.
+        None when the instances are to be released as usual."""
+        run = state.get("run")
+        ran = run.get("stage") if isinstance(run, Mapping) else None
+        names = [stage.name for stage in job.spec.stages]
+        placement = job.placement
+        if ran not in names or placement is None or job.status.terminal:
+            return None
+        if names.index(ran) < job.stage_index:
+            return self._run_stage_here(job, state, [])  # a repeated step: already moved on
+        if job.drain_reason is not None or not next_stage_may_reuse(job):
+            return None
+        if self._verdict(job, state, self._now()).kind != NEXT_STAGE:
+            return None
+        following = job.model_copy(update=_next_stage_changes(job)).effective_spec.resources
+        instance_type = self._policy.instance_type_of(placement.instance_type)
+        if instance_type is None or not fits_on(
+            instance_type, len(placement.instance_ids), following
+        ):
+            return None
+        now = self._now()
+        keep = placement.instance_ids[: following.nodes]
+        extra = placement.instance_ids[following.nodes :]
+        changes = {
+            **self._stage_end(job, JobStatus.SUCCEEDED, now),
+            **_spent_until(job, now),
+            **_next_stage_changes(job),
+            # The next stage's share of the instances starts now.
+            "placement": placement.model_copy(update={"instance_ids": keep, "launched_at": now}),
+            "run_result": None,
+            "task_token": None,
+            "failure_reason": None,
+        }
+        job = self._ports.jobs.update(job.job_id, now, changes)
+        if extra:
+            self._ports.fleet.terminate_instances(extra)
+        return self._run_stage_here(job, state, extra)
+
+    def _run_stage_here(
+        self, job: Job, state: Mapping[str, Any], terminated: list[str]
+    ) -> dict[str, Any]:
+        """Tell the nodes to run the job's (new) current stage, and give the workflow its plan:
+        Launch finds the instances in place and waits for the nodes' report."""
+        self._ports.objects.put_json(
+            run_manifest_key(job.job_id), _run_manifest(job, self._policy.data_bucket)
+        )
+        self._ports.objects.put_json(
+            control_key(job.job_id), {"action": CONTROL_RUN_STAGE, "stage": job.stage_name}
+        )
+        launch = state.get("launch")
+        attempt = launch.get("attempt", 0) if isinstance(launch, Mapping) else 0
         return {
             "terminated": terminated,
-            "requeue": verdict.requeue and not job.status.terminal,
-            "reason": verdict.reason,
+            "requeue": False,
+            "reason": f"stage {job.stage_name!r} runs on the previous stage's instances",
+            "next_stage": {
+                "here": True,
+                "plan": self._plan(job).model_dump(mode="json"),
+                "launch": LaunchStepResult(step=0, attempt=int(attempt) + 1).model_dump(),
+            },
         }
 
-    def record_outcome(self, job_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
+    def _finish(
+        self,
+        job: Job,
+        state: Mapping[str, Any],
+        released_at: float | None,
+        released: dict[str, Any],
+    ) -> dict[str, Any]:
         """Set the final status and cost from what the workflow saw."""
-        job = self._ports.jobs.get(job_id)
-        released_at = job.released_at if job.released_at is not None else self._now()
         if job.status.terminal:
-            if job.cost_usd is None and job.placement is not None:  # cancelled while running
-                cost = job.prior_cost_usd + run_cost_usd(job.placement, released_at)
-                job = self._ports.jobs.update(job_id, self._now(), {"cost_usd": round(cost, 6)})
+            # Cancelled while running, or while waiting after earlier runs (or stages) it paid.
+            if job.cost_usd is None and (job.placement is not None or job.prior_cost_usd):
+                end = released_at if released_at is not None else self._now()
+                spent = _spent_until(job, end)
+                ended = {
+                    "cost_usd": round(spent["prior_cost_usd"], 6),
+                    "storage_usd": round(spent["prior_storage_usd"], 6),
+                    **released,
+                    **self._stage_end(job, job.status, end),
+                }
+                job = self._ports.jobs.update(job.job_id, self._now(), ended)
             return job.summary()
-        ran = held_seconds(job.placement, released_at) if job.placement else None
+        status, reason, exit_code = self._outcome(job, state, released_at)
+        if job.stage_name is not None and status is not JobStatus.SUCCEEDED:
+            reason = f"stage {job.stage_name!r}: {reason}"
+        changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
+        changes.update(released)
+        changes.update(self._stage_end(job, status, released_at))
+        run_cost, run_storage = 0.0, 0.0
+        if job.placement is not None and released_at is not None:
+            run_cost = run_cost_usd(job.placement, released_at)
+            run_storage = storage_cost_usd(job.placement, released_at)
+        if job.placement is not None or job.prior_cost_usd:
+            changes["cost_usd"] = round(job.prior_cost_usd + run_cost, 6)
+            changes["storage_usd"] = round(job.prior_storage_usd + run_storage, 6)
+        return self._move(job, status, changes).summary()
+
+    def _outcome(
+        self, job: Job, state: Mapping[str, Any], released_at: float | None
+    ) -> tuple[JobStatus, str, int | None]:
+        """The status, reason and exit code a run ends the job (or its stage) with."""
+        ran = held_seconds(job.placement, released_at) if job.placement and released_at else None
         status, reason, exit_code = outcome_of(
-            state, ran_seconds=ran, timeout_seconds=job.spec.timeout_seconds
+            state, ran_seconds=ran, timeout_seconds=job.effective_spec.timeout_seconds
         )
         if job.drain_reason == INTERRUPTED:
             # Stopped for a spot interruption and not requeued: the interruption cap was hit.
@@ -497,12 +793,29 @@ class LifecycleService:
         elif job.drain_reason == IDLE:
             status = JobStatus.CANCELLED
             reason = "released at a checkpoint: its GPUs stayed idle (on_idle: release)"
-        changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
-        run_cost = run_cost_usd(job.placement, released_at) if job.placement else 0.0
-        if job.placement is not None or job.prior_cost_usd:
-            changes["cost_usd"] = round(job.prior_cost_usd + run_cost, 6)
-        job = self._move(job, status, changes)
-        return job.summary()
+        elif job.drain_reason == BUDGET:
+            status = JobStatus.FAILED
+            reason = f"stopped: its cost reached its budget of ${job.spec.budget_usd or 0:.2f}"
+        return status, reason, exit_code
+
+    def _stage_end(self, job: Job, status: JobStatus, end: float | None) -> dict[str, Any]:
+        """The changes that record a multi-stage job's current stage as ended with `status`,
+        with its cost and held time up to `end`; none for a job without stages."""
+        if not job.spec.stages:
+            return {}
+        spent = _spent_until(job, end)
+        placement = job.placement
+        instance_type = (
+            self._policy.instance_type_of(placement.instance_type) if placement else None
+        )
+        records = close_stage(
+            job,
+            status,
+            spent_usd=spent["prior_cost_usd"],
+            held_seconds=spent["prior_held_seconds"],
+            gpus_per_node=instance_type.gpus if instance_type else None,
+        )
+        return {"stage_records": records}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -510,13 +823,16 @@ class LifecycleService:
         return self._ports.clock.now()
 
     def _move(self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None) -> Job:
-        """Move to `target` unless the job is already there (a repeated step)."""
+        """Move to `target` with `changes`; a job already there (a repeated step) only gets the
+        changes."""
         if job.status == target:
-            return job
+            return self._ports.jobs.update(job.job_id, self._now(), changes) if changes else job
         try:
             moved = self._ports.jobs.transition(job.job_id, target, self._now(), changes)
         except IllegalTransition as exc:
             if exc.current == target:
+                if changes:
+                    return self._ports.jobs.update(job.job_id, self._now(), changes)
                 return self._ports.jobs.get(job.job_id)
             raise
         detail = {
@@ -582,12 +898,10 @@ class LifecycleService:
             return None
         return next((s for s in plan.steps if s.capacity_type == capacity_type), None)
 
-    def _record_placement(
-        self, job: Job, result: LaunchResult, launch_step: LaunchStep, fell_back: bool
-    ) -> None:
+    def _placement(self, result: LaunchResult, launch_step: LaunchStep) -> Placement:
         assert result.instance_type is not None
         override = launch_step.override_for(result.instance_type, result.zone)
-        placement = Placement(
+        return Placement(
             instance_ids=result.instance_ids,
             instance_type=result.instance_type,
             capacity_type=result.capacity_type.value,
@@ -596,49 +910,93 @@ class LifecycleService:
             reservation_id=override.reservation_id,
             gpu_memory_gib=self._policy.gpu_memory_of(result.instance_type),
             launched_at=self._now(),
-        )
-        self._ports.jobs.update(
-            job.job_id,
-            self._now(),
-            {"placement": placement, "attempts": job.attempts + 1, "ondemand_fallback": fell_back},
+            storage_gib=self._policy.root_volume_gib,
+            storage_usd_per_gib_month=self._policy.cost.ebs_usd_per_gib_month,
         )
 
 
-def _run_manifest(job: Job) -> dict[str, Any]:
-    """What the node agent needs to run the job: read by the agent, never passed to a shell."""
+def _run_manifest(job: Job, data_bucket: str) -> dict[str, Any]:
+    """What the node agent needs to run the job (its current stage): read by the agent, never
+    passed to a shell."""
     spec = job.effective_spec
+    stage_env = stage_environment(job, stage_data_root(data_bucket, job.job_id))
     return {
         "job_id": job.job_id,
         "name": spec.name,
         "image": spec.image,
         "command": list(spec.command),
-        "env": dict(spec.env),
+        "env": {**spec.env, **stage_env},
         "gpus": spec.resources.gpus,
         "checkpoint": spec.checkpoint,
         "timeout_seconds": spec.timeout_seconds,
-        # An earlier run was stopped at a checkpoint: the job resumes from it.
-        "resume": bool(job.preemptions or job.interruptions) and spec.checkpoint is not None,
+        # An earlier run was stopped (preempted, interrupted, resized, moved, restarted): the
+        # job resumes from its checkpoint, if it writes one.
+        "resume": job.prior_held_seconds > 0 and spec.checkpoint is not None,
+        "stage": job.stage_name,
+        # The next stage may run on these instances: the agent waits for it after this one.
+        "await_next_stage": next_stage_may_reuse(job),
+    }
+
+
+def _spent_until(job: Job, until: float | None) -> dict[str, float]:
+    """The job's cost, held time and storage cost of every run so far, its current run's up
+    to `until` included: what moves into `prior_*` when the run (or stage) ends."""
+    placement = job.placement
+    if placement is None or until is None:
+        return {
+            "prior_cost_usd": job.prior_cost_usd,
+            "prior_held_seconds": job.prior_held_seconds,
+            "prior_storage_usd": job.prior_storage_usd,
+        }
+    return {
+        "prior_cost_usd": job.prior_cost_usd + run_cost_usd(placement, until),
+        "prior_held_seconds": job.prior_held_seconds + held_seconds(placement, until),
+        "prior_storage_usd": job.prior_storage_usd + storage_cost_usd(placement, until),
+    }
+
+
+def _next_stage_changes(job: Job) -> dict[str, Any]:
+    """What moving a multi-stage job to its next stage changes: the stage, and the counters and
+    resource override, which are each stage's own."""
+    return {
+        "stage_index": job.stage_index + 1,
+        "retries": 0,
+        "preemptions": 0,
+        "interruptions": 0,
+        "resources_override": None,
     }
 
 
 def cost_report(job: Job) -> dict[str, Any]:
-    """The job's cost line, as the demo and the CLI print it."""
+    """The job's cost line, as the demo and the CLI print it: cost_usd = hourly_usd x
+    held_seconds / 3600 + storage_usd, over every run of the job (a preempted or interrupted
+    run was paid for too)."""
     placement = job.placement
+    estimate = job.estimated_cost_usd
     if placement is None or job.released_at is None:
         return {
             "hourly_usd": None,
             "held_seconds": round(job.prior_held_seconds, 3),
+            "storage_usd": round(job.prior_storage_usd, 6),
             "cost_usd": job.cost_usd or 0.0,
+            "estimated_cost_usd": estimate,
         }
-    # Every run of the job counts: a preempted or interrupted run was paid for too. Over
-    # several runs (possibly on different types) the hourly price is the held-time average, so
-    # that cost = hourly x held / 3600 always holds.
     held = job.prior_held_seconds + held_seconds(placement, job.released_at)
+    storage = job.storage_usd
+    if storage is None:
+        storage = job.prior_storage_usd + storage_cost_usd(placement, job.released_at)
+    cost = job.cost_usd
+    if cost is None:
+        cost = job.prior_cost_usd + run_cost_usd(placement, job.released_at)
+    # Over several runs (possibly on different types) the hourly price is the held-time
+    # average, so that the identity above holds exactly.
     hourly = fleet_hourly_usd(placement)
-    if job.prior_held_seconds and job.cost_usd is not None and held > 0:
-        hourly = job.cost_usd * 3600 / held
+    if job.prior_held_seconds and held > 0:
+        hourly = (cost - storage) * 3600 / held
     return {
         "hourly_usd": round(hourly, 6),
         "held_seconds": round(held, 3),
-        "cost_usd": job.cost_usd,
+        "storage_usd": round(storage, 6),
+        "cost_usd": round(cost, 6),
+        "estimated_cost_usd": estimate,
     }

@@ -1,4 +1,10 @@
-"""Launching and releasing a job's instances with EC2 CreateFleet (type `instant`)."""
+"""Launching and releasing a job's instances with EC2 CreateFleet (type `instant`).
+
+Multi-node jobs on instance types with EFA launch from a second launch template whose network
+interface is an EFA (CreateFleet overrides cannot name network interfaces). With a warm pool, a
+single-node launch that may use the pool's type and capacity type takes an idle warm instance
+instead of calling CreateFleet (`warm_pool.DynamoWarmPool` makes the claim exclusive).
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,37 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.adapters.aws.warm_pool import DynamoWarmPool
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
     LaunchRequest,
     LaunchResult,
 )
-from gpufleet.ports import ManagedInstance
-from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
+from gpufleet.ports import ManagedInstance, WarmPoolStatus
+from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, WARM_IDLE
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+_UP_STATES = ["pending", "running"]
 
 
 class Ec2Fleet:
-    def __init__(self, client: Any, launch_template_id: str, subnet_ids: list[str]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        launch_template_id: str,
+        subnet_ids: list[str],
+        *,
+        efa_launch_template_id: str = "",
+        efa_types: frozenset[str] = frozenset(),
+        warm_pool: DynamoWarmPool | None = None,
+    ) -> None:
         self._client = client
         self._launch_template_id = launch_template_id
         self._subnet_ids = subnet_ids
+        self._efa_launch_template_id = efa_launch_template_id
+        self._efa_types = efa_types if efa_launch_template_id else frozenset()
+        self._warm = warm_pool
 
     @cached_property
     def _subnets(self) -> list[dict[str, Any]]:
@@ -47,9 +67,21 @@ class Ec2Fleet:
     def _zone_names(self) -> list[str]:
         return sorted({subnet["AvailabilityZone"] for subnet in self._subnets})
 
+    def _zone_aliases(self, zone_name: str) -> set[str]:
+        """A zone's name and id, as offerings may name it either way."""
+        return {zone_name} | {
+            s["AvailabilityZoneId"]
+            for s in self._subnets
+            if s["AvailabilityZone"] == zone_name and s.get("AvailabilityZoneId")
+        }
+
     def launch(self, request: LaunchRequest) -> LaunchResult:
         if request.capacity_type is CapacityType.RESERVED and request.overrides[0].capacity_block:
             return self._launch_capacity_block(request)
+        if self._warm is not None:
+            warm = self._claim_warm(self._warm, request)
+            if warm is not None:
+                return warm
         # (instance type, subnet) -> the zone as the plan named it, to price what EC2 chose.
         planned_zone: dict[tuple[str, str], str | None] = {}
         overrides: list[dict[str, Any]] = []
@@ -125,15 +157,7 @@ class Ec2Fleet:
         parameters: dict[str, Any] = {
             "Type": "instant",
             "ClientToken": _client_token(request),
-            "LaunchTemplateConfigs": [
-                {
-                    "LaunchTemplateSpecification": {
-                        "LaunchTemplateId": self._launch_template_id,
-                        "Version": "$Latest",
-                    },
-                    "Overrides": overrides,
-                }
-            ],
+            "LaunchTemplateConfigs": self._launch_template_configs(request.nodes, overrides),
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.nodes,
                 "DefaultTargetCapacityType": "spot"
@@ -159,6 +183,28 @@ class Ec2Fleet:
             }
         return parameters
 
+    def _template_id(self, instance_type: str, nodes: int) -> str:
+        """The EFA template for a multi-node job on a type with EFA; the plain one otherwise."""
+        if nodes > 1 and instance_type in self._efa_types:
+            return self._efa_launch_template_id
+        return self._launch_template_id
+
+    def _launch_template_configs(
+        self, nodes: int, overrides: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """One config per launch template, each with the overrides that launch from it."""
+        by_template: dict[str, list[dict[str, Any]]] = {}
+        for override in overrides:
+            template = self._template_id(override["InstanceType"], nodes)
+            by_template.setdefault(template, []).append(override)
+        return [
+            {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "$Latest"},
+                "Overrides": template_overrides,
+            }
+            for template, template_overrides in by_template.items()
+        ]
+
     def _launch_capacity_block(self, request: LaunchRequest) -> LaunchResult:
         """Capacity Blocks are targeted by id, which CreateFleet overrides cannot do:
         RunInstances with all nodes at once (MinCount = nodes) keeps it all or nothing."""
@@ -172,8 +218,9 @@ class Ec2Fleet:
                 ],
             )
         try:
+            template = self._template_id(override.instance_type, request.nodes)
             response = self._client.run_instances(
-                LaunchTemplate={"LaunchTemplateId": self._launch_template_id, "Version": "$Latest"},
+                LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
                 InstanceType=override.instance_type,
                 SubnetId=subnet,
                 MinCount=request.nodes,
@@ -254,22 +301,131 @@ class Ec2Fleet:
         ]
 
     def managed_instances(self) -> list[ManagedInstance]:
+        claims = self._warm.claims() if self._warm is not None else {}
+        managed = []
+        for instance in self._instances([{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]):
+            instance_id = instance["InstanceId"]
+            job_id = _tag_value(instance, TAG_JOB_ID)
+            launched_at = instance["LaunchTime"].timestamp()
+            claim = claims.get(instance_id)
+            if claim is not None:
+                # A warm instance counts from its claim; its job is the claim's even before the
+                # launch that claimed it got to tag it.
+                job_id, launched_at = job_id or claim.job_id, claim.claimed_at
+            warm = job_id is None and _tag_value(instance, TAG_WARM) == WARM_IDLE
+            managed.append(ManagedInstance(instance_id, job_id, launched_at, warm=warm))
+        return managed
+
+    def _instances(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Pending and running instances matching the filters."""
         paginator = self._client.get_paginator("describe_instances")
+        up = {"Name": "instance-state-name", "Values": _UP_STATES}
         return [
-            ManagedInstance(
-                instance_id=instance["InstanceId"],
-                job_id=_tag_value(instance, TAG_JOB_ID),
-                launched_at=instance["LaunchTime"].timestamp(),
-            )
-            for page in paginator.paginate(
-                Filters=[
-                    {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                    {"Name": "instance-state-name", "Values": ["pending", "running"]},
-                ]
-            )
+            instance
+            for page in paginator.paginate(Filters=[*filters, up])
             for reservation in page["Reservations"]
             for instance in reservation["Instances"]
         ]
+
+    # -- warm pool -----------------------------------------------------------------------------
+
+    def _warm_instances(self, pool: DynamoWarmPool) -> list[dict[str, Any]]:
+        """The pool's live instances, idle or claimed."""
+        return self._instances(
+            [
+                {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                {"Name": f"tag:{TAG_WARM}", "Values": [WARM_IDLE, WARM_CLAIMED]},
+                {"Name": "instance-type", "Values": [pool.pool.instance_type]},
+            ]
+        )
+
+    def _claim_warm(self, pool: DynamoWarmPool, request: LaunchRequest) -> LaunchResult | None:
+        """A warm instance for a single-node launch that may use the pool's type, in a zone the
+        launch allows and of the capacity type it asks for; None to launch as usual."""
+        if request.nodes != 1 or request.capacity_type.value != pool.pool.capacity_type:
+            return None
+        wanted = [o for o in request.overrides if o.instance_type == pool.pool.instance_type]
+        if not wanted:
+            return None
+        pool.note_demand()
+        claimed_by = {instance_id: c.job_id for instance_id, c in pool.claims().items()}
+        live = self._warm_instances(pool)
+        # A retried launch of the same job finds the instance it claimed before.
+        mine = [i for i in live if claimed_by.get(i["InstanceId"]) == request.job_id]
+        idle = sorted(
+            (
+                i
+                for i in live
+                if i["InstanceId"] not in claimed_by and _tag_value(i, TAG_WARM) == WARM_IDLE
+            ),
+            key=lambda i: (i["LaunchTime"], i["InstanceId"]),
+        )
+        for instance in [*mine, *idle]:
+            aliases = self._zone_aliases(instance["Placement"]["AvailabilityZone"])
+            override = next((o for o in wanted if o.zone is None or o.zone in aliases), None)
+            if override is None or not pool.claim(instance["InstanceId"], request.job_id):
+                continue
+            self._client.create_tags(
+                Resources=[instance["InstanceId"]],
+                Tags=[
+                    {"Key": TAG_JOB_ID, "Value": request.job_id},
+                    {"Key": TAG_WARM, "Value": WARM_CLAIMED},
+                ],
+            )
+            return LaunchResult(
+                instance_ids=[instance["InstanceId"]],
+                instance_type=pool.pool.instance_type,
+                zone=override.zone,
+                capacity_type=request.capacity_type,
+            )
+        return None
+
+    def warm_pool(self) -> WarmPoolStatus:
+        pool = self._require_warm_pool()
+        live = self._warm_instances(pool)
+        claims = pool.claims()
+        pool.forget(sorted(set(claims) - {i["InstanceId"] for i in live}))
+        idle = [
+            ManagedInstance(i["InstanceId"], None, i["LaunchTime"].timestamp(), warm=True)
+            for i in live
+            if i["InstanceId"] not in claims and _tag_value(i, TAG_WARM) == WARM_IDLE
+        ]
+        return WarmPoolStatus(idle=idle, demand_at=pool.demand_at())
+
+    def add_warm_instances(self, count: int) -> list[str]:
+        pool = self._require_warm_pool()
+        tags = [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_WARM, "Value": WARM_IDLE}]
+        spot = pool.pool.capacity_type == CapacityType.SPOT.value
+        parameters: dict[str, Any] = {
+            "Type": "instant",
+            "LaunchTemplateConfigs": self._launch_template_configs(
+                1,
+                [
+                    {"InstanceType": pool.pool.instance_type, "SubnetId": subnet}
+                    for subnet in self._subnet_ids
+                ],
+            ),
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": count,
+                "DefaultTargetCapacityType": pool.pool.capacity_type,
+            },
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "fleet", "Tags": tags},
+            ],
+        }
+        if spot:
+            parameters["SpotOptions"] = {"AllocationStrategy": "price-capacity-optimized"}
+        else:
+            parameters["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
+        response = self._client.create_fleet(**parameters)
+        # Whatever EC2 could not fill now is asked for again at the next pass.
+        return [i for group in response.get("Instances", []) for i in group.get("InstanceIds", [])]
+
+    def _require_warm_pool(self) -> DynamoWarmPool:
+        if self._warm is None:
+            raise RuntimeError("this fleet has no warm pool configured")
+        return self._warm
 
     def terminate_instances(self, instance_ids: list[str]) -> None:
         if instance_ids:

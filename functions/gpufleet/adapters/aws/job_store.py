@@ -9,6 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
@@ -48,8 +49,13 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "flags": ("flags", "json"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
     "prior_held_seconds": ("prior_held_seconds", "num"),
+    "prior_storage_usd": ("prior_storage_usd", "num"),
+    "storage_usd": ("storage_usd", "num"),
+    "estimated_cost_usd": ("estimated_cost_usd", "num"),
     "first_admitted_at": ("first_admitted_ts", "num"),
     "waited_seconds": ("waited_seconds", "num"),
+    "stage_index": ("stage_index", "num"),
+    "stage_records": ("stage_records", "json"),
 }
 
 
@@ -67,7 +73,8 @@ def _encode(kind: str, value: Any) -> dict[str, str]:
         return {"S": json.dumps(value.to_document(), sort_keys=True)}
     if isinstance(value, BaseModel):
         return {"S": value.model_dump_json()}
-    return {"S": json.dumps(value, sort_keys=True)}
+    # Lists of models too (a multi-stage job's stage records).
+    return {"S": json.dumps(to_jsonable_python(value), sort_keys=True)}
 
 
 def _decode(kind: str, attribute: Mapping[str, str]) -> Any:

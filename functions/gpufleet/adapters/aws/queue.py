@@ -1,22 +1,27 @@
 """The admission queue on DynamoDB (one table, see docs/queues.md).
 
-    pk                 sk                                   what
-    q#<shard>          <3-rank>#<enqueued, 17 digits>#<job>  a waiting job (shard = crc32(job) % 2)
-    running            <job>                                an admitted job and its share
-    usage              global | team#<team>                 GPUs and instances held
-    booking            <start, 17 digits>#<booking>          GPUs a team booked for a window
+    pk         sk                                     what
+    q#<shard>  <3-rank>#<enqueued, 17 digits>#<job>   a waiting job (shard = crc32(job) % 2)
+    state      running#<job>                          an admitted job and its share
+    state      usage#global | usage#team#<team>       GPUs and instances held; jobs waiting
+                                                      per class (global only)
+    state      booking#<start, 17 digits>#<booking>   GPUs a team booked for a window
 
 Within a shard, items sort by class (critical first) and then submission time, so every
 (shard, class) pair is a stream already ordered by effective priority: waiting longer raises
 every job of a class alike. The best waiting jobs are found by a lazy merge of those streams,
 reading only as many items as the pass needs. Sharding spreads submissions over partitions.
+
+Everything a pass needs besides the waiting jobs lives in the one `state` partition, so a pass
+starts with a single query; the per-class waiting counts (kept in the same transactions that
+add and remove waiting jobs) let a pass skip the streams of empty classes.
 """
 
 from __future__ import annotations
 
 import heapq
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -30,15 +35,22 @@ from gpufleet.domain.queueing import (
     effective_priority,
 )
 from gpufleet.domain.spec import Priority
-from gpufleet.ports import AdmissionLimits, QueueEntry, RunningEntry
+from gpufleet.ports import AdmissionLimits, QueueEntry, QueueState, RunningEntry
 
 # Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
 # pass costs only shards x 4 classes small queries.
 SHARDS = 2
 PAGE = 25
-_RUNNING = "running"
-_USAGE = "usage"
-_BOOKING = "booking"
+_STATE = "state"
+_RUNNING = "running#"
+_GLOBAL = "usage#global"
+_TEAM = "usage#team#"
+_BOOKING = "booking#"
+_PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
+
+
+def _waiting_counter(priority: Priority) -> str:
+    return f"waiting_{priority.value}"
 
 
 def shard_of(job_id: str) -> str:
@@ -97,7 +109,7 @@ def _entry(item: dict[str, Any]) -> QueueEntry:
 
 def _running(item: dict[str, Any]) -> RunningEntry:
     job = RunningJob(
-        job_id=item["sk"]["S"],
+        job_id=item["sk"]["S"].removeprefix(_RUNNING),
         team=item["team"]["S"],
         priority=Priority(item["priority"]["S"]),
         gpus=int(item["gpus"]["N"]),
@@ -106,6 +118,8 @@ def _running(item: dict[str, Any]) -> RunningEntry:
         borrowed=item["borrowed"]["BOOL"],
         in_reserve=item["in_reserve"]["BOOL"],
         draining_for=item.get("draining_for", {}).get("S"),
+        stop_at=float(item["stop_at"]["N"]) if "stop_at" in item else None,
+        hourly_usd=float(item.get("hourly_usd", {}).get("N", "0")),
     )
     return RunningEntry(
         job=job, task_token=item["task_token"]["S"], notified=item["notified"]["BOOL"]
@@ -135,7 +149,56 @@ class DynamoJobQueue:
 
     def enqueue(self, entry: QueueEntry) -> None:
         # A requeued job keeps its submission time, so its key (and place) are the same.
-        self._client.put_item(TableName=self._table, Item=_entry_item(entry))
+        item = _entry_item(entry)
+        try:
+            self._client.transact_write_items(
+                TransactItems=[
+                    {
+                        "Put": {
+                            "TableName": self._table,
+                            "Item": item,
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                    self._count_waiting(entry.job.priority, +1),
+                ]
+            )
+        except ClientError as exc:
+            if _code(exc) != "TransactionCanceledException":
+                raise
+            # Already waiting (a repeated step): only its token changes, not the count.
+            self._client.put_item(TableName=self._table, Item=item)
+
+    def _count_waiting(self, priority: Priority, change: int) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": self._table,
+                "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
+                "UpdateExpression": "ADD #waiting :change",
+                "ExpressionAttributeNames": {"#waiting": _waiting_counter(priority)},
+                "ExpressionAttributeValues": {":change": _n(change)},
+            }
+        }
+
+    def state(self) -> QueueState:
+        running: list[RunningEntry] = []
+        bookings: list[Booking] = []
+        waiting: dict[Priority, int] = {}
+        gpus_held = 0
+        for item in self._query(
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": _s(_STATE)}
+        ):
+            sk = item["sk"]["S"]
+            if sk.startswith(_RUNNING):
+                running.append(_running(item))
+            elif sk.startswith(_BOOKING):
+                bookings.append(_booking(item))
+            elif sk == _GLOBAL:
+                gpus_held = int(item.get("gpus", {}).get("N", "0"))
+                for priority in _PRIORITIES:
+                    count = int(item.get(_waiting_counter(priority), {}).get("N", "0"))
+                    waiting[priority] = max(0, count)
+        return QueueState(running=running, bookings=bookings, waiting=waiting, gpus_held=gpus_held)
 
     def waiting(self) -> list[QueueEntry]:
         return [
@@ -147,7 +210,14 @@ class DynamoJobQueue:
             )
         ]
 
-    def candidates(self, now: float, policy: QueuePolicy, limit: int) -> list[QueueEntry]:
+    def candidates(
+        self,
+        now: float,
+        policy: QueuePolicy,
+        limit: int,
+        classes: Collection[Priority] | None = None,
+    ) -> list[QueueEntry]:
+        ranks = sorted(3 - CLASS_RANK[p] for p in (_PRIORITIES if classes is None else classes))
         streams: list[Iterator[dict[str, Any]]] = [
             self._query(
                 KeyConditionExpression="pk = :pk AND begins_with(sk, :class)",
@@ -155,7 +225,7 @@ class DynamoJobQueue:
                 Limit=min(PAGE, limit),
             )
             for shard in range(SHARDS)
-            for rank in range(4)
+            for rank in ranks
         ]
         heap: list[tuple[float, float, str, int, QueueEntry]] = []
 
@@ -182,29 +252,31 @@ class DynamoJobQueue:
             FilterExpression="job_id = :job",
             ExpressionAttributeValues={":pk": _s(shard_of(job_id)), ":job": _s(job_id)},
         ):
+            entry = _entry(item)
             try:
-                response = self._client.delete_item(
-                    TableName=self._table,
-                    Key={"pk": item["pk"], "sk": item["sk"]},
-                    ConditionExpression="attribute_exists(pk)",
-                    ReturnValues="ALL_OLD",
+                self._client.transact_write_items(
+                    TransactItems=[
+                        {
+                            "Delete": {
+                                "TableName": self._table,
+                                "Key": {"pk": item["pk"], "sk": item["sk"]},
+                                "ConditionExpression": "attribute_exists(pk)",
+                            }
+                        },
+                        self._count_waiting(entry.job.priority, -1),
+                    ]
                 )
             except ClientError as exc:
-                if _code(exc) == "ConditionalCheckFailedException":
-                    return None
+                if _code(exc) == "TransactionCanceledException":
+                    return None  # admitted or removed by someone else meanwhile
                 raise
-            return _entry(response["Attributes"])
+            return entry
         return None
 
     # -- running jobs --------------------------------------------------------------------------
 
     def running(self) -> list[RunningEntry]:
-        return [
-            _running(item)
-            for item in self._query(
-                KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": _s(_RUNNING)}
-            )
-        ]
+        return self.state().running
 
     def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
         queued = entry.job
@@ -223,8 +295,8 @@ class DynamoJobQueue:
                 "Put": {
                     "TableName": self._table,
                     "Item": {
-                        "pk": _s(_RUNNING),
-                        "sk": _s(job.job_id),
+                        "pk": _s(_STATE),
+                        "sk": _s(_RUNNING + job.job_id),
                         "team": _s(job.team),
                         "priority": _s(job.priority.value),
                         "gpus": _n(job.gpus),
@@ -241,12 +313,14 @@ class DynamoJobQueue:
             {
                 "Update": {
                     "TableName": self._table,
-                    "Key": {"pk": _s(_USAGE), "sk": _s("global")},
-                    "UpdateExpression": "ADD gpus :gpus, instances :instances",
+                    "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
+                    "UpdateExpression": "ADD gpus :gpus, instances :instances, #waiting :less",
                     "ConditionExpression": usage_condition,
+                    "ExpressionAttributeNames": {"#waiting": _waiting_counter(queued.priority)},
                     "ExpressionAttributeValues": {
                         ":gpus": _n(job.gpus),
                         ":instances": _n(job.instances),
+                        ":less": _n(-1),
                         ":gpu_room": _n(limits.max_gpus - job.gpus),
                         ":instance_room": _n(limits.max_instances - job.instances),
                     },
@@ -255,7 +329,7 @@ class DynamoJobQueue:
         ]
         team_update: dict[str, Any] = {
             "TableName": self._table,
-            "Key": {"pk": _s(_USAGE), "sk": _s(f"team#{job.team}")},
+            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + job.team)},
             "UpdateExpression": "ADD gpus :gpus",
             "ExpressionAttributeValues": {":gpus": _n(job.gpus)},
         }
@@ -271,20 +345,30 @@ class DynamoJobQueue:
             raise
         return True
 
-    def mark_notified(self, job_id: str) -> None:
-        self._client.update_item(
-            TableName=self._table,
-            Key={"pk": _s(_RUNNING), "sk": _s(job_id)},
-            UpdateExpression="SET notified = :yes",
-            ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":yes": {"BOOL": True}},
-        )
+    def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
+        values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
+        expression = "SET notified = :yes, hourly_usd = :hourly"
+        if stop_at is not None:
+            expression += ", stop_at = :at"
+            values[":at"] = _n(stop_at)
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+                UpdateExpression=expression,
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            # Released meanwhile: nothing left to note.
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         try:
             self._client.update_item(
                 TableName=self._table,
-                Key={"pk": _s(_RUNNING), "sk": _s(job_id)},
+                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
                 UpdateExpression="SET draining_for = :for",
                 ConditionExpression="attribute_exists(pk) AND attribute_not_exists(draining_for)",
                 ExpressionAttributeValues={":for": _s(for_job_id)},
@@ -299,7 +383,7 @@ class DynamoJobQueue:
         try:
             response = self._client.get_item(
                 TableName=self._table,
-                Key={"pk": _s(_RUNNING), "sk": _s(job_id)},
+                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
                 ConsistentRead=True,
             )
             item = response.get("Item")
@@ -311,14 +395,14 @@ class DynamoJobQueue:
                     {
                         "Delete": {
                             "TableName": self._table,
-                            "Key": {"pk": _s(_RUNNING), "sk": _s(job_id)},
+                            "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
                             "ConditionExpression": "attribute_exists(pk)",
                         }
                     },
                     {
                         "Update": {
                             "TableName": self._table,
-                            "Key": {"pk": _s(_USAGE), "sk": _s("global")},
+                            "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
                             "UpdateExpression": "ADD gpus :gpus, instances :instances",
                             "ExpressionAttributeValues": {
                                 ":gpus": _n(-gpus),
@@ -329,7 +413,7 @@ class DynamoJobQueue:
                     {
                         "Update": {
                             "TableName": self._table,
-                            "Key": {"pk": _s(_USAGE), "sk": _s(f"team#{item['team']['S']}")},
+                            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + item["team"]["S"])},
                             "UpdateExpression": "ADD gpus :gpus",
                             "ExpressionAttributeValues": {":gpus": _n(-gpus)},
                         }
@@ -348,8 +432,8 @@ class DynamoJobQueue:
         self._client.put_item(
             TableName=self._table,
             Item={
-                "pk": _s(_BOOKING),
-                "sk": _s(f"{booking.start:017.6f}#{booking.booking_id}"),
+                "pk": _s(_STATE),
+                "sk": _s(f"{_BOOKING}{booking.start:017.6f}#{booking.booking_id}"),
                 "booking_id": _s(booking.booking_id),
                 "team": _s(booking.team),
                 "gpus": _n(booking.gpus),
@@ -360,18 +444,17 @@ class DynamoJobQueue:
         )
 
     def bookings(self) -> list[Booking]:
-        return [
-            Booking(
-                booking_id=item["booking_id"]["S"],
-                team=item["team"]["S"],
-                gpus=int(item["gpus"]["N"]),
-                start=float(item["start"]["N"]),
-                end=float(item["end"]["N"]),
-            )
-            for item in self._query(
-                KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": _s(_BOOKING)}
-            )
-        ]
+        return self.state().bookings
+
+
+def _booking(item: dict[str, Any]) -> Booking:
+    return Booking(
+        booking_id=item["booking_id"]["S"],
+        team=item["team"]["S"],
+        gpus=int(item["gpus"]["N"]),
+        start=float(item["start"]["N"]),
+        end=float(item["end"]["N"]),
+    )
 
 
 def _code(exc: ClientError) -> str:

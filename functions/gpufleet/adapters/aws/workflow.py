@@ -18,7 +18,7 @@ class StepFunctionsWorkflow:
         self._client = client
         self._arn = state_machine_arn
 
-    def start(self, job_id: str) -> None:
+    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
         try:
             # The execution is named after the job: Step Functions refuses a second execution of
             # the same name (and answers a same-input retry with the first), so a job can never
@@ -26,7 +26,7 @@ class StepFunctionsWorkflow:
             self._client.start_execution(
                 stateMachineArn=self._arn,
                 name=job_id,
-                input=json.dumps({"job_id": job_id}),
+                input=json.dumps(state),
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":

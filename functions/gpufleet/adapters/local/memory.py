@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.domain.config import MetricPolicy
+from gpufleet.domain.config import MetricPolicy, WarmPool
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
+from gpufleet.domain.spec import Priority
 from gpufleet.ports import (
     AdmissionLimits,
+    Clock,
     ManagedInstance,
     ObjectTooLarge,
     Ports,
     QueueEntry,
+    QueueState,
     RunningEntry,
+    WarmPoolStatus,
 )
 
 
@@ -120,12 +125,14 @@ class RecordingWorkflow:
     """Starts are idempotent per job, as with named executions; tasks complete once."""
 
     started: list[str] = field(default_factory=list)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # each start's state
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
     heartbeats: list[str] = field(default_factory=list)
 
-    def start(self, job_id: str) -> None:
+    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
         if job_id not in self.started:
             self.started.append(job_id)
+            self.inputs[job_id] = dict(state)
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
         if token in self.completed:
@@ -157,19 +164,67 @@ LaunchRule = Callable[[LaunchRequest], list[str] | None]
 
 
 class FakeFleet:
-    """Launches instantly on the first override unless `rule` says otherwise."""
+    """Launches instantly on the first override unless `rule` says otherwise. With a warm
+    pool, a launch that may use it takes an idle warm instance first, as `Ec2Fleet` does."""
 
-    def __init__(self, rule: LaunchRule | None = None) -> None:
+    def __init__(
+        self,
+        rule: LaunchRule | None = None,
+        *,
+        warm_pool: WarmPool | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._rule = rule or (lambda _request: None)
         self._next_id = 0
+        self._lock = threading.RLock()
         self.live: dict[str, str] = {}  # instance id -> job id
         self.owners: dict[str, str] = {}  # every instance ever launched -> job id
         self.launched_at: dict[str, float] = {}  # set by tests that need ages
         self.placement_groups: set[str] = set()  # jobs with a cluster placement group
         self.requests: list[LaunchRequest] = []
+        self._warm_pool = warm_pool
+        self._clock = clock or ManualClock()
+        self.warm_idle: dict[str, float] = {}  # idle warm instance -> launched at
+        self.claimed_at: dict[str, float] = {}  # warm instance a launch took -> when
+        self._demand_at: float | None = None
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
-        self.requests.append(request)
+        with self._lock:
+            self.requests.append(request)
+            return self._claim_warm(request) or self._launch(request)
+
+    def _new_instance_id(self) -> str:
+        self._next_id += 1
+        return f"i-{self._next_id:017x}"
+
+    def _claim_warm(self, request: LaunchRequest) -> LaunchResult | None:
+        pool = self._warm_pool
+        if pool is None or request.nodes != 1 or request.capacity_type.value != pool.capacity_type:
+            return None
+        override = next(
+            (o for o in request.overrides if o.instance_type == pool.instance_type), None
+        )
+        if override is None:
+            return None
+        self._demand_at = self._clock.now()
+        mine = [i for i in self.claimed_at if self.live.get(i) == request.job_id]
+        if mine:  # a retried launch of the same job
+            instance_id = mine[0]
+        elif self.warm_idle:
+            instance_id = min(self.warm_idle, key=lambda i: (self.warm_idle[i], i))
+            del self.warm_idle[instance_id]
+            self.claimed_at[instance_id] = self._clock.now()
+            self.live[instance_id] = self.owners[instance_id] = request.job_id
+        else:
+            return None
+        return LaunchResult(
+            instance_ids=[instance_id],
+            instance_type=pool.instance_type,
+            zone=override.zone,
+            capacity_type=request.capacity_type,
+        )
+
+    def _launch(self, request: LaunchRequest) -> LaunchResult:
         codes = self._rule(request)
         if codes:
             # Like EC2: one error per override it could not fill.
@@ -186,8 +241,7 @@ class FakeFleet:
             self.placement_groups.add(request.job_id)
         instance_ids = []
         for _ in range(request.nodes):
-            self._next_id += 1
-            instance_id = f"i-{self._next_id:017x}"
+            instance_id = self._new_instance_id()
             self.live[instance_id] = request.job_id
             self.owners[instance_id] = request.job_id
             instance_ids.append(instance_id)
@@ -202,14 +256,42 @@ class FakeFleet:
         return self.owners.get(instance_id)
 
     def managed_instances(self) -> list[ManagedInstance]:
-        return [
-            ManagedInstance(instance_id, job_id, self.launched_at.get(instance_id, 0.0))
-            for instance_id, job_id in sorted(self.live.items())
-        ]
+        with self._lock:
+            held = [
+                ManagedInstance(
+                    instance_id,
+                    job_id,
+                    self.claimed_at.get(instance_id, self.launched_at.get(instance_id, 0.0)),
+                )
+                for instance_id, job_id in self.live.items()
+            ]
+            return sorted([*held, *self._idle_warm()], key=lambda i: i.instance_id)
 
     def terminate_instances(self, instance_ids: list[str]) -> None:
-        for instance_id in instance_ids:
-            self.live.pop(instance_id, None)
+        with self._lock:
+            for instance_id in instance_ids:
+                self.live.pop(instance_id, None)
+                self.warm_idle.pop(instance_id, None)
+
+    def _idle_warm(self) -> list[ManagedInstance]:
+        return [ManagedInstance(i, None, at, warm=True) for i, at in sorted(self.warm_idle.items())]
+
+    def warm_pool(self) -> WarmPoolStatus:
+        with self._lock:
+            if self._warm_pool is None:
+                raise RuntimeError("this fleet has no warm pool configured")
+            if self._demand_at is None:
+                self._demand_at = self._clock.now()  # a new pool starts in demand
+            return WarmPoolStatus(idle=self._idle_warm(), demand_at=self._demand_at)
+
+    def add_warm_instances(self, count: int) -> list[str]:
+        with self._lock:
+            if self._warm_pool is None:
+                raise RuntimeError("this fleet has no warm pool configured")
+            added = [self._new_instance_id() for _ in range(count)]
+            for instance_id in added:
+                self.warm_idle[instance_id] = self._clock.now()
+            return added
 
     def delete_placement_group(self, job_id: str) -> bool:
         if job_id in self.placement_groups and job_id not in self.live.values():
@@ -249,9 +331,17 @@ class InMemoryJobQueue:
             self._read += len(self._waiting)
             return list(self._waiting.values())
 
-    def candidates(self, now: float, policy: QueuePolicy, limit: int) -> list[QueueEntry]:
+    def candidates(
+        self,
+        now: float,
+        policy: QueuePolicy,
+        limit: int,
+        classes: Collection[Priority] | None = None,
+    ) -> list[QueueEntry]:
         with self._lock:
-            entries = list(self._waiting.values())
+            entries = [
+                e for e in self._waiting.values() if classes is None or e.job.priority in classes
+            ]
         order = admission_order([e.job for e in entries], now, policy)[:limit]
         by_id = {e.job.job_id: e for e in entries}
         self._read += len(order)
@@ -260,6 +350,17 @@ class InMemoryJobQueue:
     def running(self) -> list[RunningEntry]:
         with self._lock:
             return list(self._running.values())
+
+    def state(self) -> QueueState:
+        with self._lock:
+            running = list(self._running.values())
+            waiting = Counter(e.job.priority for e in self._waiting.values())
+            return QueueState(
+                running=running,
+                bookings=list(self._bookings),
+                waiting={p: waiting.get(p, 0) for p in Priority},
+                gpus_held=sum(r.job.gpus for r in running),
+            )
 
     def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
         with self._lock:
@@ -277,10 +378,12 @@ class InMemoryJobQueue:
             self._running[job.job_id] = RunningEntry(job, entry.task_token, notified=False)
             return True
 
-    def mark_notified(self, job_id: str) -> None:
+    def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
         with self._lock:
-            entry = self._running[job_id]
-            self._running[job_id] = RunningEntry(entry.job, entry.task_token, notified=True)
+            entry = self._running.get(job_id)
+            if entry is not None:
+                job = replace(entry.job, hourly_usd=hourly_usd, stop_at=stop_at)
+                self._running[job_id] = RunningEntry(job, entry.task_token, notified=True)
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         with self._lock:

@@ -1,0 +1,86 @@
+"""`gpufleet emulator`: the embedded AWS account as a local endpoint, until Ctrl-C.
+
+    gpufleet emulator [--port 5000] [--env-file PATH] [--config gpufleet.yaml]
+
+It prints the variables to export (endpoint, credentials, table names, bucket, bus, state
+machine, agent log group); `--env-file` also writes them to a file (`NAME=value` lines). Every
+`gpufleet` command, the AWS CLI and boto3 then talk to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gpufleet.cli.target import fail
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "emulator", help="serve the embedded AWS account on a local endpoint, until Ctrl-C"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s; it has no auth)"
+    )
+    parser.add_argument("--port", type=int, default=5000, help="0: any free port (%(default)s)")
+    parser.add_argument("--env-file", metavar="PATH", help="also write the variables here")
+    parser.add_argument(
+        "--config",
+        default="gpufleet.yaml",
+        help="policy file (%(default)s; the repository's when it does not exist)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: the emulator pulls in moto, which the other commands do not need.
+    from gpufleet.domain.config import ConfigFileError, config_from_yaml
+    from gpufleet.emulator.server import STACK_NAME, serve
+
+    config_path = Path(args.config)
+    try:
+        config = (
+            config_from_yaml(config_path.read_text(encoding="utf-8"))
+            if config_path.exists()
+            else None
+        )
+    except ConfigFileError as exc:
+        return fail(f"{args.config}: {exc}")
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        with serve(args.host, args.port, config) as emulator:
+            variables = emulator.environment()
+            if args.env_file:
+                _write_atomically(
+                    Path(args.env_file),
+                    "".join(f"{k}={shlex.quote(v)}\n" for k, v in variables.items()),
+                )
+            print(f"gpufleet emulator on {emulator.endpoint_url} (Ctrl-C stops it)")
+            print("# export these, then use gpufleet (or --stack " + STACK_NAME + "):")
+            for name, value in variables.items():
+                print(f"export {name}={shlex.quote(value)}")
+            sys.stdout.flush()
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:  # e.g. the port is taken
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}")
+    return 0
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Whoever waits for the file never reads half of it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)

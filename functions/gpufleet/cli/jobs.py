@@ -1,0 +1,240 @@
+"""`gpufleet submit FILE`, `gpufleet status [ID]`, `gpufleet list`: jobs in and out.
+
+    gpufleet submit job.yaml [--wait SECONDS] [--json]
+    gpufleet status ID [--json]
+    gpufleet list [--status S] [--team T] [--limit N] [--json]
+
+Every command takes the target arguments (`--stack`, `--endpoint-url`, ...). Exit codes: 0 ok,
+2 bad input, a refused spec, or no target (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.cli.table import render, render_fields
+from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
+from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery
+from gpufleet.domain.spec import SpecError, parse_spec
+from gpufleet.topology import INTAKE_PREFIX
+
+if TYPE_CHECKING:
+    from gpufleet.ports import JobStore
+
+LIST_COLUMNS = (
+    ("id", "job"),
+    ("name", "name"),
+    ("team", "team"),
+    ("status", "status"),
+    ("instance_type", "instance"),
+    ("capacity_type", "capacity"),
+    ("cost_usd", "cost $"),
+)
+
+
+def register(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit", help="validate a job spec and upload it to the intake bucket"
+    )
+    submit.add_argument("file", metavar="FILE", help="job spec, YAML or JSON")
+    submit.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the control plane to take the job (%(default)s; 0: not)",
+    )
+    add_target_arguments(submit)
+    submit.add_argument("--json", action="store_true")
+    submit.set_defaults(run=run_submit)
+
+    status = commands.add_parser("status", help="one job in detail; without ID, like `list`")
+    status.add_argument("job_id", nargs="?", metavar="ID")
+    _add_list_filters(status)
+    add_target_arguments(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(run=run_status)
+
+    listing = commands.add_parser("list", help="jobs, newest first")
+    _add_list_filters(listing)
+    add_target_arguments(listing)
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(run=run_list)
+
+
+def _add_list_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", choices=[s.value for s in JobStatus], help="only this status")
+    parser.add_argument("--team", help="only this team's jobs")
+    parser.add_argument("--limit", type=int, default=50, help="at most this many (%(default)s)")
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2))
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return fail(f"cannot read {args.file}: {exc.strerror}")
+    key = f"{INTAKE_PREFIX}{path.name}"
+    # The same parse intake does, format chosen by the same rule: a spec refused here would be
+    # refused there, so it is not uploaded.
+    try:
+        parse_spec(raw, "json" if key.endswith(".json") else "auto")
+    except SpecError as exc:
+        return _refused(args, key, exc.to_dict())
+    try:
+        connection = connect(args)
+    except TargetError as exc:
+        return fail(str(exc))
+    s3 = connection.client("s3")
+    upload = _upload(s3, connection.settings.intake_bucket, key, raw)
+    job_id, job, report = _await_intake(connection.jobs, s3, upload, args.wait)
+    if report is not None:
+        # Refused by the control plane (e.g. a template its config does not define).
+        return _refused(args, key, report)
+    status = job.status.value if job else None
+    document = {
+        "accepted": True,
+        "job_id": job_id,
+        "status": status,
+        "failure_reason": job.failure_reason if job else None,
+        "key": key,
+        "version_id": upload.version_id,
+    }
+    if args.json:
+        _print_json(document)
+    else:
+        print(f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{key})")
+    if job is not None and job.failure_reason:
+        # Taken, but it will not run (e.g. nothing in the catalog fits it).
+        print(f"gpufleet: {job_id}: {job.failure_reason}", file=sys.stderr)
+    if job is None and args.wait > 0:
+        print(
+            f"gpufleet: the control plane has not recorded {job_id} yet; "
+            f"`gpufleet status {job_id}` shows it once it has",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _refused(args: argparse.Namespace, key: str, error: dict[str, Any]) -> int:
+    if args.json:
+        _print_json({"accepted": False, "key": key, "error": error})
+    else:
+        print(f"gpufleet: {key} refused: {error.get('message')}", file=sys.stderr)
+        for problem in error.get("fields", []):
+            print(f"  {problem['field']}: {problem['message']}", file=sys.stderr)
+    return 2
+
+
+@dataclass(frozen=True)
+class _Upload:
+    bucket: str
+    key: str
+    version_id: str | None
+    etag: str
+    at: datetime  # S3's clock: tells this upload's error report from an older one's
+
+    def job_ids(self) -> list[str]:
+        """The ids intake can give this upload. It names a delivery by the object version (the
+        stack's bucket is versioned, so S3's notification carries one) or, when the
+        notification has none (moto's), by the ETag: the first is what AWS gives."""
+        markers = [m for m in (self.version_id, self.etag) if m]
+        return [job_id_for_delivery(f"s3://{self.bucket}/{self.key}#{m}") for m in markers]
+
+
+def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> _Upload:
+    response = s3.put_object(Bucket=bucket, Key=key, Body=raw)
+    version_id = response.get("VersionId")
+    head = s3.head_object(
+        Bucket=bucket, Key=key, **({"VersionId": version_id} if version_id else {})
+    )
+    return _Upload(bucket, key, version_id, str(response["ETag"]).strip('"'), head["LastModified"])
+
+
+def _await_intake(
+    jobs: JobStore, s3: Any, upload: _Upload, wait_seconds: float
+) -> tuple[str, Job | None, dict[str, Any] | None]:
+    """(job id, the job or None if not recorded yet, the error report if refused)."""
+    candidates = upload.job_ids()
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        for job_id in candidates:
+            try:
+                return job_id, jobs.get(job_id), None
+            except JobNotFound:
+                continue
+        report = _error_report(s3, upload)
+        if report is not None:
+            return candidates[0], None, report
+        if time.monotonic() >= deadline:
+            return candidates[0], None, None
+        time.sleep(0.5)
+
+
+def _error_report(s3: Any, upload: _Upload) -> dict[str, Any] | None:
+    """The error report intake wrote next to this upload, if it refused it."""
+    from gpufleet.services.intake import ERROR_SUFFIX
+
+    try:
+        response = s3.get_object(Bucket=upload.bucket, Key=upload.key + ERROR_SUFFIX)
+    except s3.exceptions.NoSuchKey:
+        return None
+    if response["LastModified"] < upload.at:
+        return None  # an earlier upload's
+    report: dict[str, Any] = json.loads(response["Body"].read())
+    return report
+
+
+# -- status and list ---------------------------------------------------------------------------
+
+
+def run_status(args: argparse.Namespace) -> int:
+    if args.job_id is None:
+        return run_list(args)
+    from gpufleet.services.reports import job_detail
+
+    try:
+        connection = connect(args)
+        detail = job_detail(connection.jobs.get(args.job_id))
+    except (TargetError, JobNotFound) as exc:
+        return fail(str(exc))
+    if args.json:
+        _print_json(detail)
+    else:
+        print(render_fields(detail))
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from gpufleet.services.reports import find_jobs, job_detail
+
+    if args.limit < 1:
+        return fail("--limit must be >= 1")
+    try:
+        connection = connect(args)
+    except TargetError as exc:
+        return fail(str(exc))
+    status = JobStatus(args.status) if args.status else None
+    jobs = find_jobs(connection.jobs, status, args.team, args.limit)
+    details = [job_detail(job) for job in jobs]
+    if args.json:
+        _print_json(details)
+    elif details:
+        print(render(details, LIST_COLUMNS))
+    else:
+        print("(no jobs)")
+    return 0

@@ -1,0 +1,119 @@
+"""The embedded account as a server: `gpufleet emulator`.
+
+moto's ThreadedMotoServer answers AWS API calls over HTTP from the same in-process backends the
+embedded account uses, so a call that arrives over HTTP goes through the same patches: an upload
+to the intake bucket runs the real intake handler, which starts the real workflow, and so on. The
+node simulator, the schedules and the alarm evaluator run beside it, so jobs go all the way to
+the end. Any AWS client pointed at the endpoint (`gpufleet`, the AWS CLI, boto3) talks to it.
+
+The emulator also publishes a CloudFormation stack named like the deployed one, with the same
+outputs, so `gpufleet ... --stack GpuFleetStack` resolves against it just as against AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from gpufleet import topology
+from gpufleet.domain.config import FleetConfig
+from gpufleet.emulator.account import Account, embedded_account
+from gpufleet.emulator.alarms import AlarmEvaluator
+from gpufleet.emulator.nodes import AGENT_LOG_GROUP, NodeScenario, NodeSimulator
+from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.scheduler import ScheduleRunner
+
+# The name `cdk deploy` gives the stack, so that `--stack` reads the same against both.
+STACK_NAME = "GpuFleetStack"
+# Credentials for the emulator: any will do, and a user's real ones should never be sent to it.
+_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+@dataclass(frozen=True)
+class RunningEmulator:
+    account: Account
+    endpoint_url: str
+
+    def deployment(self) -> dict[str, str]:
+        """The deployment variables a deployed stack's outputs would give."""
+        everything = {**self.account.environment(), topology.ENV_AGENT_LOG_GROUP: AGENT_LOG_GROUP}
+        return {
+            var: value for var in topology.STACK_OUTPUTS.values() if (value := everything.get(var))
+        }
+
+    def environment(self) -> dict[str, str]:
+        """What a shell exports to talk to the emulator, with `gpufleet` or any AWS client."""
+        return {
+            **self.deployment(),
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_REGION": self.account.region,
+            "AWS_DEFAULT_REGION": self.account.region,
+            **_CREDENTIALS,
+        }
+
+
+@contextmanager
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    config: FleetConfig | None = None,
+    nodes: NodeScenario | None = None,
+) -> Iterator[RunningEmulator]:
+    """Run the emulator on `host:port` (port 0: any free one) until the block ends."""
+    from moto.server import ThreadedMotoServer
+
+    # The emulator's own calls (handlers, nodes) go to the in-process backends, even if this
+    # shell still exports the endpoint of an earlier emulator.
+    saved = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+    os.environ["AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"] = "true"
+    # One line per request is noise next to what the emulator prints.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    try:
+        with embedded_account(config=config) as account:
+            server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+            server.start()
+            bound_host, bound_port = server.get_host_and_port()
+            emulator = RunningEmulator(account, f"http://{bound_host}:{bound_port}")
+            with acting_as(EMULATOR):
+                _publish_stack(account, emulator.deployment())
+                simulator = NodeSimulator(account, nodes or NodeScenario())
+                loops = [ScheduleRunner(account), AlarmEvaluator(account)]
+                simulator.start()
+                for loop in loops:
+                    loop.start()
+            try:
+                yield emulator
+            finally:
+                for loop in loops:
+                    loop.stop()
+                simulator.stop()
+                server.stop()
+    finally:
+        if saved is None:
+            os.environ.pop("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", None)
+        else:
+            os.environ["AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"] = saved
+
+
+def _publish_stack(account: Account, deployment: dict[str, str]) -> None:
+    """A stack whose outputs name the emulator's resources, as the deployed stack's do."""
+    outputs = {
+        key: {"Value": deployment[var]}
+        for key, var in topology.STACK_OUTPUTS.items()
+        if var in deployment
+    }
+    # CloudFormation wants a resource; this one creates nothing (moto warns it cannot).
+    template = {
+        "Resources": {"Outputs": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": outputs,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        account.client("cloudformation").create_stack(
+            StackName=STACK_NAME, TemplateBody=json.dumps(template)
+        )

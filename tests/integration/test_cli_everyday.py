@@ -1,0 +1,334 @@
+"""The everyday commands against `gpufleet emulator`, as a user runs them.
+
+The emulator runs in its own process, as `gpufleet emulator --env-file`; the commands run here
+with the variables it wrote, so every AWS call they make crosses HTTP to it. One emulator and
+one job that runs to SUCCEEDED serve the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stdout
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+import gpufleet
+from gpufleet.cli import main
+from gpufleet.emulator.server import STACK_NAME
+
+SPEC = """name: {name}
+team: {team}
+image: public.ecr.aws/pytorch/pytorch:2.4.0
+command: [python, train.py]
+resources: {{gpus: 1, gpu_memory_gib: 16}}
+"""
+# Team "parked" is guaranteed no GPUs and may borrow none: its jobs wait, so one can be
+# cancelled while it waits, whatever the timing.
+CONFIG = """
+queue:
+  max_gpus: 16
+  max_instances: 8
+  reserve_share: 0
+  teams:
+    vision: {gpus: 8}
+    parked: {gpus: 0, borrow: 0}
+"""
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli")
+    (path / "gpufleet.yaml").write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def emulator(workdir: Path) -> Iterator[dict[str, str]]:
+    """`gpufleet emulator` in its own process; the variables it wrote for the user."""
+    env_file = workdir / "emulator.env"
+    functions = str(Path(gpufleet.__file__).resolve().parents[1])
+    # A stale endpoint in the user's shell (an earlier emulator's) must not capture the
+    # emulator's own calls.
+    stale = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    environment = {**os.environ, **stale, "PYTHONPATH": functions}
+    command = [sys.executable, "-m", "gpufleet.cli", "emulator", "--port", "0"]
+    command += ["--env-file", str(env_file), "--config", str(workdir / "gpufleet.yaml")]
+    # Its output goes to a file: a pipe nobody reads would fill up and stall it.
+    log = workdir / "emulator.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(command, env=environment, stdout=output, stderr=output)
+    try:
+        deadline = time.monotonic() + 60
+        while not env_file.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the emulator did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        pairs = (line.split("=", 1) for line in env_file.read_text().splitlines())
+        yield {name: shlex.split(value)[0] for name, value in pairs}  # the file is shell
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def cli(
+    emulator: dict[str, str],
+    workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Cli:
+    """Run a command in a shell that exported the emulator's variables (or some of them)."""
+    monkeypatch.chdir(workdir)  # the commands read ./gpufleet.yaml, as a user's would
+
+    def run(*argv: str, only: tuple[str, ...] | None = None) -> tuple[int, str, str]:
+        with exported(emulator, only):
+            code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@contextmanager
+def exported(emulator: dict[str, str], only: tuple[str, ...] | None = None) -> Iterator[None]:
+    """The environment of a shell that exported the emulator's variables (or `only` those)."""
+    saved = dict(os.environ)
+    for name in emulator:
+        os.environ.pop(name, None)
+    os.environ.update(emulator if only is None else {name: emulator[name] for name in only})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def wait_for(
+    cli: Cli, argv: tuple[str, ...], done: Callable[[Any], bool], seconds: float = 60
+) -> Any:
+    deadline = time.monotonic() + seconds  # generous: CI machines can be slow
+    while True:
+        code, out, _ = cli(*argv)
+        assert code == 0
+        document = json.loads(out)
+        if done(document):
+            return document
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {document}")
+        time.sleep(0.5)
+
+
+def write_spec(workdir: Path, name: str, team: str) -> Path:
+    path = workdir / f"{name}.yaml"
+    path.write_text(SPEC.format(name=name, team=team))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(emulator: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """A job submitted with `gpufleet submit` and run to the end: its submit and status."""
+    with exported(emulator):
+        path = write_spec(workdir, "resnet", "vision")
+        config = ["--config", str(workdir / "gpufleet.yaml")]
+        code, submitted = _json_of(["submit", str(path), "--json", *config])
+        assert code == 0
+        deadline = time.monotonic() + 60
+        while True:
+            code, status = _json_of(["status", submitted["job_id"], "--json"])
+            if status["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)
+    return {"submitted": submitted, "status": status}
+
+
+def _json_of(argv: list[str]) -> tuple[int, Any]:
+    """For module fixtures, which cannot use capsys: the command's stdout as JSON."""
+    buffer = StringIO()
+    with redirect_stdout(buffer):
+        code = main(argv)
+    return code, json.loads(buffer.getvalue())
+
+
+def test_submit_prints_the_id_the_control_plane_gave_and_the_job_runs_to_the_end(
+    finished: dict[str, Any],
+) -> None:
+    submitted, status = finished["submitted"], finished["status"]
+    assert submitted["accepted"] is True
+    assert submitted["key"] == "jobs/resnet.yaml"
+    assert submitted["status"] is not None  # intake had recorded it when submit returned
+    assert status["id"] == submitted["job_id"]
+    assert status["status"] == "SUCCEEDED"
+
+
+def test_a_human_submit_prints_the_id_and_where_the_spec_went(cli: Cli, workdir: Path) -> None:
+    code, out, _ = cli("submit", str(write_spec(workdir, "bert", "nlp")))
+    assert code == 0
+    job_id = out.split()[0]
+    assert job_id.startswith("j-")
+    assert "jobs/bert.yaml" in out
+    code, out, _ = cli("status", job_id, "--json")
+    assert code == 0 and json.loads(out)["name"] == "bert"
+
+
+def test_an_invalid_spec_is_refused_with_its_fields_and_never_uploaded(
+    cli: Cli, workdir: Path, emulator: dict[str, str]
+) -> None:
+    bad = workdir / "broken.yaml"
+    bad.write_text("name: Not A Name\nteam: vision\nimage: img\ncommand: python train.py\n")
+    code, out, _ = cli("submit", str(bad), "--json")
+    assert code == 2
+    refusal = json.loads(out)
+    assert refusal["accepted"] is False
+    assert {f["field"] for f in refusal["error"]["fields"]} == {"name", "command"}
+    code, _, err = cli("submit", str(bad))
+    assert code == 2 and "name:" in err and "command:" in err
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=emulator["AWS_ENDPOINT_URL"],
+        region_name=emulator["AWS_REGION"],
+        aws_access_key_id=emulator["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=emulator["AWS_SECRET_ACCESS_KEY"],
+    )
+    listed = s3.list_objects_v2(Bucket=emulator["INTAKE_BUCKET"], Prefix="jobs/broken")
+    assert listed.get("KeyCount", 0) == 0
+
+
+def test_status_shows_where_the_job_ran_what_it_cost_and_what_happened(
+    cli: Cli, finished: dict[str, Any]
+) -> None:
+    status = finished["status"]
+    assert status["team"] == "vision" and status["priority"] == "normal"
+    assert status["instance_type"] and status["capacity_type"] == "spot"
+    assert status["instances"] and status["exit_code"] == 0
+    assert status["held_seconds"] > 0 and status["cost_usd"] > 0
+    assert status["waited_seconds"] >= 0
+    assert (status["retries"], status["interruptions"], status["preemptions"]) == (0, 0, 0)
+    assert status["failure_reason"] is None and status["flags"] == []
+    code, out, _ = cli("status", status["id"])
+    assert code == 0
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert fields["status"].strip() == "SUCCEEDED"
+    assert fields["instance_type"].strip() == status["instance_type"]
+    assert float(fields["cost_usd"]) == pytest.approx(status["cost_usd"], abs=1e-6)
+
+
+def test_an_unknown_job_is_a_clear_error(cli: Cli) -> None:
+    code, _, err = cli("status", "j-00000000000000000000")
+    assert code == 2 and "does not exist" in err
+
+
+def test_list_filters_by_status_and_team_and_prints_a_table(
+    cli: Cli, finished: dict[str, Any]
+) -> None:
+    job_id = finished["status"]["id"]
+    code, out, _ = cli("list", "--status", "SUCCEEDED", "--team", "vision", "--json")
+    assert code == 0
+    assert job_id in [job["id"] for job in json.loads(out)]
+    code, out, _ = cli("list", "--team", "nobody", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = cli("list", "--limit", "50")
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["job", "name", "team", "status"]
+    row = next(r for r in rows if r.startswith(job_id))
+    assert row.split()[1:4] == ["resnet", "vision", "SUCCEEDED"]
+    # `status` without an id is the same listing.
+    assert cli("status", "--limit", "50")[1].splitlines()[0] == header
+
+
+def test_logs_print_the_containers_output_from_cloudwatch(
+    cli: Cli, finished: dict[str, Any]
+) -> None:
+    status = finished["status"]
+    code, out, _ = cli("logs", status["id"], "--json")
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events, "the node wrote no output"
+    assert {e["instance_id"] for e in events} == set(status["instances"])
+    assert events[-1]["message"] == "training finished, exit code 0"
+    assert [e["time"] for e in events] == sorted(e["time"] for e in events)
+    # Following a job that has ended prints the same and returns.
+    code, followed, _ = cli("logs", status["id"], "--follow")
+    assert code == 0
+    assert followed.splitlines()[-1].endswith("training finished, exit code 0")
+    assert status["instances"][0] in followed
+
+
+def test_cost_adds_up_by_team_job_and_day(cli: Cli, finished: dict[str, Any]) -> None:
+    status = finished["status"]
+    code, out, _ = cli("cost", "--by", "job", "--json")
+    assert code == 0
+    report = json.loads(out)
+    line = next(row for row in report["rows"] if row["job"] == status["id"])
+    assert line["cost_usd"] == pytest.approx(status["cost_usd"])
+    assert line["held_seconds"] == pytest.approx(status["held_seconds"])
+    assert report["total"]["jobs"] == len(report["rows"])
+
+    by_team = json.loads(cli("cost", "--by", "team", "--json")[1])
+    vision = next(row for row in by_team["rows"] if row["team"] == "vision")
+    vision_jobs = [row for row in report["rows"] if row["team"] == "vision"]
+    assert vision["jobs"] == len(vision_jobs)
+    assert vision["cost_usd"] == pytest.approx(sum(r["cost_usd"] or 0 for r in vision_jobs))
+    assert "hourly_usd" not in vision
+
+    today = datetime.now(UTC).date()
+    by_day = json.loads(cli("cost", "--by", "day", "--since", today.isoformat(), "--json")[1])
+    assert [row["day"] for row in by_day["rows"]] == [today.isoformat()]
+    tomorrow = (today + timedelta(days=1)).isoformat()
+    assert json.loads(cli("cost", "--since", tomorrow, "--json")[1])["rows"] == []
+
+    code, table, _ = cli("cost")
+    assert code == 0
+    header, *rows = table.splitlines()
+    assert header.split()[:2] == ["team", "jobs"] and "cost_usd" in header.split()
+    assert rows[-1].split()[0] == "total"
+
+
+def test_queue_shows_a_waiting_job_and_cancel_takes_it_out(cli: Cli, workdir: Path) -> None:
+    code, out, _ = cli("submit", str(write_spec(workdir, "parked-job", "parked")), "--json")
+    assert code == 0
+    job_id = json.loads(out)["job_id"]
+    waiting = wait_for(
+        cli,
+        ("queue", "--json"),
+        lambda doc: any(w["job_id"] == job_id and w["reason"] == "quota" for w in doc["waiting"]),
+    )
+    assert next(w for w in waiting["waiting"] if w["job_id"] == job_id)["team"] == "parked"
+    code, out, _ = cli("cancel", job_id, "--json")
+    assert code == 0 and json.loads(out)["status"] == "CANCELLED"
+    assert json.loads(cli("status", job_id, "--json")[1])["status"] == "CANCELLED"
+    remaining = json.loads(cli("queue", "--json")[1])["waiting"]
+    assert job_id not in [w["job_id"] for w in remaining]
+
+
+def test_the_stack_name_and_endpoint_flag_find_the_same_gpufleet(
+    cli: Cli, finished: dict[str, Any], emulator: dict[str, str]
+) -> None:
+    """Only credentials and a region exported: `--stack` reads the outputs the emulator
+    published, as it reads a deployed stack's, and `--endpoint-url` points every call there."""
+    job_id = finished["status"]["id"]
+    argv = ("status", job_id, "--json", "--stack", STACK_NAME)
+    credentials = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+    code, out, _ = cli(*argv, "--endpoint-url", emulator["AWS_ENDPOINT_URL"], only=credentials)
+    assert code == 0 and json.loads(out)["status"] == "SUCCEEDED"
+    code, out, _ = cli(
+        "logs", job_id, "--stack", STACK_NAME, only=(*credentials, "AWS_ENDPOINT_URL")
+    )
+    assert code == 0 and "training finished" in out

@@ -1,0 +1,150 @@
+"""What a running job's metric alarms do, against the in-memory adapters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+from gpufleet.adapters.aws.alarms import parse_alarm_name
+from gpufleet.adapters.local.memory import (
+    InMemoryObjects,
+    RecordingNotifier,
+    RecordingPublisher,
+    RecordingWorkflow,
+)
+from gpufleet.domain.job import JobStatus
+from gpufleet.domain.retry import MEMORY_LEAK, RESIZED
+from gpufleet.domain.scaling import AlarmKind
+from gpufleet.handlers.models import AlarmEvent
+from gpufleet.services.actions import MetricActions
+from gpufleet.services.factory import build_actions, build_lifecycle
+from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key
+from gpufleet.topology import DETAIL_JOB_SCALED
+from tests.helpers import intake_for, local_ports, make_settings, plan_of
+
+SETTINGS = make_settings()
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+ELASTIC = "resources: {gpus: 1, nodes: 2, elastic: {min_nodes: 1, max_nodes: 4}}\n"
+
+
+class Running:
+    """One job of the given spec, launched and started on the in-memory ports."""
+
+    def __init__(self, body: str = "") -> None:
+        self.ports = local_ports()
+        key = "jobs/job.yaml"
+        spec = f"name: train\nteam: vision\nimage: img\ncommand: [python, train.py]\n{body}"
+        cast(InMemoryObjects, self.ports.objects).objects[key] = spec.encode()
+        job_id = intake_for(self.ports, SETTINGS).submit_object(key, key, key).job_id
+        assert job_id is not None
+        self.job_id = job_id
+        self.lifecycle: LifecycleService = build_lifecycle(self.ports, SETTINGS)
+        self.actions: MetricActions = build_actions(self.ports, SETTINGS, self.lifecycle)
+        self.start()
+
+    def start(self, token: str = "token") -> None:
+        plan = plan_of(self.ports, self.job_id)
+        assert self.lifecycle.launch(self.job_id, plan, 0, 0, task_token=token) is None
+        placement = self.job().placement
+        assert placement is not None
+        for instance in placement.instance_ids:
+            self.lifecycle.node_report(
+                NodeReport(job_id=self.job_id, instance_id=instance, phase="started")
+            )
+        assert self.job().status is JobStatus.RUNNING
+
+    def job(self) -> Any:
+        return self.ports.jobs.get(self.job_id)
+
+    def nodes(self) -> int:
+        return int(self.job().effective_spec.resources.nodes)
+
+    def checkpoint_asked(self) -> bool:
+        objects = cast(InMemoryObjects, self.ports.objects).objects
+        return b"checkpoint" in objects.get(control_key(self.job_id), b"")
+
+    def finish_run(self, token: str = "token") -> dict[str, Any]:
+        """The node stops (at the checkpoint asked for) and the workflow releases the run."""
+        instance = self.job().placement.instance_ids[0]
+        self.lifecycle.node_report(
+            NodeReport(job_id=self.job_id, instance_id=instance, phase="finished", exit_code=0)
+        )
+        run = cast(RecordingWorkflow, self.ports.workflow).completed[token]
+        return self.lifecycle.release(self.job_id, {"run": run})
+
+
+def test_busy_gpus_scale_an_elastic_job_out_by_a_step_and_it_resumes_larger() -> None:
+    job = Running(ELASTIC)
+    assert job.actions.on_alarm(job.job_id, AlarmKind.BUSY) == ["scaled-out"]
+    assert job.nodes() == 3
+    assert job.job().drain_reason == RESIZED and job.checkpoint_asked()
+    scaled = cast(RecordingPublisher, job.ports.events).of_type(DETAIL_JOB_SCALED)
+    assert scaled == [{"job_id": job.job_id, "nodes": 3, "previous_nodes": 2}]
+    # EventBridge delivers the alarm twice: the job is already on its way to the new shape.
+    job.actions.on_alarm(job.job_id, AlarmKind.BUSY)
+    assert job.nodes() == 3
+    assert len(cast(RecordingPublisher, job.ports.events).of_type(DETAIL_JOB_SCALED)) == 1
+
+    assert job.finish_run()["requeue"] is True
+    assert job.lifecycle.requeue(job.job_id).nodes == 3  # the next run is planned on 3 nodes
+
+
+def test_the_jobs_own_metric_scales_it_out_like_busy_gpus() -> None:
+    job = Running(ELASTIC + "scale_on: {metric: samples_per_second, below: 1000}\n")
+    assert job.actions.on_alarm(job.job_id, AlarmKind.SCALE_ON) == ["scaled-out"]
+    assert job.nodes() == 3
+
+
+def test_an_elastic_job_at_its_max_or_not_running_stays_as_it_is() -> None:
+    at_max = Running("resources: {gpus: 1, nodes: 4, elastic: {min_nodes: 1, max_nodes: 4}}\n")
+    assert at_max.actions.on_alarm(at_max.job_id, AlarmKind.BUSY) == []
+    assert at_max.nodes() == 4 and not at_max.checkpoint_asked()
+
+    waiting = Running(ELASTIC)
+    waiting.lifecycle.drain(waiting.job_id, "preempted")  # already stopping for someone else
+    waiting.actions.on_alarm(waiting.job_id, AlarmKind.BUSY)
+    assert waiting.nodes() == 2
+
+
+def test_idle_gpus_scale_an_elastic_job_in_and_at_its_min_flag_it() -> None:
+    job = Running(ELASTIC)
+    assert job.actions.on_alarm(job.job_id, AlarmKind.IDLE) == ["scaled-in"]
+    assert job.nodes() == 1 and job.job().drain_reason == RESIZED
+
+    at_min = Running("resources: {gpus: 1, nodes: 1, elastic: {min_nodes: 1, max_nodes: 4}}\n")
+    assert at_min.actions.on_alarm(at_min.job_id, AlarmKind.IDLE) == ["low-utilization"]
+    assert at_min.nodes() == 1 and not at_min.checkpoint_asked()
+
+
+def test_a_job_that_is_not_elastic_is_flagged_when_idle_and_never_resized() -> None:
+    job = Running()
+    assert job.actions.on_alarm(job.job_id, AlarmKind.BUSY) == []
+    assert job.actions.on_alarm(job.job_id, AlarmKind.IDLE) == ["low-utilization"]
+    assert job.job().resources_override is None
+
+
+def test_a_memory_leak_alerts_flags_and_restarts_the_job_as_a_retry() -> None:
+    job = Running("max_retries: 1\n")
+    assert job.actions.on_alarm(job.job_id, AlarmKind.LEAK) == ["memory-leak"]
+    [(subject, message)] = cast(RecordingNotifier, job.ports.notifier).sent
+    assert "leaks GPU memory" in subject and "restarted" in message
+    assert job.job().drain_reason == MEMORY_LEAK and job.checkpoint_asked()
+    assert job.finish_run()["requeue"] is True
+    job.lifecycle.requeue(job.job_id)
+    assert job.job().retries == 1
+
+    # It leaks again on its next run, with no retry left: alerted and flagged, not stopped.
+    job.start("token-2")
+    job.actions.on_alarm(job.job_id, AlarmKind.LEAK)
+    _, again = cast(RecordingNotifier, job.ports.notifier).sent[-1]
+    assert "no retries left" in again
+    assert job.job().drain_reason is None
+
+
+def test_a_real_shaped_leak_alarm_event_names_its_job_and_kind() -> None:
+    document = json.loads((EVENTS / "aws" / "cloudwatch-alarm-memory-leak.json").read_text())
+    event = AlarmEvent.model_validate(document)
+    assert event.detail.state.value == "ALARM"
+    assert parse_alarm_name(event.detail.alarmName) == ("j-0123456789abcdef0123", AlarmKind.LEAK)
+    assert parse_alarm_name("gpufleet-j-0123456789abcdef0123-unknown") is None

@@ -1,0 +1,185 @@
+"""Metric-driven decisions, pure: elastic shapes and their bounds, the alarms a job gets, the
+warm pool's top-up and release, and how the emulator evaluates a leak (DIFF) alarm."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gpufleet.domain.config import FleetConfig, MetricPolicy, WarmPool
+from gpufleet.domain.retry import MEMORY_LEAK, RETRY, after_run
+from gpufleet.domain.scaling import AlarmKind, Comparison, job_alarm_rules, scaled_in, scaled_out
+from gpufleet.domain.spec import Elastic, JobSpec, Resources, SpecError, parse_spec
+from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
+from gpufleet.emulator.alarms import breaching, diff
+from gpufleet.topology import GPU_MEMORY_METRIC, GPU_UTILIZATION_METRIC
+
+ELASTIC = Elastic(min_nodes=1, max_nodes=4)
+
+
+def resources(nodes: int, elastic: Elastic | None = ELASTIC) -> Resources:
+    return Resources(gpus=8, nodes=nodes, elastic=elastic)
+
+
+def spec(body: str = "") -> JobSpec:
+    return parse_spec(f"name: a\nteam: t\nimage: img\ncommand: [python]\n{body}")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "step", "expected"), [(1, 1, 2), (2, 1, 3), (3, 2, 4), (2, 5, 4), (4, 1, None)]
+)
+def test_scale_out_adds_a_step_up_to_max_nodes(nodes: int, step: int, expected: int | None) -> None:
+    larger = scaled_out(resources(nodes), step)
+    assert (larger.nodes if larger else None) == expected
+    if larger is not None:  # everything else about the shape stays
+        assert larger.gpus == 8 and larger.elastic == ELASTIC
+
+
+@pytest.mark.parametrize(
+    ("nodes", "step", "expected"), [(4, 1, 3), (2, 1, 1), (4, 5, 1), (1, 1, None)]
+)
+def test_scale_in_removes_a_step_down_to_min_nodes(
+    nodes: int, step: int, expected: int | None
+) -> None:
+    smaller = scaled_in(resources(nodes), step)
+    assert (smaller.nodes if smaller else None) == expected
+
+
+def test_a_job_that_is_not_elastic_never_changes_shape() -> None:
+    fixed = Resources(gpus=8, nodes=2)
+    assert scaled_out(fixed, 1) is None and scaled_in(fixed, 1) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("resources: {gpus: 1, nodes: 5, elastic: {min_nodes: 1, max_nodes: 4}}", "within"),
+        ("resources: {gpus: 1, nodes: 1, elastic: {min_nodes: 2, max_nodes: 4}}", "within"),
+        ("resources: {gpus: 1, nodes: 2, elastic: {min_nodes: 3, max_nodes: 2}}", "below"),
+        ("resources: {gpus: 0, nodes: 1, elastic: {min_nodes: 1, max_nodes: 2}}", "GPU"),
+        ("scale_on: {metric: loss, below: 1}", "elastic"),
+        (
+            "resources: {gpus: 1, elastic: {max_nodes: 2}}\n"
+            "scale_on: {metric: samples_per_second, below: 1, above: 2}",
+            "exactly one",
+        ),
+        (
+            "resources: {gpus: 1, elastic: {max_nodes: 2}}\nscale_on: {metric: 'a b', below: 1}",
+            "pattern",
+        ),
+    ],
+)
+def test_elastic_specs_are_validated(body: str, message: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        spec(body)
+    assert any(message in field.message for field in refused.value.fields)
+
+
+def test_busy_must_be_above_idle_in_the_config() -> None:
+    with pytest.raises(ValidationError, match="high_utilization_percent"):
+        MetricPolicy(low_utilization_percent=50, high_utilization_percent=40)
+    assert FleetConfig().warm_pool is None
+
+
+def kinds(job: JobSpec, policy: MetricPolicy | None = None) -> set[AlarmKind]:
+    return {rule.kind for rule in job_alarm_rules(job, policy or MetricPolicy())}
+
+
+def test_every_job_is_watched_for_idle_hot_and_leaking_gpus() -> None:
+    assert kinds(spec()) == {AlarmKind.IDLE, AlarmKind.HOT, AlarmKind.LEAK}
+    assert kinds(spec(), MetricPolicy(enabled=False)) == set()
+
+
+def test_an_elastic_job_below_its_max_is_also_watched_for_busy_gpus_and_its_own_metric() -> None:
+    elastic = "resources: {gpus: 1, nodes: 1, elastic: {max_nodes: 2}}\n"
+    scale_on = "scale_on: {metric: samples_per_second, below: 1000, for_minutes: 10}\n"
+    assert AlarmKind.BUSY in kinds(spec(elastic))
+    assert AlarmKind.SCALE_ON not in kinds(spec(elastic))
+    assert kinds(spec(elastic + scale_on)) >= {AlarmKind.BUSY, AlarmKind.SCALE_ON}
+    at_max = "resources: {gpus: 1, nodes: 2, elastic: {max_nodes: 2}}\n"
+    assert kinds(spec(at_max + scale_on)) == {AlarmKind.IDLE, AlarmKind.HOT, AlarmKind.LEAK}
+
+
+def test_alarm_rules_carry_the_configured_thresholds_and_windows() -> None:
+    policy = MetricPolicy(
+        period_seconds=60,
+        high_utilization_percent=90,
+        high_utilization_periods=20,
+        memory_leak_growth_mib=64,
+        memory_leak_periods=12,
+    )
+    job = spec(
+        "resources: {gpus: 1, elastic: {max_nodes: 3}}\n"
+        "scale_on: {metric: samples_per_second, below: 1000, for_minutes: 2.5}\n"
+    )
+    rules = {rule.kind: rule for rule in job_alarm_rules(job, policy)}
+    busy, leak, own = rules[AlarmKind.BUSY], rules[AlarmKind.LEAK], rules[AlarmKind.SCALE_ON]
+    assert (busy.metric, busy.comparison, busy.threshold, busy.periods) == (
+        GPU_UTILIZATION_METRIC,
+        Comparison.ABOVE,
+        90,
+        20,
+    )
+    # A leak is memory growing by more than the threshold in each period: a change, not a level.
+    assert (leak.metric, leak.change, leak.threshold, leak.periods) == (
+        GPU_MEMORY_METRIC,
+        True,
+        64,
+        12,
+    )
+    # 2.5 minutes of one-minute periods: three periods, so never less than asked for.
+    assert (own.metric, own.comparison, own.threshold, own.periods) == (
+        "samples_per_second",
+        Comparison.BELOW,
+        1000,
+        3,
+    )
+
+
+def test_a_memory_leak_drain_is_a_retry_while_retries_last() -> None:
+    job = spec("max_retries: 1")
+    first = after_run(job, {}, drain_reason=MEMORY_LEAK, retries=0, interruptions=0, ran_seconds=9)
+    assert first.requeue and first.kind == RETRY
+    last = after_run(job, {}, drain_reason=MEMORY_LEAK, retries=1, interruptions=0, ran_seconds=9)
+    assert not last.requeue
+
+
+POOL = WarmPool(instance_type="g5.xlarge", count=2, ttl_minutes=30)
+TTL = 30 * 60
+
+
+def test_a_pool_in_demand_is_topped_up_and_a_smaller_pool_sheds_its_oldest() -> None:
+    idle = [IdleInstance("i-b", 200.0)]
+    assert warm_pool_change(POOL, idle, demand_at=1000, now=1000 + TTL - 1).launch == 1
+    crowd = [IdleInstance("i-c", 300.0), IdleInstance("i-a", 100.0), IdleInstance("i-b", 200.0)]
+    change = warm_pool_change(POOL, crowd, demand_at=1000, now=1100)
+    assert change.launch == 0 and change.release == ["i-a"]
+
+
+def test_a_pool_out_of_demand_releases_what_waited_a_ttl_and_adds_nothing() -> None:
+    now = 10_000.0
+    idle = [IdleInstance("i-old", now - TTL), IdleInstance("i-new", now - TTL + 60)]
+    change = warm_pool_change(POOL, idle, demand_at=now - TTL, now=now)
+    assert change.launch == 0 and change.release == ["i-old"]
+    later = warm_pool_change(POOL, idle, demand_at=now - TTL, now=now + 60)
+    assert later.release == ["i-new", "i-old"]
+
+
+def test_diff_is_the_change_from_each_period_to_the_next() -> None:
+    assert diff([100.0, 150.0, 150.0, 400.0]) == [50.0, 0.0, 250.0]
+    assert diff([5.0]) == []
+
+
+@pytest.mark.parametrize(
+    ("memory", "breaches"),
+    [
+        ([1000, 1100, 1250, 1400], True),  # grew in each of the last three periods
+        ([1000, 1100, 1100, 1400], False),  # flat for a period: no leak
+        ([1000, 1400, 1300, 1500], False),  # freed some
+        ([1000, 1100, 1200], False),  # not enough data yet: missing data is not breaching
+    ],
+)
+def test_a_leak_alarm_breaches_only_on_growth_in_every_period(
+    memory: list[float], breaches: bool
+) -> None:
+    assert breaching(diff(memory), Comparison.ABOVE.value, 1.0, periods=3) is breaches
