@@ -183,7 +183,7 @@ def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkp
     # The low job waited for the high one to finish; both runs of it were paid for.
     assert low["wait_seconds"] >= 2.0
     assert low["cost_usd"] == pytest.approx(
-        low["hourly_usd"] * low["held_seconds"] / 3600, rel=1e-3
+        low["hourly_usd"] * low["held_seconds"] / 3600 + low["storage_usd"], rel=1e-3
     )
 
 
@@ -200,7 +200,9 @@ def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() ->
     assert not interrupted["ondemand_fallback"]
     for job in result.jobs:  # also over several runs on different instance types
         assert job["cost_usd"] == pytest.approx(
-            job["hourly_usd"] * job["held_seconds"] / 3600, rel=1e-3, abs=1e-6
+            job["hourly_usd"] * job["held_seconds"] / 3600 + job["storage_usd"],
+            rel=1e-3,
+            abs=1e-6,
         )
     # A job that leaves its GPU idle is flagged by its utilization alarm; the others are not.
     assert jobs["idle-notebook"]["flags"] == ["low-utilization"]

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, TextIO
@@ -168,6 +168,7 @@ class ChaoticDelivery:
         self.deliveries = 0
         self.delayed = 0
         self.dropped = 0  # deliveries that failed three times (in AWS: the dead-letter queue)
+        self.errors: Counter[str] = Counter()  # what handler runs died of, injected or not
 
     def deliver(self, delivery: Callable[[], bool]) -> bool:
         delivered = True
@@ -187,8 +188,15 @@ class ChaoticDelivery:
                 delivered = self._count(delivery()) and delivered
         return delivered
 
-    def invocation(self, function_name: str) -> AbstractContextManager[None]:
-        return self._crashes.invocation(function_name)
+    @contextmanager
+    def invocation(self, function_name: str) -> Iterator[None]:
+        try:
+            with self._crashes.invocation(function_name):
+                yield
+        except Exception as exc:
+            with self._lock:
+                self.errors[f"{function_name}: {type(exc).__name__}: {str(exc)[:160]}"] += 1
+            raise
 
     def _late(self, delivery: Callable[[], bool]) -> None:
         try:
@@ -397,6 +405,7 @@ class ChaosResult:
     faults: dict[str, int] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
     errored_invocations: dict[str, int] = field(default_factory=dict)
+    handler_errors: dict[str, int] = field(default_factory=dict)
     wall_seconds: float = 0.0
     completed: bool = False
 
@@ -426,6 +435,7 @@ class ChaosResult:
             "faults": self.faults,
             "crashes": self.crashes,
             "errored_invocations": self.errored_invocations,
+            "handler_errors": self.handler_errors,
             "violations": {
                 "lost": self.lost,
                 "double_launches": self.double_launches,
@@ -517,6 +527,7 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
             result.lost = _with_history(account, result.lost)
         errored = Counter(i.function_name for i in account.recorder.invocations if i.errored)
         result.errored_invocations = dict(sorted(errored.items()))
+    result.handler_errors = dict(delivery.errors.most_common())
     result.crashes = dict(sorted(Counter(c.split(" (")[0] for c in crashes.crashes).items()))
     result.faults = {
         "deliveries": delivery.deliveries,
