@@ -385,11 +385,11 @@ def _shared_service_models() -> Iterator[None]:
                 loaders[search_path_string] = original(search_path_string)
             return loaders[search_path_string]
 
-    botocore.session.create_loader = shared  # type: ignore[attr-defined]
+    botocore.session.create_loader = shared
     try:
         yield
     finally:
-        botocore.session.create_loader = original  # type: ignore[attr-defined]
+        botocore.session.create_loader = original
 
 
 @dataclass
