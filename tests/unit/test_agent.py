@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.agent.docker import docker_argv, looks_like_gpu_oom, relay
+from gpufleet.agent.docker import DockerRuntime, docker_argv, looks_like_gpu_oom, relay
 from gpufleet.agent.node import (
     MAX_JOB_METRICS,
     JobMetrics,
@@ -306,3 +306,56 @@ def test_the_containers_stdout_is_relayed_line_by_line(capsys: pytest.CaptureFix
     relay(io.StringIO("step 1\nGPUFLEET_METRIC loss=0.5\n"), lines.append)
     assert lines == ["step 1\n", "GPUFLEET_METRIC loss=0.5\n"]
     assert capsys.readouterr().out == "step 1\nGPUFLEET_METRIC loss=0.5\n"
+
+
+class _Popen:
+    """Stands in for subprocess.Popen: records how docker was started; the container exits 0."""
+
+    calls: list[tuple[Any, dict[str, Any]]]
+
+    def __init__(self, args: Any, **kwargs: Any) -> None:
+        type(self).calls.append((args, kwargs))
+        self.stdout = io.StringIO("")
+        self.returncode = 0
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def _start_docker(monkeypatch: pytest.MonkeyPatch, run: RunManifest) -> tuple[Any, dict[str, Any]]:
+    _Popen.calls = []
+    monkeypatch.setattr("gpufleet.agent.docker.subprocess.Popen", _Popen)
+    monkeypatch.setattr("gpufleet.agent.docker.subprocess.run", lambda *a, **k: None)
+    assert DockerRuntime().run(run, threading.Event()).exit_code == 0
+    [started] = _Popen.calls
+    return started
+
+
+def test_the_container_is_started_from_an_argv_list_never_through_a_shell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = manifest(env={"SECRET_ARG": HOSTILE, "QUOTES": "'\"; $PATH `id`"})
+    args, kwargs = _start_docker(monkeypatch, run)
+    assert args == docker_argv(run)
+    assert not kwargs.get("shell", False)
+    # Shell syntax in the spec stays data: one argv element, and env values byte for byte.
+    assert args.count(HOSTILE) == 1
+    assert kwargs["env"]["SECRET_ARG"] == HOSTILE
+    assert kwargs["env"]["QUOTES"] == "'\"; $PATH `id`"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="agent bug: the job's env is laid over the docker CLI's own environment (so that "
+    "`-e NAME` finds it), so a spec's PATH decides which `docker` binary the agent (root) "
+    "executes and DOCKER_HOST which daemon it drives; pass the values with --env-file instead",
+)
+def test_the_jobs_env_does_not_change_how_the_agent_runs_docker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    run = manifest(env={"PATH": "/tmp/attacker", "DOCKER_HOST": "tcp://attacker.example:2375"})
+    _args, kwargs = _start_docker(monkeypatch, run)
+    assert kwargs["env"].get("PATH") == "/usr/bin:/bin"
+    assert "DOCKER_HOST" not in kwargs["env"]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from gpufleet.cli import (
     catalog,
+    chaos,
     cost,
     demo,
     emulator,
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         queue,
         simulate,
         demo,
+        chaos,
         emulator,
     ):
         module.register(commands)

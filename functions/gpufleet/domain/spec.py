@@ -7,12 +7,14 @@ validated here and nowhere else; everything downstream works with a `JobSpec` it
 from __future__ import annotations
 
 import json
+import math
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,7 +37,18 @@ ImageRef = Annotated[
     str,
     StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"),
 ]
-Arg = Annotated[str, StringConstraints(max_length=8192)]
+
+
+def _no_nul(value: str) -> str:
+    # argv and the environment reach a process as NUL-terminated strings: a NUL cannot be
+    # passed on, and the node agent's exec would fail on it.
+    if "\x00" in value:
+        raise ValueError("a NUL byte cannot be passed to a process")
+    return value
+
+
+Arg = Annotated[str, StringConstraints(max_length=8192), AfterValidator(_no_nul)]
+EnvValue = Annotated[str, StringConstraints(max_length=8192), AfterValidator(_no_nul)]
 
 
 class Priority(StrEnum):
@@ -71,13 +84,18 @@ def parse_duration(value: object) -> int:
         seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
     else:
         raise ValueError("a duration is a number of seconds or a string like '90m' or '4h'")
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be a finite number")
     if seconds <= 0:
         raise ValueError("a duration must be positive")
     return round(seconds)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+    # No infinities or NaN in any number: nothing downstream (prices, alarms) can use them.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, str_strip_whitespace=False, allow_inf_nan=False
+    )
 
 
 class Elastic(_Strict):
@@ -190,7 +208,7 @@ class Stage(_Strict):
     command: list[Arg] | None = Field(
         default=None, min_length=1, max_length=1024, description="argv list, as the job's"
     )
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, max_length=256, description="Laid over the job's environment"
     )
     max_retries: int | None = Field(default=None, ge=0, le=20)
@@ -236,9 +254,7 @@ class JobSpec(_Strict):
     command: list[Arg] = Field(
         min_length=1, max_length=1024, description="argv list; never run through a shell"
     )
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
-        default_factory=dict, max_length=256
-    )
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256)
     resources: Resources = Field(default_factory=Resources)
     template: Name | None = Field(
         default=None,
@@ -351,8 +367,14 @@ class FieldError(BaseModel):
     message: str
 
 
+# A refusal lists this many problems at most (and says how many there were): its report goes
+# into an EventBridge event, which holds 256 KB, and a hostile spec can have thousands.
+MAX_REPORTED_FIELDS = 50
+MAX_FIELD_PATH = 200
+
+
 class SpecError(Exception):
-    """A submitted spec was refused. Carries every problem found, by field."""
+    """A submitted spec was refused. Carries the problems found, by field."""
 
     def __init__(self, message: str, fields: list[FieldError] | None = None) -> None:
         super().__init__(message)
@@ -374,6 +396,8 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
             path += f"[{part}]"
         else:
             path += f".{part}" if path else str(part)
+    if len(path) > MAX_FIELD_PATH:  # a hostile key can be as long as the document
+        path = path[: MAX_FIELD_PATH - 3] + "..."
     return path or "(document)"
 
 
@@ -384,11 +408,15 @@ def spec_from_mapping(document: object) -> JobSpec:
     try:
         return JobSpec.model_validate(document)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         fields = [
             FieldError(field=_field_path(tuple(err["loc"])), message=str(err["msg"]))
-            for err in exc.errors(include_url=False, include_input=False)
+            for err in errors[:MAX_REPORTED_FIELDS]
         ]
-        raise SpecError(f"{len(fields)} invalid field(s) in the job spec", fields) from None
+        message = f"{len(errors)} invalid field(s) in the job spec"
+        if len(errors) > len(fields):
+            message += f"; the first {len(fields)} are listed"
+        raise SpecError(message, fields) from None
 
 
 class _SafeLoader(yaml.SafeLoader):

@@ -22,6 +22,7 @@ show them, and what runs at the end), and the behaviour each job was given.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 import threading
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, TextIO
 
+import botocore.handlers
 import botocore.loaders
 import botocore.session
 import yaml
@@ -59,6 +61,8 @@ from gpufleet.emulator.scheduler import ScheduleRunner
 from gpufleet.topology import (
     DETAIL_JOB_SUBMITTED,
     DISPATCH,
+    INTAKE_FROM_EVENT,
+    INTAKE_FROM_S3,
     INTAKE_PREFIX,
     JOB_LIFECYCLE,
     JOBS_TABLE,
@@ -74,6 +78,13 @@ CHAOS_ENV = {
     "GPUFLEET_CAPACITY_MEMORY_SECONDS": "5",
 }
 TEAMS = ("vision", "nlp", "audio")
+# The emulator runs every function in one process, where Lambda gives each its own execution
+# environments. The two intake handlers share one Powertools idempotency layer
+# (handlers/common.py), and Powertools sets the calling function's key prefix on it at every
+# call: two of them running at once compute each other's keys, and a crashed delivery's
+# in-progress record is then never deleted (its retries all fail as "already in progress").
+# Separate environments cannot interfere, so their runs are serialized here.
+_SHARING_IDEMPOTENCY = {f"gpufleet-{f.construct_id}" for f in (INTAKE_FROM_S3, INTAKE_FROM_EVENT)}
 RETRYABLE_EXIT = 3
 NON_RETRYABLE_EXIT = 2
 
@@ -89,8 +100,11 @@ class ChaosConfig:
     interruption_share: float = 0.1  # of jobs
     crash_share: float = 0.05  # of handler runs
     crash_max_write: int = 6  # a crashing run dies after its Nth write, N in 1..this
+    crash_sweep_every: int = 3  # and each function's crash points are swept (faults.py)
     throttle_share: float = 0.05  # of the control plane's DynamoDB requests
     schedule_period_seconds: float = 2.0  # one "minute" of the schedule
+    # A node boots in about a minute on EC2, i.e. one period of the schedule.
+    boot_seconds: float = 2.0
     timeout_seconds: float = 900.0
 
 
@@ -114,107 +128,138 @@ class ChaosJob:
 
 
 def plan_workload(config: ChaosConfig) -> list[ChaosJob]:
-    """The jobs of a run, drawn from the seed alone."""
+    """The jobs of a run, drawn from the seed alone. The shares of interrupted and spot-short
+    jobs are exact (at least one job each when the share is not 0)."""
     rng = random.Random(f"workload-{config.seed}")
+    interrupted = _some(rng, config.jobs, config.interruption_share)
+    short_of_spot = _some(rng, config.jobs, config.spot_capacity_error_share)
     jobs = []
     for index in range(config.jobs):
         name = f"chaos-{index:04d}"
         exit_code = rng.choices([0, RETRYABLE_EXIT, NON_RETRYABLE_EXIT], weights=[75, 15, 10])[0]
-        gpus = rng.choice([1, 1, 1, 2, 4])
-        interrupted = rng.random() < config.interruption_share
         document: dict[str, Any] = {
             "name": name,
             "team": rng.choice(TEAMS),
             "priority": rng.choice(["low", "normal", "normal", "high"]),
             "image": "public.ecr.aws/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
             "command": ["python", "train.py", "--seed", str(index)],
-            "resources": {"gpus": gpus, "nodes": 2 if rng.random() < 0.05 else 1},
+            "resources": {
+                "gpus": rng.choice([1, 1, 1, 2, 4]),
+                "nodes": 2 if rng.random() < 0.05 else 1,
+            },
             "spot": rng.choice(["auto", "auto", "auto", "never"]),
             "checkpoint": f"s3://chaos-checkpoints/{name}/",
             "max_retries": rng.randint(0, 2),
             "no_retry_exit_codes": [NON_RETRYABLE_EXIT],
             "timeout": "1h",
         }
+        # Long enough for an interruption to land mid-run.
+        duration = rng.uniform(1.2, 2.0) if index in interrupted else rng.uniform(0.5, 1.5)
         jobs.append(
             ChaosJob(
                 name=name,
                 via="event" if rng.random() < 0.3 else "s3",
                 document=document,
                 behaviour=Behaviour(
-                    # Long enough for an interruption to land mid-run.
-                    duration_seconds=rng.uniform(1.2, 2.0)
-                    if interrupted
-                    else rng.uniform(0.5, 1.5),
+                    duration_seconds=duration,
                     exit_code=exit_code,
-                    interrupt_after_seconds=rng.uniform(0.4, 0.8) if interrupted else None,
+                    interrupt_after_seconds=rng.uniform(0.4, 0.8) if index in interrupted else None,
                 ),
-                spot_capacity_errors=rng.random() < config.spot_capacity_error_share,
+                spot_capacity_errors=index in short_of_spot,
             )
         )
     return jobs
 
 
+def _some(rng: random.Random, count: int, share: float) -> set[int]:
+    """`share` of the indexes below `count`, at least one unless the share is 0."""
+    if share <= 0:
+        return set()
+    return set(rng.sample(range(count), max(1, round(count * share))))
+
+
 class ChaoticDelivery:
     """The account's asynchronous deliveries under the chaos plan (a `patches.FaultPlan`):
-    every event `copies` times, some copies late, and every handler run exposed to crashes."""
+    every event `copies_per_event` times, some copies late, failed runs retried twice as
+    Lambda retries asynchronous invocations (one "minute", then two, later), and every handler
+    run exposed to crashes."""
 
     def __init__(self, config: ChaosConfig, rng: random.Random, crashes: CrashAfterWrites) -> None:
         self._config = config
         self._rng = rng
         self._crashes = crashes
         self._lock = threading.Condition()
-        self._pending = 0
+        self._pending = 0  # late deliveries and retries not yet run
         self._closed = False
         self.deliveries = 0
         self.delayed = 0
-        self.dropped = 0  # deliveries that failed three times (in AWS: the dead-letter queue)
+        self.retried = 0
+        self.dropped = 0  # failed three times (in AWS: to the dead-letter queue)
         self.errors: Counter[str] = Counter()  # what handler runs died of, injected or not
+        self._one_intake_at_a_time = threading.RLock()
 
-    def deliver(self, delivery: Callable[[], bool]) -> bool:
+    def deliver(self, attempt: Callable[[], bool]) -> bool:
         delivered = True
         for _copy in range(self._config.copies_per_event):
             with self._lock:
                 self.deliveries += 1
                 late = self._rng.random() < self._config.delayed_share
-                delay = self._rng.uniform(0.05, self._config.max_delay_seconds) if late else 0.0
                 if late:
                     self.delayed += 1
-                    self._pending += 1
+                delay = self._rng.uniform(0.05, self._config.max_delay_seconds) if late else 0.0
             if late:
-                timer = threading.Timer(delay, self._late, args=(delivery,))
-                timer.daemon = True
-                timer.start()
+                self._later(delay, attempt, retries_left=2)
             else:
-                delivered = self._count(delivery()) and delivered
+                delivered = self._run(attempt, retries_left=2) and delivered
         return delivered
 
     @contextmanager
     def invocation(self, function_name: str) -> Iterator[None]:
         try:
-            with self._crashes.invocation(function_name):
+            with (
+                self._one_intake_at_a_time
+                if function_name in _SHARING_IDEMPOTENCY
+                else contextlib.nullcontext(),
+                self._crashes.invocation(function_name),
+            ):
                 yield
         except Exception as exc:
             with self._lock:
                 self.errors[f"{function_name}: {type(exc).__name__}: {str(exc)[:160]}"] += 1
             raise
 
-    def _late(self, delivery: Callable[[], bool]) -> None:
+    def _run(self, attempt: Callable[[], bool], retries_left: int) -> bool:
+        if attempt():
+            return True
+        if retries_left == 0:
+            with self._lock:
+                self.dropped += 1
+            return False
+        with self._lock:
+            self.retried += 1
+        # Lambda waits a minute before the first retry and two before the second.
+        wait = self._config.schedule_period_seconds * (3 - retries_left)
+        self._later(wait, attempt, retries_left - 1)
+        return False
+
+    def _later(self, delay: float, attempt: Callable[[], bool], retries_left: int) -> None:
+        with self._lock:
+            self._pending += 1
+        timer = threading.Timer(delay, self._run_later, args=(attempt, retries_left))
+        timer.daemon = True
+        timer.start()
+
+    def _run_later(self, attempt: Callable[[], bool], retries_left: int) -> None:
         try:
             with self._lock:
                 closed = self._closed
             if not closed:
                 with acting_as(CONTROL_PLANE):
-                    self._count(delivery())
+                    self._run(attempt, retries_left)
         finally:
             with self._lock:
                 self._pending -= 1
                 self._lock.notify_all()
-
-    def _count(self, delivered: bool) -> bool:
-        if not delivered:
-            with self._lock:
-                self.dropped += 1
-        return delivered
 
     @property
     def pending(self) -> int:
@@ -222,10 +267,11 @@ class ChaoticDelivery:
             return self._pending
 
     def close(self, timeout: float) -> None:
-        """No more late deliveries; wait for those running now."""
+        """Give late deliveries and retries up to `timeout` to run; drop those still pending
+        then (the account is about to go)."""
         with self._lock:
-            self._closed = True
             self._lock.wait_for(lambda: self._pending == 0, timeout)
+            self._closed = True
 
 
 @dataclass
@@ -247,14 +293,17 @@ class Ec2Ledger:
         self.terminated: dict[str, float] = {}
 
     def hooks(self) -> list[HookSpec]:
+        # First among the after-call hooks: the crash injector raises in one, and a launch that
+        # happened is on record whatever the handler does next.
+        first = botocore.handlers.REGISTER_FIRST
         return [
             ("before-parameter-build.ec2.CreateFleet", self._note_job),
             ("before-parameter-build.ec2.RunInstances", self._note_job),
             ("before-parameter-build.ec2.CreateTags", self._note_job),
-            ("after-call.ec2.CreateFleet", self._fleet),
-            ("after-call.ec2.RunInstances", self._reservation),
-            ("after-call.ec2.CreateTags", self._claim),
-            ("after-call.ec2.TerminateInstances", self._termination),
+            ("after-call.ec2.CreateFleet", self._fleet, first),
+            ("after-call.ec2.RunInstances", self._reservation, first),
+            ("after-call.ec2.CreateTags", self._claim, first),
+            ("after-call.ec2.TerminateInstances", self._termination, first),
         ]
 
     @staticmethod
@@ -280,9 +329,8 @@ class Ec2Ledger:
         ids = [instance["InstanceId"] for instance in parsed.get("Instances", [])]
         self._record(context, str(parsed.get("ReservationId", "")), ids)
 
-    def _claim(
-        self, http_response: Any, context: dict[str, Any], **_: Any
-    ) -> None:  # a warm instance tagged for a job
+    def _claim(self, http_response: Any, context: dict[str, Any], **_: Any) -> None:
+        """A warm-pool instance tagged with the job that claimed it: a launch for that job."""
         if http_response.status_code < 300:
             resources = [r for r in context.get("chaos_resources", []) if r.startswith("i-")]
             self._record(context, "tagged:" + ",".join(resources), resources)
@@ -355,19 +403,35 @@ class TwoDispatchers(ScheduleRunner):
         self.rival_passes += 1
 
 
+def _live_instances(ec2: Any) -> list[dict[str, Any]]:
+    """Instances gpufleet launched that are pending or running."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[
+            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
 class _LiveNodes(NodeSimulator):
-    """The node simulator, asking EC2 only for live instances: a long run leaves hundreds of
-    terminated ones, which the simulator skips anyway, and listing them every 0.1 s would take
-    most of the run's CPU."""
+    """The node simulator, looking for new instances among the live ones only, and at most every
+    `WATCH_SECONDS` (it polls every 0.1 s): a long run leaves hundreds of terminated instances,
+    and listing them that often would take a good part of the run's CPU. Boots are noticed a
+    little later; the boot itself takes `boot_seconds`."""
+
+    WATCH_SECONDS = 1.0
+
+    def __init__(self, account: Account, scenario: NodeScenario) -> None:
+        super().__init__(account, scenario)
+        self._listed: tuple[float, list[dict[str, Any]]] = (float("-inf"), [])
 
     def _managed_instances(self) -> list[dict[str, Any]]:
-        response = self._ec2.describe_instances(
-            Filters=[
-                {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                {"Name": "instance-state-name", "Values": ["pending", "running"]},
-            ]
-        )
-        return [i for r in response["Reservations"] for i in r["Instances"]]
+        listed_at, instances = self._listed
+        if time.monotonic() - listed_at >= self.WATCH_SECONDS:
+            instances = _live_instances(self._ec2)
+            self._listed = (time.monotonic(), instances)
+        return instances
 
 
 @contextmanager
@@ -482,13 +546,16 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
     )
     throttling = DynamoThrottling(config.throttle_share, random.Random(f"throttle-{config.seed}"))
     crashes = CrashAfterWrites(
-        config.crash_share, config.crash_max_write, random.Random(f"crash-{config.seed}")
+        config.crash_share,
+        config.crash_max_write,
+        random.Random(f"crash-{config.seed}"),
+        sweep_every=config.crash_sweep_every,
     )
     delivery = ChaoticDelivery(config, random.Random(f"delivery-{config.seed}"), crashes)
-    ledger = Ec2Ledger()
+    ledger = Ec2Ledger(clock=lambda: time.monotonic() - started)
     result = ChaosResult(seed=config.seed, jobs=config.jobs)
     scenario = NodeScenario(
-        boot_seconds=0.2,
+        boot_seconds=config.boot_seconds,
         heartbeat_seconds=60.0,
         metrics_seconds=30.0,  # no GPU alarms in this run: the datapoints only cost CPU
         notice_seconds=1.0,
@@ -499,7 +566,11 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         injected(capacity, throttling, crashes, ledger),
         embedded_account(extra_env=CHAOS_ENV) as account,
     ):
+        # The emulator's own clients (harness and nodes): one per service for the whole run
+        # (boto3 clients are thread-safe); a session per call would take much of a long run's CPU.
+        account.client = functools.cache(account.client)  # type: ignore[method-assign]
         with planned_faults(delivery), acting_as(EMULATOR):
+            ec2 = account.client("ec2")
             store = DynamoJobStore(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
             )
@@ -511,13 +582,12 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
             for job in workload:
                 _submit(account, job)
             say("all submitted")
-            jobs = _wait_until_settled(account, store, nodes, delivery, config, say)
-            result.completed = jobs is not None
+            result.completed = _wait_until_settled(account, store, nodes, delivery, config, say)
             schedule.stop()
             delivery.close(timeout=30)
             jobs = store.list_jobs()
             nodes.stop()
-            result.leaked_instances = nodes.running_instances()
+            result.leaked_instances = [i["InstanceId"] for i in _live_instances(ec2)]
             result.double_launches = {
                 _name_of(jobs, job_id): launches
                 for job_id, launches in ledger.double_launches().items()
@@ -532,6 +602,7 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
     result.faults = {
         "deliveries": delivery.deliveries,
         "delayed_deliveries": delivery.delayed,
+        "retried_deliveries": delivery.retried,
         "dropped_deliveries": delivery.dropped,
         "spot_capacity_errors": capacity.injected,
         "spot_interruptions": len(nodes.interrupted_jobs),
@@ -555,19 +626,23 @@ def _wait_until_settled(
     delivery: ChaoticDelivery,
     config: ChaosConfig,
     say: Callable[[str], None],
-) -> list[Job] | None:
+) -> bool:
     """Poll until every submission has a terminal job, every workflow has ended, no late
-    delivery is pending and no instance runs; None when the run timed out first. Leaked
+    delivery is pending and no instance runs; False when the run timed out first. Leaked
     instances (nothing left to release them) are given a few seconds, then reported."""
     deadline = time.monotonic() + config.timeout_seconds
     quiet_since: float | None = None
-    last_said = 0.0
+    said_at = time.monotonic()
     while time.monotonic() < deadline:
+        time.sleep(1.0)
+        report = time.monotonic() - said_at >= 10
+        if not report and (delivery.pending or _running_executions(account)):
+            continue  # the jobs table (a scan) is read only when it can tell something
         jobs = store.list_jobs()
         terminal = sum(1 for job in jobs if job.status.terminal)
         running = nodes.running_instances()
-        if time.monotonic() - last_said >= 5:
-            last_said = time.monotonic()
+        if report:
+            said_at = time.monotonic()
             say(f"{len(jobs)} jobs, {terminal} terminal, {len(running)} instances running")
         settled = (
             len(jobs) >= config.jobs
@@ -575,14 +650,13 @@ def _wait_until_settled(
             and delivery.pending == 0
             and not _running_executions(account)
         )
-        if settled:
-            quiet_since = quiet_since or time.monotonic()
-            if not running or time.monotonic() - quiet_since > 10:
-                return jobs
-        else:
+        if not settled:
             quiet_since = None
-        time.sleep(1.0)
-    return None
+            continue
+        quiet_since = quiet_since or time.monotonic()
+        if not running or time.monotonic() - quiet_since > 10:
+            return True
+    return False
 
 
 def _running_executions(account: Account) -> bool:
@@ -630,19 +704,21 @@ def _judge(workload: list[ChaosJob], jobs: list[Job], result: ChaosResult) -> No
 
 
 def _with_history(account: Account, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each job with the failed steps of its workflow and the step it is in or ended at: what
-    went wrong where."""
+    """Each job with its workflow: the execution's status (None: there is none), the steps it
+    entered and those that failed: what went wrong where."""
     sfn = account.client("stepfunctions")
     arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
     prefix = arn.replace(":stateMachine:", ":execution:")
     described = []
     for entry in entries:
-        events = []
+        status, events = None, []
         if entry["job_id"] is not None:
+            execution = f"{prefix}:{entry['job_id']}"
             with contextlib.suppress(sfn.exceptions.ExecutionDoesNotExist):
-                events = sfn.get_execution_history(
-                    executionArn=f"{prefix}:{entry['job_id']}", maxResults=1000
-                )["events"]
+                status = sfn.describe_execution(executionArn=execution)["status"]
+                events = sfn.get_execution_history(executionArn=execution, maxResults=1000)[
+                    "events"
+                ]
         failures = [
             f"{details.get('error')}: {str(details.get('cause', ''))[:300]}"
             for event in events
@@ -654,5 +730,5 @@ def _with_history(account: Account, entries: list[dict[str, Any]]) -> list[dict[
         entered = [
             e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
         ]
-        described.append({**entry, "failed_steps": failures, "steps": entered})
+        described.append({**entry, "execution": status, "steps": entered, "failed_steps": failures})
     return described

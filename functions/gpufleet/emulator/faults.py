@@ -21,6 +21,7 @@ import json
 import random
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -135,6 +136,9 @@ _THROTTLES = (
 )
 
 
+_NOWHERE = "https://throttled.invalid/"
+
+
 class DynamoThrottling:
     """Throttle `rate` of the control plane's DynamoDB requests (each attempt is drawn anew, so
     the SDK's retries usually get through, as in AWS)."""
@@ -146,7 +150,7 @@ class DynamoThrottling:
         self.injected = 0
 
     def hooks(self) -> list[HookSpec]:
-        # First: moto answers at `before-send` too, and the first answer wins.
+        # First: moto answers at `before-send` too, and the first answer is the one used.
         return [("before-send.dynamodb", self, botocore.handlers.REGISTER_FIRST)]
 
     def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
@@ -155,14 +159,19 @@ class DynamoThrottling:
         with self._lock:
             if self._rng.random() >= self._rate:
                 return None
+            error_type, message = _THROTTLES[self.injected % len(_THROTTLES)]  # both, in turn
             self.injected += 1
-            error_type, message = self._rng.choice(_THROTTLES)
+        url = request.url
+        # botocore hands the request to every `before-send` handler and uses the first answer:
+        # pointed away from AWS, it is one moto's stubber leaves alone, so a throttled request
+        # never reaches the table, as in DynamoDB.
+        request.url = _NOWHERE
         body = json.dumps({"__type": error_type, "message": message}).encode()
         headers = {
             "Content-Type": "application/x-amz-json-1.0",
             "x-amzn-RequestId": "THROTTLED0000000000000000000000000000000000000000000",
         }
-        return AWSResponse(request.url, 400, headers, _RawBody(body))
+        return AWSResponse(url, 400, headers, _RawBody(body))
 
 
 class HandlerCrashed(Exception):
@@ -181,21 +190,37 @@ _BOOKKEEPING = "gpufleet_chaos_bookkeeping"
 class _Run:
     function_name: str
     crash_after: int | None  # the write after which this run dies; None: it lives
+    # A sweep run: dies after its first kind of write the sweep has not crashed after yet.
+    sweeping: bool = False
     writes: int = 0
 
 
 class CrashAfterWrites:
-    """`rate` of handler runs crash right after their Nth successful write, N drawn from
-    1..`max_write` (a run with fewer writes lives). Writes to the idempotency table do not
-    count: they are Powertools' bookkeeping, whose in-progress record outlives an immediate
-    retry in the emulator, where AWS retries after a minute, when the record has expired."""
+    """Handler runs that die right after one of their writes succeeded.
 
-    def __init__(self, rate: float, max_write: int, rng: random.Random) -> None:
+    - `rate` of runs, N drawn from 1..`max_write` (a run with fewer writes lives);
+    - and a sweep over the kinds of write: every `sweep_every`th run of each function (its
+      1st, then 1 + sweep_every, ...) dies after the first write of a kind (PutItem,
+      CreateFleet, ...) that no sweep has crashed that function after yet. Every kind of write
+      of every handler that runs often enough is then crashed after in every chaos run,
+      whatever the dice say; runs in between are spared by the sweep, so a retry is not
+      crashed again by it. 0 turns the sweep off.
+
+    Writes to the idempotency table do not count: they are Powertools' bookkeeping, whose
+    in-progress record outlives a retry in the emulator (its expiry is the function's real
+    timeout, while the emulator's minutes are seconds)."""
+
+    def __init__(
+        self, rate: float, max_write: int, rng: random.Random, sweep_every: int = 0
+    ) -> None:
         self._rate = rate
         self._max_write = max_write
         self._rng = rng
+        self._sweep_every = sweep_every
         self._lock = threading.Lock()
         self._runs = threading.local()
+        self._runs_of: Counter[str] = Counter()
+        self._swept: dict[str, set[str]] = {}  # function -> operations a sweep crashed after
         self.crashes: list[str] = []  # "function after Operation (write N)"
 
     def hooks(self) -> list[HookSpec]:
@@ -207,21 +232,34 @@ class CrashAfterWrites:
     @contextmanager
     def invocation(self, function_name: str) -> Iterator[None]:
         """One handler run; runs nest (a handler's event can be delivered synchronously)."""
-        with self._lock:
-            dies = self._rng.random() < self._rate
-            crash_after = self._rng.randint(1, self._max_write) if dies else None
+        run = self._plan_run(function_name)
         stack: list[_Run] = self._runs.__dict__.setdefault("stack", [])
-        stack.append(_Run(function_name, crash_after))
+        stack.append(run)
         try:
             yield
         finally:
             stack.pop()
 
+    def _plan_run(self, function_name: str) -> _Run:
+        with self._lock:
+            dies = self._rng.random() < self._rate
+            drawn = self._rng.randint(1, self._max_write)
+            index = self._runs_of[function_name]
+            self._runs_of[function_name] += 1
+            if self._sweep_every and index % self._sweep_every == 0:
+                return _Run(function_name, None, sweeping=True)
+            return _Run(function_name, drawn if dies else None)
+
     def _note_bookkeeping(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
         context[_BOOKKEEPING] = IDEMPOTENCY_TABLE.construct_id in str(params.get("TableName", ""))
 
     def _after_call(
-        self, event_name: str, http_response: Any, context: dict[str, Any], **_: Any
+        self,
+        event_name: str,
+        http_response: Any,
+        parsed: dict[str, Any],
+        context: dict[str, Any],
+        **_: Any,
     ) -> None:
         stack: list[_Run] = getattr(self._runs, "stack", [])
         if not stack or current_actor() != CONTROL_PLANE:
@@ -229,16 +267,24 @@ class CrashAfterWrites:
         run = stack[-1]
         operation = event_name.rsplit(".", 1)[-1]
         if (
-            run.crash_after is None
+            (run.crash_after is None and not run.sweeping)
             or not _WRITES.match(operation)
             or context.get(_BOOKKEEPING)
             or http_response.status_code >= 300
+            # An instant fleet that got no capacity answers 200 and launched nothing.
+            or (operation == "CreateFleet" and not parsed.get("Instances"))
         ):
             return
         run.writes += 1
-        if run.writes == run.crash_after:
-            run.crash_after = None  # one death per run
+        with self._lock:
+            if run.sweeping:
+                swept = self._swept.setdefault(run.function_name, set())
+                if operation in swept:
+                    return
+                swept.add(operation)
+            elif run.writes != run.crash_after:
+                return
+            run.crash_after, run.sweeping = None, False  # one death per run
             what = f"{run.function_name} after {operation} (write {run.writes})"
-            with self._lock:
-                self.crashes.append(what)
-            raise HandlerCrashed(f"injected crash: {what}")
+            self.crashes.append(what)
+        raise HandlerCrashed(f"injected crash: {what}")

@@ -51,9 +51,10 @@ _SERVICE_NAMES = {"sfn": "states", "cloudwatch": "cloudwatch", "eventbridge": "e
 class FaultPlan(Protocol):
     """How a chaos run bends the account's asynchronous plumbing (the default: not at all)."""
 
-    def deliver(self, delivery: Callable[[], bool]) -> bool:
-        """Carry out one asynchronous delivery of an event: call `delivery` (one delivery with
-        Lambda's retries) as often and as late as the plan says."""
+    def deliver(self, attempt: Callable[[], bool]) -> bool:
+        """Carry out one asynchronous delivery of an event: call `attempt` (one run of the
+        function, True when it did not fail) as often and as late as the plan says, retries
+        included."""
         ...
 
     def invocation(self, function_name: str) -> AbstractContextManager[None]:
@@ -356,12 +357,11 @@ def invoke_async(account_id: str, function_arn: str, event: Any) -> bool:
     region = function_arn.split(":")[3]
     function = get_backend(account_id, region).get_function(function_arn)
 
-    def delivery() -> bool:
-        for _attempt in range(3):
-            _output, errored, _logs = function._invoke_lambda(json.dumps(event))
-            if not errored:
-                return True
-        return False
+    def attempt() -> bool:
+        _output, errored, _logs = function._invoke_lambda(json.dumps(event))
+        return not errored
 
     plan = _fault_plan
-    return delivery() if plan is None else plan.deliver(delivery)
+    if plan is not None:
+        return plan.deliver(attempt)
+    return any(attempt() for _attempt in range(3))

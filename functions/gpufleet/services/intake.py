@@ -13,6 +13,9 @@ from gpufleet.ports import ObjectTooLarge, Ports
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 
 ERROR_SUFFIX = ".error.json"
+# S3 refuses keys longer than this (UTF-8 bytes): a spec uploaded under a key that leaves no room
+# for the suffix gets its refusal in the event only.
+MAX_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class IntakeService:
 
     def _reject(self, error: SpecError, source: str, error_key: str | None) -> IntakeOutcome:
         report: dict[str, Any] = {**error.to_dict(), "source": source}
-        if error_key is not None:
+        if error_key is not None and len(error_key.encode()) <= MAX_KEY_BYTES:
             self._ports.objects.put_json(error_key, report)
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, report)
         return IntakeOutcome(job_id=None, error=report)
