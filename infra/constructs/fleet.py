@@ -243,6 +243,23 @@ class Fleet(Construct):
         role.add_to_policy(
             iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[runs])
         )
+        # A stage writes what the next stage reads, under its job's runs/<job>/stages/ prefix.
+        stage_data = bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*/stages/*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="StageData",
+                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=[stage_data],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ListStageData",
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{topology.RUNS_PREFIX}*/stages/*"]}},
+            )
+        )
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadAgentCode",
@@ -272,6 +289,12 @@ class Fleet(Construct):
             nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*"),
             "Run manifests are objects named by job id under runs/; the node reads its own, "
             "and the prefix is the narrowest grant S3 can express for unknown job ids.",
+        )
+        nag.acknowledge_all(
+            policy,
+            nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*/stages/*"),
+            "Stage outputs are written under runs/<job>/stages/ for unknown job ids; the node "
+            "writes there and nowhere else in the bucket.",
         )
         checkpoints = config.checkpoints
         if checkpoints is not None:

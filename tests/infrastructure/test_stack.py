@@ -634,6 +634,11 @@ def test_instance_role(synth: Synth) -> None:
         "StringEquals": {"cloudwatch:namespace": ["CWAgent", "GpuFleet/Jobs"]}
     }
     assert synth.render(by_sid["ReadRuns"]["Resource"]).endswith("/runs/*")
+    # Writes only under runs/<job>/stages/ (what one stage hands the next), lists only there.
+    assert synth.render(by_sid["StageData"]["Resource"]).endswith("/runs/*/stages/*")
+    assert by_sid["ListStageData"]["Condition"] == {
+        "StringLike": {"s3:prefix": ["runs/*/stages/*"]}
+    }
     actions = {a for s in statements for a in synth.actions_of(s)}
     assert actions == {
         "events:PutEvents",
@@ -642,6 +647,9 @@ def test_instance_role(synth: Synth) -> None:
         "logs:PutLogEvents",
         "logs:DescribeLogStreams",
         "s3:GetObject",
+        "s3:PutObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListBucket",
     }
     managed = [synth.render(arn) for arn in synth.props(role["Ref"])["ManagedPolicyArns"]]
     assert managed == ["arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"]

@@ -46,13 +46,6 @@ def test_no_submission_is_lost(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.lost for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="control-plane bug: a Launch that crashes right after CreateFleet is retried by the "
-    "state machine and launches a second fleet, the first one's instances still running until "
-    "Release terminates the job's instances by tag (moto ignores CreateFleet's ClientToken; in "
-    "AWS the token returns the first fleet only while the request is identical)",
-)
 def test_no_job_ever_has_instances_of_two_launches_alive(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.double_launches for seed, r in runs.items()} == {seed: {} for seed in SEEDS}
 
@@ -61,12 +54,6 @@ def test_no_instance_is_left_running(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.leaked_instances for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="control-plane bug: Enqueue retries only Lambda service errors, so a crash of its "
-    "function (after it wrote the queue entry, or published Job Queued) goes to Catch -> "
-    "Release and the job ends FAILED with `HandlerCrashed`, whatever its container would do",
-)
 def test_every_job_ends_as_its_behaviour_implies(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.wrong_status for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 

@@ -129,7 +129,7 @@ def test_failures_and_crashes_lose_no_job_and_leak_no_instance(
     assert result.completed and result.instances_running == 0
     jobs = by_name(result)
     assert jobs["impossible"]["status"] == "FAILED"
-    assert "NoFeasibleOffering" in jobs["impossible"]["failure_reason"]
+    assert "no instance type" in jobs["impossible"]["failure_reason"]
     assert jobs["crashy"]["status"] == "SUCCEEDED"
 
 

@@ -344,12 +344,6 @@ def test_the_container_is_started_from_an_argv_list_never_through_a_shell(
     assert kwargs["env"]["QUOTES"] == "'\"; $PATH `id`"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent bug: the job's env is laid over the docker CLI's own environment (so that "
-    "`-e NAME` finds it), so a spec's PATH decides which `docker` binary the agent (root) "
-    "executes and DOCKER_HOST which daemon it drives; pass the values with --env-file instead",
-)
 def test_the_jobs_env_does_not_change_how_the_agent_runs_docker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -359,3 +353,5 @@ def test_the_jobs_env_does_not_change_how_the_agent_runs_docker(
     _args, kwargs = _start_docker(monkeypatch, run)
     assert kwargs["env"].get("PATH") == "/usr/bin:/bin"
     assert "DOCKER_HOST" not in kwargs["env"]
+    # The container still gets them, as one argv element each.
+    assert "PATH=/tmp/attacker" in _args and "DOCKER_HOST=tcp://attacker.example:2375" in _args

@@ -36,17 +36,30 @@ def container_name(manifest: RunManifest) -> str:
     return f"gpufleet-{manifest.job_id}"
 
 
+# Variables that would change how the docker CLI itself runs (as root) if it inherited them:
+# which binaries it finds, which libraries it loads, which daemon and credentials it uses.
+_CLI_VARIABLES = frozenset(
+    {"PATH", "HOME", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy"}
+)
+
+
+def changes_the_docker_cli(name: str) -> bool:
+    return name in _CLI_VARIABLES or name.startswith(("DOCKER_", "LD_", "BUILDKIT_"))
+
+
 def docker_argv(manifest: RunManifest) -> list[str]:
     """The argv for `docker run`. Environment values are not on the command line: `-e NAME`
-    makes docker read NAME from its own environment, which `run` sets."""
+    makes docker read NAME from its own environment, which `run` sets; the few names that would
+    change how the docker CLI itself runs are given as `-e NAME=VALUE` instead (still one argv
+    element, never through a shell), so the CLI never inherits them."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
     argv = ["docker", "run", "--name", container_name(manifest), "--gpus", "all"]
     argv += ["--network", "host", "--ipc", "host"]
     if manifest.resume and manifest.checkpoint:
         # The job resumes from its checkpoint: its code reads where from the environment.
         argv += ["-e", RESUME_VARIABLE]
-    for name in sorted(manifest.env):
-        argv += ["-e", name]
+    for name, value in sorted(manifest.env.items()):
+        argv += ["-e", f"{name}={value}" if changes_the_docker_cli(name) else name]
     argv += ["--", manifest.image, *manifest.command]
     return argv
 
@@ -67,7 +80,8 @@ class DockerRuntime:
         self._output = output
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
-        env = {**os.environ, **manifest.env}
+        job_env = {k: v for k, v in manifest.env.items() if not changes_the_docker_cli(k)}
+        env = {**os.environ, **job_env}
         if manifest.resume and manifest.checkpoint:
             env[RESUME_VARIABLE] = manifest.checkpoint
         try:

@@ -82,6 +82,7 @@ class LaunchTask(TokenTask):
     plan: dict[str, Any]
     step: int = Field(ge=0)
     attempt: int = Field(ge=0)
+    tries: int = Field(default=0, ge=0)
     admission: dict[str, Any] = Field(default_factory=dict)
 
 

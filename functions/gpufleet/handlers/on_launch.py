@@ -20,7 +20,7 @@ def handler(task: LaunchTask, context: LambdaContext) -> None:
     logger.append_keys(job_id=task.job_id)
     plan = LaunchPlan.model_validate(task.plan)
     failed = lifecycle().launch(
-        task.job_id, plan, task.step, task.attempt, task.task_token, task.admission
+        task.job_id, plan, task.step, task.attempt, task.task_token, task.admission, task.tries
     )
     if failed is not None:
         count(

@@ -121,7 +121,8 @@ class LaunchStepResult(BaseModel):
     """What the Launch task hands back to the state machine's Choice."""
 
     step: int
-    attempt: int
+    attempt: int  # launch calls over the job's life: each gets its own idempotency token
+    tries: int = 0  # launch calls in this run: what the plan's cap counts
     launched: bool = False
     retry_later: bool = False
     give_up: bool = False
@@ -432,13 +433,14 @@ class LifecycleService:
         attempt: int,
         task_token: str,
         admission: Mapping[str, Any] | None = None,
+        tries: int = 0,
     ) -> LaunchStepResult | None:
         """Try one step of the plan (one capacity type over its offerings). The workflow waits
         on `task_token` for the whole run: a launched job parks it with its placement, and the
         node's report completes it; a launch that got no capacity completes it at once with what
         to do next (returned too). `admission` is what the dispatcher said when it admitted the
         job (when it was queued, when admitted)."""
-        result = self._launch(job_id, plan, step, attempt, task_token, admission or {})
+        result = self._launch(job_id, plan, step, attempt, tries, task_token, admission or {})
         if result is not None:
             self._ports.workflow.complete_task(task_token, {"launch": result.model_dump()})
         return result
@@ -449,6 +451,7 @@ class LifecycleService:
         plan: LaunchPlan,
         step: int,
         attempt: int,
+        tries: int,
         task_token: str,
         admission: Mapping[str, Any],
     ) -> LaunchStepResult | None:
@@ -481,6 +484,9 @@ class LifecycleService:
                 ],
             )
         else:
+            # A launch that died between CreateFleet and recording its placement left instances
+            # nobody holds: end them before launching again, so a job never has two fleets.
+            self._ports.fleet.terminate_job_instances(job_id)
             result = self._ports.fleet.launch(
                 LaunchRequest(
                     job_id=job_id,
@@ -513,10 +519,11 @@ class LifecycleService:
             # Admitted: the job holds its share while it waits for capacity.
             job = self._move(job, JobStatus.LAUNCHING, self._admitted_changes(job, admission))
             self._note_launch(job)
-        next_move = plan.after_failure(step, attempt + 1, result.error_category)
+        next_move = plan.after_failure(step, tries + 1, result.error_category)
         return LaunchStepResult(
             step=next_move.step,
             attempt=attempt + 1,
+            tries=tries + 1,
             retry_later=next_move.retry_later,
             give_up=next_move.give_up,
             wait_seconds=max(1, next_move.wait_seconds),
