@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,6 +51,11 @@ class TeamQuota(BaseModel):
     borrow: int = Field(default=0, ge=0, description="GPUs it may borrow from idle quota")
     monthly_budget_usd: float | None = Field(
         default=None, gt=0, description="Spend per calendar month (UTC) before jobs wait"
+    )
+    on_budget: Literal["notify", "checkpoint", "stop"] = Field(
+        default="checkpoint",
+        description="When the month's actual spend passes the budget, the team's running jobs "
+        "are stopped after a checkpoint, stopped at once, or only reported",
     )
 
 

@@ -75,6 +75,9 @@ class DispatcherService:
             and r.job.stop_at <= now
             and self._lifecycle.over_budget(r.job.job_id)
         ]
+        spend = team_spend(ports, policy, now)
+        if full:
+            result.over_budget += self._stop_teams_over_budget(running, spend)
         classes = None if full else [p for p, n in state.waiting.items() if n > 0]
         candidates = (
             [] if classes == [] else ports.queue.candidates(now, policy, self._limit, classes)
@@ -85,7 +88,7 @@ class DispatcherService:
             bookings,
             now,
             policy,
-            team_spend_usd=team_spend(ports, policy, now),
+            team_spend_usd=spend,
         )
         by_id = {c.job.job_id: c for c in candidates}
         for admission in decision.admitted:
@@ -141,6 +144,34 @@ class DispatcherService:
             job.job_id, entry.task_token, {"queued_at": entry.queued_at, "admitted_at": now}
         )
         return True
+
+    def _stop_teams_over_budget(
+        self, running: list[RunningEntry], spend: dict[str, float]
+    ) -> list[str]:
+        """A team whose actual spend this month passed its monthly budget: its running jobs
+        are stopped as its policy says (or only reported), on the schedule's passes."""
+        stopped = []
+        for team, spent in sorted(spend.items()):
+            quota = self._policy.quota(team)
+            budget = quota.monthly_budget_usd
+            if budget is None or spent <= budget:
+                continue
+            jobs = [r.job.job_id for r in running if r.job.team == team and not r.job.draining]
+            if quota.on_budget == "notify":
+                if jobs:
+                    self._ports.notifier.notify(
+                        f"gpufleet: team {team} is over its monthly budget",
+                        f"Team {team} has spent ${spent:.2f} this month, over its budget of "
+                        f"${budget:.2f}; {len(jobs)} of its jobs still run (on_budget: notify).",
+                    )
+                continue
+            what = f"team {team}'s monthly budget of ${budget:.2f} (spent ${spent:.2f})"
+            stopped += [
+                job_id
+                for job_id in jobs
+                if self._lifecycle.stop_for_budget(job_id, what, quota.on_budget)
+            ]
+        return stopped
 
     def _notify_admitted(self, running: list[RunningEntry]) -> None:
         """An admission whose workflow was never told (the dispatcher died in between)."""

@@ -550,21 +550,32 @@ class LifecycleService:
         self._ports.queue.note_launch(job.job_id, round(per_hour, 6), stop_at)
 
     def over_budget(self, job_id: str) -> bool:
-        """A running job's cost reached its budget: tell the operators, and stop it as its spec
-        says (checkpoint then stop, or stop now); either way it ends FAILED."""
+        """A running job's cost reached its own budget: stop it as its spec says."""
+        job = self._ports.jobs.get(job_id)
+        budget = f"its budget of ${job.spec.budget_usd or 0:.2f}"
+        return self.stop_for_budget(job_id, budget, job.spec.on_budget)
+
+    def stop_for_budget(self, job_id: str, budget: str, how: Literal["checkpoint", "stop"]) -> bool:
+        """A running job's cost (or its team's this month) reached `budget`: tell the
+        operators, and stop it, after a checkpoint or at once; either way it ends FAILED."""
         job = self._ports.jobs.get(job_id)
         if job.status.terminal or job.drain_reason == BUDGET:
             return False
         self._ports.notifier.notify(
-            f"gpufleet: job {job.spec.name} reached its budget",
-            f"Job {job_id} ({job.spec.name}, team {job.spec.team}) reached its budget of "
-            f"${job.spec.budget_usd:.2f}; it is stopped "
-            + ("after a checkpoint." if job.spec.on_budget == "checkpoint" else "now."),
+            f"gpufleet: job {job.spec.name} stopped for budget",
+            f"Job {job_id} ({job.spec.name}, team {job.spec.team}) reached {budget}; it is "
+            + ("stopped after a checkpoint." if how == "checkpoint" else "stopped now."),
         )
-        if job.spec.on_budget == "checkpoint":
-            return self.drain(job_id, BUDGET)
+        reason = {"failure_reason": f"stopped: the cost reached {budget}"}
+        if how == "checkpoint":
+            stopping = self.drain(job_id, BUDGET)
+            if stopping:
+                self._ports.jobs.update(job_id, self._now(), reason)
+            return stopping
         self._ports.jobs.update(
-            job_id, self._now(), {"drain_reason": BUDGET, "drain_requested_at": self._now()}
+            job_id,
+            self._now(),
+            {"drain_reason": BUDGET, "drain_requested_at": self._now(), **reason},
         )
         self._ports.fleet.terminate_job_instances(job_id)
         if job.task_token is not None:
@@ -802,7 +813,7 @@ class LifecycleService:
             reason = "released at a checkpoint: its GPUs stayed idle (on_idle: release)"
         elif job.drain_reason == BUDGET:
             status = JobStatus.FAILED
-            reason = f"stopped: its cost reached its budget of ${job.spec.budget_usd or 0:.2f}"
+            reason = job.failure_reason or "stopped: the cost reached its budget"
         return status, reason, exit_code
 
     def _stage_end(self, job: Job, status: JobStatus, end: float | None) -> dict[str, Any]:
