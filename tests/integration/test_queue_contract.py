@@ -269,12 +269,6 @@ def conflict_once(client: Any) -> None:
     client.meta.events.register("before-call.dynamodb.TransactWriteItems", cancel)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DynamoJobQueue.enqueue takes every TransactionCanceledException for 'already "
-    "waiting' and falls back to a plain put: after a TransactionConflict on the shared usage "
-    "item the job waits but is not counted, so event-woken passes skip its class",
-)
 def test_an_enqueue_that_collides_with_another_transaction_still_counts_the_job(
     account: Account,
 ) -> None:
@@ -287,12 +281,6 @@ def test_an_enqueue_that_collides_with_another_transaction_still_counts_the_job(
     assert waiting_by_class(queue.state())[Priority.HIGH] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DynamoJobQueue.remove takes every TransactionCanceledException for 'no longer "
-    "waiting': after a TransactionConflict it answers None while the job still waits, so a "
-    "cancel goes down the running-job path and leaves the job in the queue",
-)
 def test_a_remove_that_collides_with_another_transaction_still_removes_the_job(
     account: Account,
 ) -> None:

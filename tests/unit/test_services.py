@@ -314,14 +314,16 @@ def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
     moves = [result]
     while not result.give_up:
         token = f"launch-{len(moves)}"
-        result = service.launch(job_id, plan, result.step, result.attempt, task_token=token)
+        result = service.launch(
+            job_id, plan, result.step, result.attempt, task_token=token, tries=result.tries
+        )
         assert result is not None
         assert cast(RecordingWorkflow, ports.workflow).completed[token]["launch"]["give_up"] is (
             result.give_up
         )
         moves.append(result)
     assert any(m.retry_later for m in moves)
-    assert result.give_up and result.attempt == SETTINGS.max_launch_attempts
+    assert result.give_up and result.tries == SETTINGS.max_launch_attempts
     summary = service.release(job_id, {"launch": result.model_dump()})["outcome"]
     assert summary["status"] == "FAILED"
     assert "no capacity" in summary["failure_reason"]

@@ -17,7 +17,7 @@ from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
-from gpufleet.services.lifecycle import cost_report
+from gpufleet.services.reports import job_detail
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     DETAIL_JOB_REJECTED,
@@ -295,27 +295,12 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
 
 
 def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
-    placement = job.placement
+    """What `gpufleet status` says of the job, and what only the emulator can tell: whether
+    its node resumed from a checkpoint."""
     return {
-        "id": job.job_id,
-        "name": job.spec.name,
-        "team": job.spec.team,
-        "priority": job.spec.priority.value,
-        "status": job.status.value,
-        "instance_type": placement.instance_type if placement else None,
-        "capacity_type": placement.capacity_type if placement else None,
-        **cost_report(job),
-        "failure_reason": job.failure_reason,
-        "preemptions": job.total("preemptions"),
-        "interruptions": job.total("interruptions"),
-        "retries": job.total("retries"),
-        "ondemand_fallback": job.ondemand_fallback,
-        "flags": job.flags,
+        **job_detail(job),
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
-        # A multi-stage job's stages, in order: where each ran, what it cost (they add up to
-        # cost_usd); empty for other jobs.
-        "stages": job.stage_summaries(),
     }
 
 

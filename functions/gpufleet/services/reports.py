@@ -59,13 +59,16 @@ def job_detail(job: Job) -> dict[str, Any]:
         "waited_seconds": round(job.waited_seconds, 3),
         **cost_report(job),
         "attempts": job.attempts,
-        "retries": job.retries,
-        "interruptions": job.interruptions,
-        "preemptions": job.preemptions,
+        "retries": job.total("retries"),
+        "interruptions": job.total("interruptions"),
+        "preemptions": job.total("preemptions"),
         "ondemand_fallback": job.ondemand_fallback,
         "exit_code": job.exit_code,
         "failure_reason": job.failure_reason,
         "flags": list(job.flags),
+        # A multi-stage job's stages, in order: where each ran, what it cost (they add up to
+        # cost_usd); empty for other jobs.
+        "stages": job.stage_summaries(),
     }
 
 

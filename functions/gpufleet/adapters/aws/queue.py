@@ -20,6 +20,8 @@ add and remove waiting jobs) let a pass skip the streams of empty classes.
 from __future__ import annotations
 
 import heapq
+import random
+import time
 import zlib
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -40,6 +42,8 @@ from gpufleet.ports import AdmissionLimits, QueueEntry, QueueState, RunningEntry
 # Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
 # pass costs only shards x 4 classes small queries.
 SHARDS = 2
+# Tries of a transaction that collided with another on the same item, with jittered backoff.
+_CONFLICT_RETRIES = 5
 PAGE = 25
 _STATE = "state"
 _RUNNING = "running#"
@@ -150,24 +154,34 @@ class DynamoJobQueue:
     def enqueue(self, entry: QueueEntry) -> None:
         # A requeued job keeps its submission time, so its key (and place) are the same.
         item = _entry_item(entry)
-        try:
-            self._client.transact_write_items(
-                TransactItems=[
-                    {
-                        "Put": {
-                            "TableName": self._table,
-                            "Item": item,
-                            "ConditionExpression": "attribute_not_exists(pk)",
-                        }
-                    },
-                    self._count_waiting(entry.job.priority, +1),
-                ]
-            )
-        except ClientError as exc:
-            if _code(exc) != "TransactionCanceledException":
-                raise
+        put = {
+            "TableName": self._table,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        if not self._transact([{"Put": put}, self._count_waiting(entry.job.priority, +1)]):
             # Already waiting (a repeated step): only its token changes, not the count.
             self._client.put_item(TableName=self._table, Item=item)
+
+    def _transact(self, items: list[dict[str, Any]]) -> bool:
+        """One transaction; False when a condition of it failed. A transaction that collided
+        with another on the same item (the shared usage item) is tried again: it says nothing
+        about the conditions."""
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self._client.transact_write_items(TransactItems=items)
+            except ClientError as exc:
+                if _code(exc) != "TransactionCanceledException":
+                    raise
+                reasons = exc.response.get("CancellationReasons", [])
+                codes = {r.get("Code") for r in reasons}
+                if "TransactionConflict" in codes and "ConditionalCheckFailed" not in codes:
+                    # Milliseconds, as the SDK backs off on throttling: not a wait for work.
+                    time.sleep(random.uniform(0, 0.05 * 2**attempt))
+                    continue
+                return False
+            return True
+        raise QueueContended(f"the queue stayed contended over {_CONFLICT_RETRIES} tries")
 
     def _count_waiting(self, priority: Priority, change: int) -> dict[str, Any]:
         return {
@@ -253,23 +267,15 @@ class DynamoJobQueue:
             ExpressionAttributeValues={":pk": _s(shard_of(job_id)), ":job": _s(job_id)},
         ):
             entry = _entry(item)
-            try:
-                self._client.transact_write_items(
-                    TransactItems=[
-                        {
-                            "Delete": {
-                                "TableName": self._table,
-                                "Key": {"pk": item["pk"], "sk": item["sk"]},
-                                "ConditionExpression": "attribute_exists(pk)",
-                            }
-                        },
-                        self._count_waiting(entry.job.priority, -1),
-                    ]
-                )
-            except ClientError as exc:
-                if _code(exc) == "TransactionCanceledException":
-                    return None  # admitted or removed by someone else meanwhile
-                raise
+            delete = {
+                "TableName": self._table,
+                "Key": {"pk": item["pk"], "sk": item["sk"]},
+                "ConditionExpression": "attribute_exists(pk)",
+            }
+            if not self._transact(
+                [{"Delete": delete}, self._count_waiting(entry.job.priority, -1)]
+            ):
+                return None  # admitted or removed by someone else meanwhile
             return entry
         return None
 
@@ -337,13 +343,7 @@ class DynamoJobQueue:
             team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
             team_update["ExpressionAttributeValues"][":room"] = _n(limits.team_gpus - job.gpus)
         items.append({"Update": team_update})
-        try:
-            self._client.transact_write_items(TransactItems=items)
-        except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
-                return False
-            raise
-        return True
+        return self._transact(items)
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
         values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
@@ -380,51 +380,45 @@ class DynamoJobQueue:
         return True
 
     def release(self, job_id: str) -> bool:
-        try:
-            response = self._client.get_item(
-                TableName=self._table,
-                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
-                ConsistentRead=True,
-            )
-            item = response.get("Item")
-            if item is None:
-                return False
-            gpus, instances = int(item["gpus"]["N"]), int(item["instances"]["N"])
-            self._client.transact_write_items(
-                TransactItems=[
-                    {
-                        "Delete": {
-                            "TableName": self._table,
-                            "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
-                            "ConditionExpression": "attribute_exists(pk)",
-                        }
-                    },
-                    {
-                        "Update": {
-                            "TableName": self._table,
-                            "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
-                            "UpdateExpression": "ADD gpus :gpus, instances :instances",
-                            "ExpressionAttributeValues": {
-                                ":gpus": _n(-gpus),
-                                ":instances": _n(-instances),
-                            },
-                        }
-                    },
-                    {
-                        "Update": {
-                            "TableName": self._table,
-                            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + item["team"]["S"])},
-                            "UpdateExpression": "ADD gpus :gpus",
-                            "ExpressionAttributeValues": {":gpus": _n(-gpus)},
-                        }
-                    },
-                ]
-            )
-        except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
-                return False  # released by someone else in the meantime
-            raise
-        return True
+        response = self._client.get_item(
+            TableName=self._table,
+            Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+            ConsistentRead=True,
+        )
+        item = response.get("Item")
+        if item is None:
+            return False
+        gpus, instances = int(item["gpus"]["N"]), int(item["instances"]["N"])
+        return self._transact(
+            [
+                {
+                    "Delete": {
+                        "TableName": self._table,
+                        "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+                        "ConditionExpression": "attribute_exists(pk)",
+                    }
+                },
+                {
+                    "Update": {
+                        "TableName": self._table,
+                        "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
+                        "UpdateExpression": "ADD gpus :gpus, instances :instances",
+                        "ExpressionAttributeValues": {
+                            ":gpus": _n(-gpus),
+                            ":instances": _n(-instances),
+                        },
+                    }
+                },
+                {
+                    "Update": {
+                        "TableName": self._table,
+                        "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + item["team"]["S"])},
+                        "UpdateExpression": "ADD gpus :gpus",
+                        "ExpressionAttributeValues": {":gpus": _n(-gpus)},
+                    }
+                },
+            ]
+        )  # False: released by someone else in the meantime
 
     # -- bookings ------------------------------------------------------------------------------
 
@@ -455,6 +449,10 @@ def _booking(item: dict[str, Any]) -> Booking:
         start=float(item["start"]["N"]),
         end=float(item["end"]["N"]),
     )
+
+
+class QueueContended(Exception):
+    """Transactions kept colliding: the caller (a Lambda) fails and is retried."""
 
 
 def _code(exc: ClientError) -> str:
