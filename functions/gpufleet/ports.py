@@ -102,7 +102,9 @@ class AdmissionLimits:
 
 class JobQueue(Protocol):
     def enqueue(self, entry: QueueEntry) -> None:
-        """Put a job in the queue (again, with a new token, if it is already there)."""
+        """Put a job in the queue (again, with a new token, if it is already there). A job
+        already admitted (under the token of an attempt of this step that crashed) keeps its
+        admission, which now belongs to this token, not yet told."""
         ...
 
     def candidates(

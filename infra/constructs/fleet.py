@@ -351,7 +351,7 @@ def _agent_bootstrap(
         f"AWS_REGION={region}",
         f"{topology.ENV_EVENT_BUS}={bus_name}",
         f"{topology.ENV_INTAKE_BUCKET}={bucket_name}",
-        f"GPUFLEET_AGENT_LOG_GROUP={log_group}",
+        f"{topology.ENV_AGENT_LOG_GROUP}={log_group}",
         "ENV",
         "if python3 -c 'import boto3' 2>/dev/null; then",
         f'  ln -sf "$(command -v python3)" {python}',

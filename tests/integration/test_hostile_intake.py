@@ -19,10 +19,9 @@ from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.job import Job
 from gpufleet.domain.spec import MAX_REPORTED_FIELDS, MAX_SPEC_BYTES
 from gpufleet.emulator.account import Account
+from gpufleet.emulator.demo import RejectionObserver
 from gpufleet.emulator.patches import CONTROL_PLANE, current_actor
 from gpufleet.topology import (
-    CONTROL_PLANE_SOURCE,
-    DETAIL_JOB_REJECTED,
     DETAIL_JOB_SUBMITTED,
     INTAKE_FROM_EVENT,
     INTAKE_FROM_S3,
@@ -43,43 +42,6 @@ BILLION_LAUGHS = "\n".join(
     ]
 ).encode()
 MAX_S3_KEY_BYTES = 1024
-
-
-class Rejections:
-    """An SQS queue subscribed to the control plane's `Job Rejected` events."""
-
-    def __init__(self, account: Account) -> None:
-        self._sqs = account.client("sqs")
-        self._url = self._sqs.create_queue(QueueName="hostile-rejections")["QueueUrl"]
-        arn = self._sqs.get_queue_attributes(QueueUrl=self._url, AttributeNames=["QueueArn"])[
-            "Attributes"
-        ]["QueueArn"]
-        events = account.client("events")
-        events.put_rule(
-            Name="hostile-rejections",
-            EventBusName=account.bus,
-            EventPattern=json.dumps(
-                {"source": [CONTROL_PLANE_SOURCE], "detail-type": [DETAIL_JOB_REJECTED]}
-            ),
-        )
-        events.put_targets(
-            Rule="hostile-rejections",
-            EventBusName=account.bus,
-            Targets=[{"Id": "q", "Arn": arn}],
-        )
-        self._seen: list[dict[str, Any]] = []
-
-    def of(self, source: str) -> list[dict[str, Any]]:
-        while True:
-            messages = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10).get(
-                "Messages", []
-            )
-            if not messages:
-                break
-            for message in messages:
-                self._seen.append(json.loads(message["Body"])["detail"])
-                self._sqs.delete_message(QueueUrl=self._url, ReceiptHandle=message["ReceiptHandle"])
-        return [r for r in self._seen if r.get("source") == source]
 
 
 class LaunchRequests:
@@ -146,8 +108,8 @@ def store(account: Account) -> DynamoJobStore:
 
 
 @pytest.fixture(scope="module")
-def rejections(account: Account) -> Rejections:
-    return Rejections(account)
+def rejections(account: Account) -> RejectionObserver:
+    return RejectionObserver(account, "hostile-rejections")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -251,7 +213,7 @@ UPLOADS = [
 def test_a_hostile_upload_is_refused_with_a_report_and_nothing_else(
     account: Account,
     store: DynamoJobStore,
-    rejections: Rejections,
+    rejections: RejectionObserver,
     key: str,
     body: bytes,
     message: str,
@@ -291,7 +253,7 @@ def test_a_traversal_key_writes_nothing_outside_the_intake_prefix(account: Accou
 
 @pytest.mark.usefixtures("no_handler_errors")
 def test_a_refused_upload_at_the_longest_key_is_still_reported(
-    account: Account, store: DynamoJobStore, rejections: Rejections
+    account: Account, store: DynamoJobStore, rejections: RejectionObserver
 ) -> None:
     # The report cannot be written next to a spec whose key is near S3's 1024 bytes (the module
     # makes moto refuse longer keys, as S3 does); the event still says why it was refused.
@@ -340,7 +302,11 @@ DETAILS = [
 @pytest.mark.usefixtures("no_handler_errors")
 @pytest.mark.parametrize(("detail", "message"), DETAILS)
 def test_a_hostile_event_is_refused_with_a_rejection_and_nothing_else(
-    account: Account, store: DynamoJobStore, rejections: Rejections, detail: Any, message: str
+    account: Account,
+    store: DynamoJobStore,
+    rejections: RejectionObserver,
+    detail: Any,
+    message: str,
 ) -> None:
     source = _submit_event(account, detail)
     [event] = rejections.of(source)
@@ -353,7 +319,7 @@ def test_a_hostile_event_is_refused_with_a_rejection_and_nothing_else(
 @pytest.mark.usefixtures("no_handler_errors")
 @pytest.mark.parametrize("detail", [[1, 2], "rm -rf /", None, 7], ids=str)
 def test_an_event_whose_detail_is_not_a_mapping_is_refused(
-    account: Account, store: DynamoJobStore, rejections: Rejections, detail: Any
+    account: Account, store: DynamoJobStore, rejections: RejectionObserver, detail: Any
 ) -> None:
     # EventBridge only carries objects as detail; the function is invoked directly, as a
     # misbehaving caller with lambda:InvokeFunction could.

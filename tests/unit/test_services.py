@@ -332,7 +332,10 @@ def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
 
 def test_a_terminal_job_cannot_be_revived() -> None:
     service, ports, job_id = lifecycle_with_job()
-    assert service.release(job_id, {"error": {"Error": "Boom"}})["outcome"]["status"] == "FAILED"
+    assert (
+        service.release(job_id, {"error": {"Error": "NoFeasibleOffering"}})["outcome"]["status"]
+        == "FAILED"
+    )
     with pytest.raises(IllegalTransition):
         ports.jobs.transition(job_id, JobStatus.RUNNING, 0.0)
     gave_up = service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token="token")

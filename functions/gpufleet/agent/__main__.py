@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import boto3
 
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, Imds, NvidiaSmi, S3Manifests
-from gpufleet.agent.docker import DockerRuntime
+from gpufleet.agent.docker import ContainerLogs, DockerRuntime
 from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, JobMetrics, NodeAgent
+from gpufleet.topology import ENV_AGENT_LOG_GROUP
 
 
 def main() -> int:
@@ -21,11 +23,15 @@ def main() -> int:
     args = parser.parse_args()
     session = boto3.session.Session(region_name=args.region)
     job_metrics = JobMetrics()
+    identity = Imds()
+    # The launch template's environment file names the stack's agent log group.
+    log_group = os.environ.get(ENV_AGENT_LOG_GROUP)
+    logs = ContainerLogs(log_group, args.region, identity.instance_id()) if log_group else None
     agent = NodeAgent(
-        identity=Imds(),
+        identity=identity,
         manifests=S3Manifests(session.client("s3"), args.bucket),
         reporter=EventBridgeReporter(session.client("events"), args.bus),
-        runtime=DockerRuntime(output=job_metrics.feed),
+        runtime=DockerRuntime(output=job_metrics.feed, logs=logs),
         heartbeat_seconds=args.heartbeat_seconds,
         gpu_probe=NvidiaSmi(),
         metrics=CloudWatchMetrics(session.client("cloudwatch")),

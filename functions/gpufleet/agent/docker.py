@@ -2,7 +2,9 @@
 
 The container's stdout passes through the agent line by line (on to the agent's own stdout, the
 journal), so that the lines the job prints for gpufleet (`GPUFLEET_METRIC ...`) reach `output`.
-Its stderr is left alone.
+Its stderr is left alone. With `ContainerLogs`, Docker's awslogs driver also ships stdout and
+stderr to the agent log group, one stream per job and instance (what `gpufleet logs` reads);
+Docker keeps a local copy too (dual logging), which `docker logs` reads after an exit.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO
 
 from gpufleet.agent.node import RunManifest, RunOutcome
+from gpufleet.topology import agent_log_stream
 
 RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
 # What PyTorch, TensorFlow, JAX and CUDA libraries print when the GPU runs out of memory.
@@ -47,7 +51,29 @@ def changes_the_docker_cli(name: str) -> bool:
     return name in _CLI_VARIABLES or name.startswith(("DOCKER_", "LD_", "BUILDKIT_"))
 
 
-def docker_argv(manifest: RunManifest) -> list[str]:
+@dataclass(frozen=True)
+class ContainerLogs:
+    """Where Docker's awslogs driver sends a container's output."""
+
+    group: str
+    region: str
+    instance_id: str
+
+    def options(self, job_id: str) -> list[str]:
+        stream = agent_log_stream(job_id, self.instance_id)
+        return [
+            "--log-driver",
+            "awslogs",
+            "--log-opt",
+            f"awslogs-region={self.region}",
+            "--log-opt",
+            f"awslogs-group={self.group}",
+            "--log-opt",
+            f"awslogs-stream={stream}",
+        ]
+
+
+def docker_argv(manifest: RunManifest, logs: ContainerLogs | None = None) -> list[str]:
     """The argv for `docker run`. Environment values are not on the command line: `-e NAME`
     makes docker read NAME from its own environment, which `run` sets; the few names that would
     change how the docker CLI itself runs are given as `-e NAME=VALUE` instead (still one argv
@@ -55,6 +81,8 @@ def docker_argv(manifest: RunManifest) -> list[str]:
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
     argv = ["docker", "run", "--name", container_name(manifest), "--gpus", "all"]
     argv += ["--network", "host", "--ipc", "host"]
+    if logs is not None:
+        argv += logs.options(manifest.job_id)
     if manifest.resume and manifest.checkpoint:
         # The job resumes from its checkpoint: its code reads where from the environment.
         argv += ["-e", RESUME_VARIABLE]
@@ -74,10 +102,14 @@ def relay(stream: IO[str], output: Callable[[str], None]) -> None:
 
 class DockerRuntime:
     def __init__(
-        self, grace_seconds: int = 110, output: Callable[[str], None] = lambda _line: None
+        self,
+        grace_seconds: int = 110,
+        output: Callable[[str], None] = lambda _line: None,
+        logs: ContainerLogs | None = None,
     ) -> None:
         self._grace_seconds = grace_seconds
         self._output = output
+        self._logs = logs
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         job_env = {k: v for k, v in manifest.env.items() if not changes_the_docker_cli(k)}
@@ -86,7 +118,7 @@ class DockerRuntime:
             env[RESUME_VARIABLE] = manifest.checkpoint
         try:
             process = subprocess.Popen(  # noqa: S603 - argv list
-                docker_argv(manifest),
+                docker_argv(manifest, self._logs),
                 env=env,
                 stdout=subprocess.PIPE,
                 text=True,

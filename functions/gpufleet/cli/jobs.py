@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet.cli.table import render, render_fields
 from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
-from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery
+from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
 from gpufleet.domain.spec import SpecError, parse_spec
 from gpufleet.topology import INTAKE_PREFIX
 
@@ -153,7 +153,7 @@ class _Upload:
         stack's bucket is versioned, so S3's notification carries one) or, when the
         notification has none (moto's), by the ETag: the first is what AWS gives."""
         markers = [m for m in (self.version_id, self.etag) if m]
-        return [job_id_for_delivery(f"s3://{self.bucket}/{self.key}#{m}") for m in markers]
+        return [job_id_for_delivery(s3_delivery_key(self.bucket, self.key, m)) for m in markers]
 
 
 def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> _Upload:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import uuid
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from gpufleet.cli.target import TargetError, add_target_arguments, resolve
+from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
 
 
 def register(commands: Any) -> None:
@@ -50,29 +49,15 @@ def register(commands: Any) -> None:
     book.set_defaults(run=run_book)
 
 
-def _services(args: argparse.Namespace) -> tuple[Any, Any]:
-    # Imported here: boto3 and the adapters are not needed for --help.
-    from gpufleet.adapters.aws.runtime import aws_ports
-    from gpufleet.services.factory import build_lifecycle
-
-    settings = resolve(args)
-    ports = aws_ports(settings)
-    return settings, (ports, build_lifecycle(ports, settings))
-
-
-def _error(message: str) -> int:
-    print(f"gpufleet: {message}", file=sys.stderr)
-    return 2
-
-
 def run_queue(args: argparse.Namespace) -> int:
     from gpufleet.services.dispatcher import queue_listing
 
     try:
-        settings, (ports, _) = _services(args)
+        connection = connect(args)
+        ports = connection.ports
     except TargetError as exc:
-        return _error(str(exc))
-    rows, bookings = queue_listing(ports, settings.config.queue)
+        return fail(str(exc))
+    rows, bookings = queue_listing(ports, connection.settings.config.queue)
     names = {row.job_id: ports.jobs.get(row.job_id).spec.name for row in rows}
     if args.json:
         document = {
@@ -105,10 +90,9 @@ def run_cancel(args: argparse.Namespace) -> int:
     from gpufleet.services.lifecycle import JobAlreadyEnded
 
     try:
-        _, (_, lifecycle) = _services(args)
-        summary = lifecycle.cancel(args.job_id)
+        summary = connect(args).lifecycle.cancel(args.job_id)
     except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
-        return _error(str(exc))
+        return fail(str(exc))
     print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: {summary['status']}")
     return 0
 
@@ -123,13 +107,13 @@ def run_book(args: argparse.Namespace) -> int:
     try:
         start, end = _parse_time(args.start), _parse_time(args.end)
     except ValueError as exc:
-        return _error(f"bad time: {exc}")
+        return fail(f"bad time: {exc}")
     if end <= start or args.gpus < 1:
-        return _error("a booking needs --gpus >= 1 and --to after --from")
+        return fail("a booking needs --gpus >= 1 and --to after --from")
     try:
-        _, (ports, _) = _services(args)
+        ports = connect(args).ports
     except TargetError as exc:
-        return _error(str(exc))
+        return fail(str(exc))
     booking = Booking(f"b-{uuid.uuid4().hex[:12]}", args.team, args.gpus, start, end)
     ports.queue.book(booking)
     print(json.dumps(asdict(booking)) if args.json else f"booked {booking.booking_id}")
@@ -152,16 +136,16 @@ def run_resize(args: argparse.Namespace) -> int:
         if value is not None
     }
     if not changes:
-        return _error("give at least one of --gpus, --nodes, --gpu-memory-gib")
+        return fail("give at least one of --gpus, --nodes, --gpu-memory-gib")
     try:
-        _, (ports, lifecycle) = _services(args)
-        job = ports.jobs.get(args.job_id)
+        connection = connect(args)
+        job = connection.jobs.get(args.job_id)
         current = job.effective_spec.resources
         resources = type(current).model_validate({**current.model_dump(), **changes})
-        summary = lifecycle.resize(args.job_id, resources)
+        summary = connection.lifecycle.resize(args.job_id, resources)
     except ValidationError as exc:
-        return _error(f"invalid shape: {exc.errors(include_url=False)[0]['msg']}")
+        return fail(f"invalid shape: {exc.errors(include_url=False)[0]['msg']}")
     except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
-        return _error(str(exc))
+        return fail(str(exc))
     print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: resized")
     return 0

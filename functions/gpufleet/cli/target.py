@@ -23,7 +23,8 @@ from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.settings import Settings
 
 if TYPE_CHECKING:
-    from gpufleet.ports import JobStore
+    from gpufleet.ports import JobStore, Ports
+    from gpufleet.services.lifecycle import LifecycleService
 
 # botocore reads it whenever it builds a client (boto3 >= 1.28), for every service.
 ENV_ENDPOINT_URL = "AWS_ENDPOINT_URL"
@@ -95,10 +96,6 @@ def _environment(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def resolve(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(_environment(args))
-
-
 class Connection:
     """A resolved target: what the everyday commands work with. Only what a command uses is
     built (on first use): a boto3 client costs a tenth of a second or more to build, and these
@@ -114,6 +111,19 @@ class Connection:
         from gpufleet.adapters.aws.job_store import DynamoJobStore
 
         return DynamoJobStore(self.client("dynamodb"), self.settings.jobs_table)
+
+    @cached_property
+    def ports(self) -> Ports:
+        """Every port, for the commands that act on the queue or a job's lifecycle."""
+        from gpufleet.adapters.aws.runtime import aws_ports
+
+        return aws_ports(self.settings)
+
+    @cached_property
+    def lifecycle(self) -> LifecycleService:
+        from gpufleet.services.factory import build_lifecycle
+
+        return build_lifecycle(self.ports, self.settings)
 
     def client(self, service: str) -> Any:
         """A boto3 client for what no port covers (uploading a spec, reading logs)."""

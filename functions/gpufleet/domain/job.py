@@ -64,6 +64,12 @@ class JobNotFound(Exception):
         self.job_id = job_id
 
 
+def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
+    """Names one upload of a spec: its object and a marker of that upload (the object version,
+    S3's sequencer or the ETag)."""
+    return f"s3://{bucket}/{key}#{marker}"
+
+
 def job_id_for_delivery(delivery_key: str) -> str:
     """A job id derived from the delivery that carried the spec.
 

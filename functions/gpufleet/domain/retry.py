@@ -3,8 +3,10 @@
 A run that was stopped to make room (preempted, reclaimed) is always requeued: it checkpointed
 and lost nothing. A run cut short by a spot interruption is requeued too, up to a cap, and is
 not a failure. A failed run (non-zero exit code, lost node) is retried up to the spec's
-`max_retries`, unless its exit code says retrying is pointless. Exceeding the job's own timeout
-or running out of launch attempts is final.
+`max_retries`, unless its exit code says retrying is pointless. So is a job whose control-plane
+step kept failing (a handler that crashed through all of the workflow's own retries): the fault
+was not the job's. Exceeding the job's own timeout, running out of launch attempts, or an error
+that says the job cannot run at all is final.
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ MEMORY_LEAK = "memory-leak"
 BUDGET = "budget"
 # A stage of a multi-stage job succeeded: the job goes back to the queue for its next stage.
 NEXT_STAGE = "next-stage"
+
+# Errors a workflow step raises because of the job itself: retrying it would fail the same way.
+JOB_ERRORS = frozenset(
+    {
+        "NoFeasibleOffering",
+        "SpecError",
+        "UnknownTemplate",
+        "JobNotFound",
+        "IllegalTransition",
+        "JobAlreadyEnded",
+        "ObjectTooLarge",
+    }
+)
 
 # A job interrupted this often is probably asking for capacity that keeps being reclaimed.
 DEFAULT_MAX_INTERRUPTIONS = 10
@@ -96,4 +111,7 @@ def after_run(
         )
         if silent and retries_left:
             return Verdict(True, RETRY, "the node was lost: its heartbeats stopped")
+        step_failed = name != "States.Timeout" and name not in JOB_ERRORS
+        if step_failed and retries_left:
+            return Verdict(True, RETRY, f"a control-plane step failed: {name or 'unknown error'}")
     return Verdict(False)

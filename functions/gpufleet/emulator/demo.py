@@ -140,6 +140,7 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
                         (str(name), float(value))
                         for name, value in b.get("prints_metrics", {}).items()
                     ),
+                    until_flagged=bool(b.get("until_flagged", False)),
                 )
                 for job, b in config["jobs"].items()
             },
@@ -157,35 +158,39 @@ SCENARIOS = {
 }
 
 
-class _Observer:
-    """An SQS queue subscribed to the control plane's rejections (emulator-only)."""
+class RejectionObserver:
+    """An SQS queue subscribed to the control plane's `Job Rejected` events (emulator-only)."""
 
-    def __init__(self, account: Account) -> None:
+    def __init__(self, account: Account, name: str = "emulator-observer") -> None:
         self._sqs = account.client("sqs")
-        self._url = self._sqs.create_queue(QueueName="emulator-observer")["QueueUrl"]
+        self._url = self._sqs.create_queue(QueueName=name)["QueueUrl"]
         arn = self._sqs.get_queue_attributes(QueueUrl=self._url, AttributeNames=["QueueArn"])[
             "Attributes"
         ]["QueueArn"]
         events = account.client("events")
         events.put_rule(
-            Name="emulator-observer",
+            Name=name,
             EventBusName=account.bus,
             EventPattern=json.dumps(
                 {"source": [CONTROL_PLANE_SOURCE], "detail-type": [DETAIL_JOB_REJECTED]}
             ),
         )
-        events.put_targets(
-            Rule="emulator-observer", EventBusName=account.bus, Targets=[{"Id": "q", "Arn": arn}]
-        )
+        events.put_targets(Rule=name, EventBusName=account.bus, Targets=[{"Id": "q", "Arn": arn}])
         self.rejections: list[dict[str, Any]] = []
 
     def poll(self) -> None:
-        messages = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10).get(
+        """Take every rejection delivered so far."""
+        while messages := self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10).get(
             "Messages", []
-        )
-        for message in messages:
-            self.rejections.append(json.loads(message["Body"])["detail"])
-            self._sqs.delete_message(QueueUrl=self._url, ReceiptHandle=message["ReceiptHandle"])
+        ):
+            for message in messages:
+                self.rejections.append(json.loads(message["Body"])["detail"])
+                self._sqs.delete_message(QueueUrl=self._url, ReceiptHandle=message["ReceiptHandle"])
+
+    def of(self, source: str) -> list[dict[str, Any]]:
+        """The rejections delivered so far of submissions from `source`."""
+        self.poll()
+        return [r for r in self.rejections if r.get("source") == source]
 
 
 def _submit(account: Account, submission: Submission) -> None:
@@ -227,7 +232,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             store = DynamoJobStore(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
             )
-            observer = _Observer(account)
+            observer = RejectionObserver(account)
             nodes = NodeSimulator(account, scenario.nodes)
             nodes.start()
             scheduler = ScheduleRunner(account)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, S3Manifests
 from gpufleet.agent.node import JOB_METRIC_PREFIX, JobMetrics, NodeAgent, RunManifest, RunOutcome
 from gpufleet.domain.catalog import load_bundled
@@ -20,6 +21,7 @@ from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.topology import (
     DETAIL_SPOT_WARNING,
     DETAIL_STATE_CHANGE,
+    JOBS_TABLE,
     RUNS_PREFIX,
     TAG_JOB_ID,
     TAG_MANAGED,
@@ -50,6 +52,14 @@ class Behaviour:
     gpu_memory_growth_mib_per_second: float = 0.0
     # What the job's code prints for gpufleet while it runs: `GPUFLEET_METRIC name=value`.
     prints_metrics: tuple[tuple[str, float], ...] = ()
+    # A run does not end on its own before gpufleet has flagged the job: the misbehaviour
+    # (idle GPUs, a leak, too few samples/s) lasts until an alarm has acted on it, as it
+    # would for hours on a real node, however slowly a loaded machine runs the emulator.
+    until_flagged: bool = False
+
+
+# How long a run held `until_flagged` waits at most before it ends unflagged.
+FLAG_WAIT_SECONDS = 120.0
 
 
 @dataclass
@@ -134,9 +144,11 @@ class SimulatedRuntime:
         scenario: NodeScenario,
         resumed: set[str],
         log: ContainerLog,
+        flagged: Callable[[str], bool],
         output: Callable[[str], None] = lambda _line: None,
     ) -> None:
         self._ec2 = ec2
+        self._flagged = flagged
         self._instance_id = instance_id
         self._scenario = scenario
         self.resumed = resumed
@@ -155,8 +167,9 @@ class SimulatedRuntime:
             return RunOutcome(
                 exit_code=1, reason="torch.OutOfMemoryError: CUDA out of memory", oom=True
             )
-        deadline = time.monotonic() + min(behaviour.duration_seconds, manifest.timeout_seconds)
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        deadline = started + min(behaviour.duration_seconds, manifest.timeout_seconds)
+        while time.monotonic() < deadline or self._held(behaviour, manifest.job_id, started):
             self._print_metrics(behaviour)
             if stop.wait(0.1):
                 self._log.write("SIGTERM: checkpoint written, exiting")
@@ -167,6 +180,12 @@ class SimulatedRuntime:
             raise NodeVanished(self._instance_id)
         self._log.write(f"training finished, exit code {behaviour.exit_code}")
         return RunOutcome(exit_code=behaviour.exit_code)
+
+    def _held(self, behaviour: Behaviour, job_id: str, started: float) -> bool:
+        if not behaviour.until_flagged or time.monotonic() > started + FLAG_WAIT_SECONDS:
+            return False
+        with acting_as(EMULATOR):
+            return not self._flagged(job_id)
 
     def _print_metrics(self, behaviour: Behaviour) -> None:
         if behaviour.prints_metrics:
@@ -232,6 +251,9 @@ class NodeSimulator:
         self._account = account
         self._scenario = scenario
         self._ec2 = account.client("ec2")
+        self._jobs = DynamoJobStore(
+            account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
+        )
         self._seen: set[str] = set()
         # Jobs whose containers were started to resume from a checkpoint.
         self.resumed: set[str] = set()
@@ -315,6 +337,7 @@ class NodeSimulator:
                     self._scenario,
                     self.resumed,
                     ContainerLog(self._account.client("logs"), job_id, instance_id),
+                    flagged=self._flagged,
                     output=job_metrics.feed,
                 ),
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
@@ -327,6 +350,9 @@ class NodeSimulator:
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
+
+    def _flagged(self, job_id: str) -> bool:
+        return bool(self._jobs.get(job_id).flags)
 
     def _claimed(self, identity: EmulatedIdentity) -> bool:
         """Whether the instance has a job: a warm-pool instance idles until a launch tags it

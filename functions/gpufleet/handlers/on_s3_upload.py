@@ -8,6 +8,7 @@ from aws_lambda_powertools.utilities.idempotency import idempotent_function
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from gpufleet.domain.job import s3_delivery_key
 from gpufleet.handlers.common import IDEMPOTENCY, idempotency_store, intake, logger, metrics, tracer
 from gpufleet.handlers.models import Delivery, S3Notification
 from gpufleet.services.intake import describe, is_error_report
@@ -43,7 +44,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         # fallback, so re-uploading identical bytes to the same key counts as the same delivery.
         marker = obj.versionId or obj.sequencer or obj.eTag or ""
         delivery = Delivery(
-            delivery_key=f"s3://{bucket}/{key}#{marker}",
+            delivery_key=s3_delivery_key(bucket, key, marker),
             source=f"s3://{bucket}/{key}",
             object_key=key,
         )

@@ -159,9 +159,37 @@ class DynamoJobQueue:
             "Item": item,
             "ConditionExpression": "attribute_not_exists(pk)",
         }
-        if not self._transact([{"Put": put}, self._count_waiting(entry.job.priority, +1)]):
-            # Already waiting (a repeated step): only its token changes, not the count.
+        not_admitted = {
+            "ConditionCheck": {
+                "TableName": self._table,
+                "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + entry.job.job_id)},
+                "ConditionExpression": "attribute_not_exists(pk)",
+            }
+        }
+        count = self._count_waiting(entry.job.priority, +1)
+        if self._transact([{"Put": put}, not_admitted, count]):
+            return
+        # A repeated step (its earlier attempt crashed after writing): only the token changes.
+        if not self._hand_admission_to(entry):
             self._client.put_item(TableName=self._table, Item=item)
+
+    def _hand_admission_to(self, entry: QueueEntry) -> bool:
+        """The job was admitted under the token of an attempt that crashed, whose workflow no
+        longer waits: the admission is this attempt's now, and the next pass tells it. False
+        when the job was not admitted (it waits)."""
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + entry.job.job_id)},
+                UpdateExpression="SET task_token = :token, notified = :no",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":token": _s(entry.task_token), ":no": {"BOOL": False}},
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
 
     def _transact(self, items: list[dict[str, Any]]) -> bool:
         """One transaction; False when a condition of it failed. A transaction that collided

@@ -324,6 +324,12 @@ class InMemoryJobQueue:
 
     def enqueue(self, entry: QueueEntry) -> None:
         with self._lock:
+            admitted = self._running.get(entry.job.job_id)
+            if admitted is not None:
+                self._running[entry.job.job_id] = RunningEntry(
+                    admitted.job, entry.task_token, notified=False
+                )
+                return
             self._waiting[entry.job.job_id] = entry
 
     def waiting(self) -> list[QueueEntry]:
