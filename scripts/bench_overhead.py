@@ -11,13 +11,10 @@ apart in the README.
 from __future__ import annotations
 
 import argparse
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gpufleet.emulator import patches
 from gpufleet.emulator.demo import DemoScenario, Submission, run_demo
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.emulator.scheduler import ScheduleRunner
@@ -38,8 +35,6 @@ S3_GET = 0.0004 / 1000
 
 _WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
 
-_local = threading.local()
-
 
 @dataclass
 class Counts:
@@ -51,45 +46,12 @@ class Counts:
 
 
 def _count(jobs: int) -> Counts:
-    invocations: Counter[str] = Counter()
-    calls: Counter[str] = Counter()
-    by_function: Counter[str] = Counter()
-    seconds = [0.0]
-
-    original_call = patches.Recorder.count_call
-    original_invocation = patches.Recorder.count_invocation
     original_tick = ScheduleRunner.tick
-    original_resolve = patches._resolve_handler
-
-    def resolve(path: str) -> Any:
-        handler = original_resolve(path)
-
-        def named(event: Any, context: Any) -> Any:
-            _local.function = context.function_name.removeprefix("gpufleet-")
-            return handler(event, context)
-
-        return named
-
-    def count_call(self: patches.Recorder, event_name: str, **kwargs: Any) -> None:
-        if patches.current_actor() == patches.CONTROL_PLANE:
-            _, service, operation = event_name.split(".")[:3]
-            calls[f"{service}.{operation}"] += 1
-            if service == "dynamodb":
-                by_function[f"{getattr(_local, 'function', '?')}:{operation}"] += 1
-        original_call(self, event_name, **kwargs)
-
-    def count_invocation(self: patches.Recorder, invocation: patches.Invocation) -> None:
-        invocations[invocation.function_name.removeprefix("gpufleet-")] += 1
-        seconds[0] += invocation.seconds
-        original_invocation(self, invocation)
 
     def tick(self: ScheduleRunner) -> None:
         """The schedules stay quiet: the happy path needs none of their passes."""
 
-    patches.Recorder.count_call = count_call  # type: ignore[method-assign]
-    patches.Recorder.count_invocation = count_invocation  # type: ignore[method-assign]
     ScheduleRunner.tick = tick  # type: ignore[method-assign]
-    patches._resolve_handler = resolve
     try:
         scenario = DemoScenario(
             name="overhead",
@@ -98,13 +60,18 @@ def _count(jobs: int) -> Counts:
         )
         result = run_demo(scenario)
     finally:
-        patches.Recorder.count_call = original_call  # type: ignore[method-assign]
-        patches.Recorder.count_invocation = original_invocation  # type: ignore[method-assign]
         ScheduleRunner.tick = original_tick  # type: ignore[method-assign]
-        patches._resolve_handler = original_resolve
     if not result.completed or any(j["status"] != "SUCCEEDED" for j in result.jobs):
         raise SystemExit(f"the happy path did not complete: {result.to_json()}")
-    return Counts(invocations, calls, by_function, seconds[0], result.state_transitions)
+    return Counts(
+        invocations=Counter(i.function_name.removeprefix("gpufleet-") for i in result.invocations),
+        calls=Counter(f"{c.service}.{c.operation}" for c in result.calls),
+        dynamodb_by_function=Counter(
+            f"{c.function or '?'}:{c.operation}" for c in result.calls if c.service == "dynamodb"
+        ),
+        seconds=sum(i.seconds for i in result.invocations),
+        transitions=result.state_transitions,
+    )
 
 
 def _dollars_per_1000(counts: Counts, jobs: int) -> dict[str, float]:

@@ -14,7 +14,7 @@ from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, QueuePolicy, RunningJob
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import JobSpec, Priority
 
 
 class Clock(Protocol):
@@ -154,6 +154,10 @@ class JobQueue(Protocol):
 
     def book(self, booking: Booking) -> None: ...
 
+    def first_notice(self, key: str) -> bool:
+        """True the first time it is asked for `key` (a notice to send once, not every pass)."""
+        ...
+
     def bookings(self) -> list[Booking]: ...
 
     def items_read(self) -> int:
@@ -162,8 +166,8 @@ class JobQueue(Protocol):
 
 
 class JobAlarms(Protocol):
-    def create(self, job_id: str, policy: MetricPolicy) -> None:
-        """The job's idle-GPU alarm (on the utilization its node agents publish)."""
+    def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
+        """The alarms of a job with this (effective) spec, on what its nodes publish."""
         ...
 
     def delete(self, job_id: str) -> None: ...

@@ -156,6 +156,8 @@ QUEUE_TABLE = Table(
     partition_key="pk",
     sort_key="sk",
 )
+# The queue table's partition of running jobs, usage counters and bookings.
+QUEUE_STATE_PARTITION = "state"
 TABLES: tuple[Table, ...] = (JOBS_TABLE, IDEMPOTENCY_TABLE, CAPACITY_TABLE, QUEUE_TABLE)
 
 INTAKE_FROM_S3 = Function(
@@ -343,6 +345,8 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     # The reconciler launches the warm pool's instances.
     RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
     METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
+    # Budgets reached (a job's, a team's month) are told to the operators.
+    DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),
 }
 
 

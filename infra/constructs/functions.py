@@ -50,20 +50,20 @@ MANAGED_RESOURCE_CONDITION = {f"aws:ResourceTag/{topology.TAG_MANAGED}": "true"}
 
 
 class Permission(enum.Enum):
-    JOBS = "read and conditionally write job items (no Scan, no DeleteItem)"
     IDEMPOTENCY = "remember deliveries in the idempotency table"
     PUBLISH = "put control-plane events on the gpufleet bus"
     START_WORKFLOW = "start the job lifecycle state machine"
-    TASK_RESPONSE = "complete the lifecycle's waiting task"
+    TASK_RESPONSE = "complete the lifecycle's waiting task (SendTaskSuccess)"
+    TASK_HEARTBEAT = "tell the lifecycle's waiting task that the node is alive"
     INTAKE_OBJECTS = "read specs and write error reports under jobs/"
     WRITE_RUNS = "write run manifests under runs/"
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
-    QUEUE = "read and conditionally write the admission queue, usage counters and bookings"
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
-    ALARMS = "create and delete the per-job GPU alarms (named gpufleet-*)"
+    CREATE_ALARMS = "create the per-job GPU alarms (named gpufleet-*)"
+    DELETE_ALARMS = "delete the per-job GPU alarms (named gpufleet-*)"
     NOTIFY = "publish alerts to the stack's SNS topic"
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
@@ -71,51 +71,88 @@ class Permission(enum.Enum):
 
 P = Permission
 # What each handler calls (see gpufleet.services): the grants follow from it.
+# tests/integration/test_least_privilege.py checks both ways against what the demos call.
 PERMISSIONS: dict[str, frozenset[Permission]] = {
-    # Intake also plans the job's first launch (reading the team's past runs in the jobs table).
     topology.INTAKE_FROM_S3.construct_id: frozenset(
-        {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
+        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
     ),
+    # A spec in an event has no object to read and its refusal goes in an event only.
     topology.INTAKE_FROM_EVENT.construct_id: frozenset(
-        {P.JOBS, P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
+        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW}
     ),
     # Enqueue completes its own task when the job was cancelled meanwhile.
-    topology.ENQUEUE.construct_id: frozenset({P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE}),
+    topology.ENQUEUE.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE}),
     # Dispatch admits (completing the waiting task), asks victims to checkpoint through their
-    # control object under runs/, and stops by force those that overstay the grace period.
+    # control object under runs/, stops by force those that overstay the grace period, and
+    # tells the operators of budgets reached.
     topology.DISPATCH.construct_id: frozenset(
-        {P.JOBS, P.QUEUE, P.PUBLISH, P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE}
+        {P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE, P.NOTIFY}
     ),
-    topology.REQUEUE.construct_id: frozenset({P.JOBS, P.PUBLISH}),
+    topology.REQUEUE.construct_id: frozenset({P.PUBLISH}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
     # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
         {
-            P.JOBS,
             P.PUBLISH,
             P.TASK_RESPONSE,
             P.WRITE_RUNS,
             P.LAUNCH_FLEET,
             P.TERMINATE,
             P.CAPACITY_MEMORY,
-            P.ALARMS,
+            P.CREATE_ALARMS,
         }
     ),
     # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/); an
     # elastic one is resized (its queue entry rewritten), a hot or leaking one alerted (SNS).
-    topology.METRIC_ALARM.construct_id: frozenset(
-        {P.JOBS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.QUEUE}
-    ),
-    topology.NODE_REPORT.construct_id: frozenset({P.JOBS, P.PUBLISH, P.TASK_RESPONSE}),
+    topology.METRIC_ALARM.construct_id: frozenset({P.PUBLISH, P.WRITE_RUNS, P.NOTIFY}),
+    topology.NODE_REPORT.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT}),
     topology.RELEASE.construct_id: frozenset(
-        {P.JOBS, P.TERMINATE, P.QUEUE, P.PUBLISH, P.PLACEMENT_GROUPS, P.ALARMS}
+        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS}
     ),
-    topology.RECONCILE.construct_id: frozenset({P.JOBS, P.TERMINATE, P.PLACEMENT_GROUPS}),
+    topology.RECONCILE.construct_id: frozenset({P.TERMINATE, P.PLACEMENT_GROUPS}),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
     # instance that went away ends the run (completing the waiting task).
     topology.INSTANCE_EVENT.construct_id: frozenset(
-        {P.JOBS, P.TASK_RESPONSE, P.WRITE_RUNS, P.FIND_INSTANCES}
+        {P.TASK_RESPONSE, P.WRITE_RUNS, P.FIND_INSTANCES}
     ),
+}
+# The DynamoDB item operations each function makes, by table (Powertools' idempotency records
+# apart). No function scans; only intake creates a job (a conditional put); a Query on the jobs
+# table is on its indexes (a team's past runs when planning, jobs by status).
+_PLANS = "Query"  # planning reads the team's past runs (and live jobs, with reservations)
+JOBS_ACCESS: dict[str, frozenset[str]] = {
+    topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}),
+    topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}),
+    topology.ENQUEUE.construct_id: frozenset({"GetItem"}),
+    # Team budgets total the month's jobs of each team.
+    topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
+    topology.REQUEUE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
+    topology.LAUNCH.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
+    topology.METRIC_ALARM.construct_id: frozenset({"GetItem", "UpdateItem"}),
+    topology.NODE_REPORT.construct_id: frozenset({"GetItem", "UpdateItem"}),
+    # A stage's run on the previous stage's instances is planned here.
+    topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
+    topology.RECONCILE.construct_id: frozenset({"GetItem"}),
+    topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
+}
+QUEUE_ACCESS: dict[str, frozenset[str]] = {
+    # The entry and its class's count in one transaction, if the job was not admitted.
+    topology.ENQUEUE.construct_id: frozenset({"PutItem", "UpdateItem", "ConditionCheckItem"}),
+    # Reads the state and the candidates; admits (a transaction of Delete, Put and Updates);
+    # marks victims draining; frees the share of a job that ended; notes a notice once.
+    topology.DISPATCH.construct_id: frozenset(
+        {"GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"}
+    ),
+    # A resized job waiting in the queue is taken out and enqueued again.
+    topology.METRIC_ALARM.construct_id: frozenset(
+        {"Query", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
+    ),
+    # Frees the job's share: its running entry, then a transaction of Delete and Updates.
+    topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", "DeleteItem"}),
+}
+# Launch notes the launch's cost on the job's running entry, in the queue's state partition.
+QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
+    topology.LAUNCH.construct_id: frozenset({"UpdateItem"}),
 }
 # Only when the config has a warm pool: Launch claims its instances, Reconcile launches them.
 WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
@@ -234,6 +271,7 @@ class Functions(Construct):
             grants = PERMISSIONS[cid]
             if fleet_config.warm_pool is not None:
                 grants |= WARM_POOL_PERMISSIONS.get(cid, frozenset())
+            self._grant_tables(role, cid)
             self._grant(role, grants)
             nag.acknowledge(
                 function,
@@ -258,41 +296,35 @@ class Functions(Construct):
                 )
             )
         for cid, grants in PERMISSIONS.items():
-            if P.TASK_RESPONSE in grants:
-                self.roles[cid].add_to_policy(
-                    iam.PolicyStatement(
-                        sid="CompleteLifecycleTask",
-                        actions=[
-                            "states:SendTaskSuccess",
-                            "states:SendTaskFailure",
-                            "states:SendTaskHeartbeat",
-                        ],
-                        resources=[arn],
-                    )
+            actions = [
+                action
+                for permission, action in (
+                    (P.TASK_RESPONSE, "states:SendTaskSuccess"),
+                    (P.TASK_HEARTBEAT, "states:SendTaskHeartbeat"),
                 )
+                if permission in grants
+            ]
+            if actions:
+                statement = iam.PolicyStatement(
+                    sid="CompleteLifecycleTask", actions=actions, resources=[arn]
+                )
+                self.roles[cid].add_to_policy(statement)
 
     # -- per-permission statements -------------------------------------------------------------
+    def _grant_tables(self, role: iam.Role, cid: str) -> None:
+        jobs, queue = topology.JOBS_TABLE.construct_id, topology.QUEUE_TABLE.construct_id
+        for sid, table, access, partitions in (
+            ("Jobs", jobs, JOBS_ACCESS, ()),
+            ("AdmissionQueue", queue, QUEUE_ACCESS, ()),
+            ("QueueState", queue, QUEUE_STATE_ACCESS, (topology.QUEUE_STATE_PARTITION,)),
+        ):
+            if cid in access:
+                statement = self._job_store.items_statement(sid, table, access[cid], partitions)
+                role.add_to_policy(statement)
+
     def _grant(self, role: iam.Role, grants: frozenset[Permission]) -> None:
-        jobs = topology.JOBS_TABLE.construct_id
         star_reasons: list[str] = ["X-Ray tracing (xray:PutTraceSegments/PutTelemetryRecords)"]
         wildcards: list[str] = []
-        if P.JOBS in grants:
-            role.add_to_policy(self._job_store.read_write_statement(jobs))
-        if P.QUEUE in grants:
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="AdmissionQueue",
-                    actions=[
-                        "dynamodb:GetItem",
-                        "dynamodb:Query",
-                        "dynamodb:PutItem",
-                        "dynamodb:UpdateItem",
-                        "dynamodb:DeleteItem",
-                        "dynamodb:ConditionCheckItem",
-                    ],
-                    resources=[self._job_store.tables[topology.QUEUE_TABLE.construct_id].table_arn],
-                )
-            )
         if P.CAPACITY_MEMORY in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
@@ -397,11 +429,19 @@ class Functions(Construct):
                     sid="PublishAlerts", actions=["sns:Publish"], resources=[self._alerts.topic_arn]
                 )
             )
-        if P.ALARMS in grants:
+        alarm_actions = [
+            action
+            for permission, action in (
+                (P.CREATE_ALARMS, "cloudwatch:PutMetricAlarm"),
+                (P.DELETE_ALARMS, "cloudwatch:DeleteAlarms"),
+            )
+            if permission in grants
+        ]
+        if alarm_actions:
             role.add_to_policy(
                 iam.PolicyStatement(
                     sid="JobAlarms",
-                    actions=["cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms"],
+                    actions=alarm_actions,
                     resources=[
                         self._stack.format_arn(
                             service="cloudwatch",

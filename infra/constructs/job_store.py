@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 
@@ -54,19 +56,31 @@ class JobStore(Construct):
         spec = self._specs[construct_id]
         return [table.table_arn] + [f"{table.table_arn}/index/{i.name}" for i in spec.indexes]
 
-    def read_write_statement(self, construct_id: str) -> iam.PolicyStatement:
-        """Items of one table: read, conditional write, transactions; no Scan, no delete."""
+    def items_statement(
+        self,
+        sid: str,
+        construct_id: str,
+        actions: Collection[str],
+        leading_keys: Sequence[str] = (),
+    ) -> iam.PolicyStatement:
+        """Some DynamoDB item operations (`GetItem`, `UpdateItem`, ...) on one table, and `Query`
+        on its indexes (on the table itself when it has none); `leading_keys` limits them to
+        those partitions."""
+        table = self.tables[construct_id]
+        indexes = self.table_and_index_arns(construct_id)[1:]
+        resources = [table.table_arn] if set(actions) - {"Query"} or not indexes else []
+        if "Query" in actions:
+            resources += indexes
+        conditions = (
+            {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(leading_keys)}}
+            if leading_keys
+            else None
+        )
         return iam.PolicyStatement(
-            sid=f"ReadWrite{construct_id}",
-            actions=[
-                "dynamodb:GetItem",
-                "dynamodb:BatchGetItem",
-                "dynamodb:Query",
-                "dynamodb:ConditionCheckItem",
-                "dynamodb:PutItem",
-                "dynamodb:UpdateItem",
-            ],
-            resources=self.table_and_index_arns(construct_id),
+            sid=sid,
+            actions=[f"dynamodb:{action}" for action in sorted(actions)],
+            resources=resources,
+            conditions=conditions,
         )
 
     def idempotency_statement(self, construct_id: str) -> iam.PolicyStatement:

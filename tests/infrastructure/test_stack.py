@@ -447,12 +447,16 @@ EXCLUSIVE_ACTIONS = {
     "dynamodb:DeleteItem": {
         "IntakeFromS3",
         "IntakeFromEvent",
-        "Enqueue",
         "Dispatch",
         "Release",
         "MetricAlarm",
     },
-    "s3:GetObject": {"IntakeFromS3", "IntakeFromEvent"},
+    "states:SendTaskHeartbeat": {"NodeReport"},
+    "cloudwatch:PutMetricAlarm": {"Launch"},
+    "cloudwatch:DeleteAlarms": {"Release"},
+    "sns:Publish": {"Dispatch", "MetricAlarm"},
+    # Only the S3 path reads a spec object; a spec in an event is refused in an event.
+    "s3:GetObject": {"IntakeFromS3"},
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
@@ -461,7 +465,6 @@ EXCLUSIVE_ACTIONS = {
         "IntakeFromS3",
         "IntakeFromEvent",
         "Enqueue",
-        "Dispatch",
         "Launch",
         "NodeReport",
         "MetricAlarm",
@@ -491,6 +494,21 @@ def test_no_function_scans_or_deletes_jobs(synth: Synth) -> None:
                 "dynamodb:DeleteItem",
                 "dynamodb:DeleteTable",
             }
+
+
+def test_only_intake_creates_jobs(synth: Synth) -> None:
+    """Every other function updates jobs that exist, under conditions; none can write a whole
+    item over one."""
+    jobs_table = synth.ref_target(topology.JOBS_TABLE.env_var)
+    creators = set()
+    for f in topology.FUNCTIONS:
+        role = synth.role_of_function(f.construct_id)
+        for statement in synth.statements_of_role(role):
+            names = {synth.render(r) for r in synth.resources_of(statement)}
+            on_jobs = any(jobs_table in name for name in names)
+            if on_jobs and "dynamodb:PutItem" in synth.actions_of(statement):
+                creators.add(f.construct_id)
+    assert creators == {"IntakeFromS3", "IntakeFromEvent"}
 
 
 def test_control_plane_events_carry_the_control_plane_source(synth: Synth) -> None:

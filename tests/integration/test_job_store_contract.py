@@ -142,6 +142,17 @@ def test_listing_by_status_is_newest_first(store: JobStore) -> None:
     assert all(j.status is JobStatus.CANCELLED for j in store.list_jobs(JobStatus.CANCELLED))
 
 
+def test_listing_every_status_gives_the_newest_jobs_overall(store: JobStore) -> None:
+    # Newer than any other job of the module, in two statuses, created out of order.
+    jobs = [new_job(created_at=1e10 + t) for t in (3, 1, 5, 2, 4)]
+    for job in jobs:
+        store.put_new(job)
+    for job in jobs[:2]:
+        store.transition(job.job_id, JobStatus.CANCELLED, 1e10)
+    newest = [j.created_at for j in store.list_jobs(limit=4)]
+    assert newest == [1e10 + 5, 1e10 + 4, 1e10 + 3, 1e10 + 2]
+
+
 def test_recent_for_team_is_that_teams_jobs_newest_first(store: JobStore) -> None:
     team = f"team-{next(_counter)}"
     spec = SPEC.model_copy(update={"team": team})

@@ -119,8 +119,8 @@ def test_an_elastic_job_gets_its_alarms_and_the_leak_alarm_is_metric_math(
         "resources: {gpus: 1, nodes: 1, elastic: {max_nodes: 2}}\n"
         "scale_on: {metric: samples_per_second, below: 1000, for_minutes: 1}\n",
     )
-    alarms = CloudWatchAlarms(account.client("cloudwatch"), store)
-    alarms.create(job_id, POLICY)
+    alarms = CloudWatchAlarms(account.client("cloudwatch"))
+    alarms.create(job_id, store.get(job_id).effective_spec, POLICY)
     cloudwatch = account.client("cloudwatch")
     described = {
         a["AlarmName"]: a
@@ -142,7 +142,9 @@ def test_busy_gpus_scale_an_elastic_job_out_through_the_alarm_and_its_event(
     account: Account, store: DynamoJobStore, alarm_events: Callable[[], list[dict[str, Any]]]
 ) -> None:
     job_id = running_job(store, "resources: {gpus: 1, nodes: 1, elastic: {max_nodes: 3}}\n")
-    CloudWatchAlarms(account.client("cloudwatch"), store).create(job_id, POLICY)
+    CloudWatchAlarms(account.client("cloudwatch")).create(
+        job_id, store.get(job_id).effective_spec, POLICY
+    )
     publish(account, job_id, GPU_UTILIZATION_METRIC, [96.0])
     AlarmEvaluator(account).tick()
 
@@ -172,7 +174,9 @@ def test_growing_gpu_memory_alerts_by_sns_and_restarts_the_job(
     sns.subscribe(TopicArn=account.notify_topic_arn, Protocol="sqs", Endpoint=arn)
     leaking, steady = running_job(store), running_job(store)
     for job_id in (leaking, steady):
-        CloudWatchAlarms(account.client("cloudwatch"), store).create(job_id, POLICY)
+        CloudWatchAlarms(account.client("cloudwatch")).create(
+            job_id, store.get(job_id).effective_spec, POLICY
+        )
     publish(account, leaking, GPU_MEMORY_METRIC, [20_000.0, 20_900.0])
     publish(account, steady, GPU_MEMORY_METRIC, [20_000.0, 20_000.0])
     AlarmEvaluator(account).tick()

@@ -227,6 +227,13 @@ def test_a_job_enqueued_again_after_its_admission_hands_the_admission_to_the_new
     assert queue.release("j1") and queue.state().running == []
 
 
+def test_a_notice_is_first_only_once_per_key(queue: JobQueue) -> None:
+    assert queue.first_notice("team-budget#ml#1764547200")
+    assert not queue.first_notice("team-budget#ml#1764547200")
+    assert queue.first_notice("team-budget#ml#1767225600")  # next month: told again
+    assert queue.state().running == [] and queue.waiting() == []  # kept apart from the queue
+
+
 def test_candidates_of_given_classes_come_only_from_those_classes(queue: JobQueue) -> None:
     rng = random.Random(11)
     entries = [

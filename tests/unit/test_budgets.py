@@ -105,4 +105,7 @@ def test_a_team_that_only_wants_to_know_is_told_and_keeps_running() -> None:
     cast(ManualClock, ports.clock).advance(2 * 86400)
     assert dispatcher.run_pass().over_budget == []
     assert not checkpoint_requested(ports, job_id)
-    assert "over its monthly budget" in cast(RecordingNotifier, ports.notifier).sent[0][0]
+    sent = cast(RecordingNotifier, ports.notifier).sent
+    assert "over its monthly budget" in sent[0][0]
+    dispatcher.run_pass()
+    assert len(sent) == 1  # told once, not on every pass

@@ -15,7 +15,7 @@ from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
-from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.patches import EMULATOR, ApiCall, Invocation, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
 from gpufleet.services.reports import job_detail
 from gpufleet.topology import (
@@ -62,6 +62,9 @@ class DemoResult:
     capacity_errors_injected: int = 0
     wall_seconds: float = 0.0
     completed: bool = False
+    # What the control plane did, one by one (the account's Recorder): not part of the JSON.
+    calls: list[ApiCall] = field(default_factory=list)
+    invocations: list[Invocation] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -294,6 +297,8 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             result.instances_running = len(nodes.running_instances())
             result.state_transitions = _state_transitions(account)
         result.api_calls = dict(sorted(account.recorder.api_calls.items()))
+        result.calls = list(account.recorder.calls)
+        result.invocations = list(account.recorder.invocations)
         result.capacity_errors_injected = faults.injected
     result.wall_seconds = time.monotonic() - started
     return result

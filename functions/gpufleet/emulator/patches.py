@@ -10,7 +10,11 @@
    backend's writes are serialized to match.
 4. Who called: control-plane code, the emulator itself, or a simulated node. Each boto3 call is
    counted against the actor on the calling thread, so the demo reports the API calls the
-   control plane made and nothing else.
+   control plane made and nothing else; a call made while a handler runs is also logged
+   against that function, with the parameters that name what it touches (what IAM judges).
+
+Besides, each JSONPath the Step Functions interpreter reads is parsed once, not at every read
+(CPU only: the results are the same).
 
 A `FaultPlan` (see `planned_faults`) can take over the asynchronous deliveries and wrap every
 handler run, for chaos runs: without one, each event is delivered once, on time.
@@ -99,6 +103,53 @@ class Invocation:
     seconds: float
 
 
+# The request parameters that name what a call touches (or tag what it creates: IAM judges
+# `aws:RequestTag` on them), kept as they are.
+_NAMING_PARAMS = (
+    "TableName",
+    "IndexName",
+    "Bucket",
+    "Key",
+    "stateMachineArn",
+    "InstanceIds",
+    "GroupName",
+    "TagSpecifications",
+    "AlarmName",
+    "AlarmNames",
+    "TopicArn",
+)
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One boto3 call of the control plane, with the parameters that name what it touches."""
+
+    function: str | None  # construct id of the function whose handler made it (None: no handler)
+    service: str  # as botocore names it: "dynamodb", "sfn", "eventbridge", ...
+    operation: str  # "PutItem"
+    params: dict[str, Any]
+
+    @property
+    def action(self) -> str:
+        """The IAM action: "states:SendTaskSuccess"."""
+        return f"{_SERVICE_NAMES.get(self.service, self.service)}:{self.operation}"
+
+
+def _naming_params(params: dict[str, Any]) -> dict[str, Any]:
+    kept = {name: params[name] for name in _NAMING_PARAMS if name in params}
+    if "TransactItems" in params:  # each item: {"Put" | "Update" | ...: {"TableName": ...}}
+        kept["TransactItems"] = [
+            {kind: {"TableName": request["TableName"]} for kind, request in item.items()}
+            for item in params["TransactItems"]
+        ]
+    if "Entries" in params:  # PutEvents: IAM judges each entry's bus and source
+        kept["Entries"] = [
+            {name: entry[name] for name in ("EventBusName", "Source") if name in entry}
+            for entry in params["Entries"]
+        ]
+    return kept
+
+
 class Recorder:
     """API calls and Lambda invocations made by the control plane."""
 
@@ -106,16 +157,21 @@ class Recorder:
         self._lock = threading.Lock()
         self.api_calls: Counter[str] = Counter()
         self.invocations: list[Invocation] = []
+        self.calls: list[ApiCall] = []  # those counted in `api_calls`, invocations apart
 
-    def count_call(self, event_name: str, **_: Any) -> None:
+    def count_call(self, event_name: str, params: dict[str, Any] | None = None, **_: Any) -> None:
         # event_name: "before-parameter-build.<service>.<Operation>"
         if current_actor() != CONTROL_PLANE:
             return
-        service = event_name.split(".")[1]
+        service, operation = event_name.split(".")[1:3]
         if service == "lambda":
             return  # Lambda is counted by invocation, which also covers S3 and EventBridge
+        call = ApiCall(
+            getattr(_local, "function", None), service, operation, _naming_params(params or {})
+        )
         with self._lock:
             self.api_calls[_SERVICE_NAMES.get(service, service)] += 1
+            self.calls.append(call)
 
     def count_invocation(self, invocation: Invocation) -> None:
         with self._lock:
@@ -126,6 +182,7 @@ class Recorder:
         with self._lock:
             self.api_calls.clear()
             self.invocations.clear()
+            self.calls.clear()
 
 
 class _LambdaContext:
@@ -195,6 +252,10 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
         buffer = io.StringIO()
         previous_buffer = getattr(_local, "log_buffer", None)
         _local.log_buffer = buffer
+        # Handlers run nested (a handler's PutEvents runs the rule's target on its thread):
+        # the calls belong to the innermost one. Functions are named gpufleet-<construct id>.
+        previous_function = getattr(_local, "function", None)
+        _local.function = self.function_name.removeprefix("gpufleet-")
         errored = False
         plan = _fault_plan
         try:
@@ -216,6 +277,7 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
             buffer.write(traceback.format_exc())
         finally:
             _local.log_buffer = previous_buffer
+            _local.function = previous_function
         recorder.count_invocation(
             Invocation(self.function_name, errored, time.monotonic() - started)
         )
@@ -296,6 +358,14 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
         wait_with_heartbeat,
         undo,
     )
+
+    # moto's Step Functions interpreter parses every JSONPath of every state each time it
+    # reads one, building a new parser each time: much of a busy emulator's CPU. Expressions
+    # are immutable, so each distinct path is parsed once.
+    from jsonpath_ng.ext.parser import parse as parse_json_path
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    _replace(json_path, "parse", functools.lru_cache(maxsize=1024)(parse_json_path), undo)
 
     # moto has no EC2 placement groups: the emulator answers for them.
     from gpufleet.emulator.placement_groups import PlacementGroups

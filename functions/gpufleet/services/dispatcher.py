@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpufleet.domain.cost import spend_this_month_usd
+from gpufleet.domain.cost import month_start, spend_this_month_usd
 from gpufleet.domain.job import JobNotFound
 from gpufleet.domain.queueing import (
     Admission,
@@ -158,7 +158,10 @@ class DispatcherService:
                 continue
             jobs = [r.job.job_id for r in running if r.job.team == team and not r.job.draining]
             if quota.on_budget == "notify":
-                if jobs:
+                # Once a month per team, not on every pass.
+                if jobs and self._ports.queue.first_notice(
+                    f"team-budget#{team}#{int(month_start(self._ports.clock.now()))}"
+                ):
                     self._ports.notifier.notify(
                         f"gpufleet: team {team} is over its monthly budget",
                         f"Team {team} has spent ${spent:.2f} this month, over its budget of "

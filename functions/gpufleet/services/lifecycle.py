@@ -508,7 +508,7 @@ class LifecycleService:
                     "task_token": task_token,
                 }
                 job = self._move(job, JobStatus.LAUNCHING, changes)
-                self._ports.alarms.create(job_id, self._policy.metrics)
+                self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
                 self._note_launch(job)
                 return None
             self._ports.capacity.remember(

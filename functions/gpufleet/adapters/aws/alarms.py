@@ -11,7 +11,7 @@ from typing import Any
 
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.scaling import AlarmKind, AlarmRule, job_alarm_rules
-from gpufleet.ports import JobStore
+from gpufleet.domain.spec import JobSpec
 from gpufleet.topology import ALARM_PREFIX, JOB_DIMENSION, METRICS_NAMESPACE
 
 
@@ -71,12 +71,10 @@ def alarm_parameters(job_id: str, rule: AlarmRule) -> dict[str, Any]:
 
 
 class CloudWatchAlarms:
-    def __init__(self, client: Any, jobs: JobStore) -> None:
+    def __init__(self, client: Any) -> None:
         self._client = client
-        self._jobs = jobs
 
-    def create(self, job_id: str, policy: MetricPolicy) -> None:
-        spec = self._jobs.get(job_id).effective_spec
+    def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
         for rule in job_alarm_rules(spec, policy):
             self._client.put_metric_alarm(**alarm_parameters(job_id, rule))
 

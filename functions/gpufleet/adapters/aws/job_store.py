@@ -200,28 +200,31 @@ class DynamoJobStore:
         return [item_to_job(item) for item in response.get("Items", [])]
 
     def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
+        """The newest `limit` jobs (of one status, or of all): each status's newest from the
+        status index, merged. No Scan: a scan's order is arbitrary, so its first `limit` items
+        would not be the newest."""
+        statuses = [status] if status is not None else list(JobStatus)
+        jobs = [job for each in statuses for job in self._newest_of(each, limit)]
+        jobs.sort(key=lambda job: job.created_at, reverse=True)
+        return jobs[:limit]
+
+    def _newest_of(self, status: JobStatus, limit: int) -> list[Job]:
         jobs: list[Job] = []
-        kwargs: dict[str, Any]
-        if status is None:
-            kwargs = {"TableName": self._table}
-            operation = self._client.scan
-        else:
-            kwargs = {
-                "TableName": self._table,
-                "IndexName": "by_status",
-                "KeyConditionExpression": "#status = :status",
-                "ExpressionAttributeNames": {"#status": "status"},
-                "ExpressionAttributeValues": {":status": {"S": status.value}},
-                "ScanIndexForward": False,
-            }
-            operation = self._client.query
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "IndexName": "by_status",
+            "KeyConditionExpression": "#status = :status",
+            "ExpressionAttributeNames": {"#status": "status"},
+            "ExpressionAttributeValues": {":status": {"S": status.value}},
+            "ScanIndexForward": False,
+            "Limit": limit,
+        }
         while len(jobs) < limit:
-            page = operation(**kwargs)
+            page = self._client.query(**kwargs)
             jobs.extend(item_to_job(item) for item in page.get("Items", []))
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        jobs.sort(key=lambda job: job.created_at, reverse=True)
         return jobs[:limit]
 
 

@@ -38,6 +38,7 @@ from gpufleet.domain.queueing import (
 )
 from gpufleet.domain.spec import Priority
 from gpufleet.ports import AdmissionLimits, QueueEntry, QueueState, RunningEntry
+from gpufleet.topology import QUEUE_STATE_PARTITION
 
 # Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
 # pass costs only shards x 4 classes small queries.
@@ -45,11 +46,13 @@ SHARDS = 2
 # Tries of a transaction that collided with another on the same item, with jittered backoff.
 _CONFLICT_RETRIES = 5
 PAGE = 25
-_STATE = "state"
+_STATE = QUEUE_STATE_PARTITION
 _RUNNING = "running#"
 _GLOBAL = "usage#global"
 _TEAM = "usage#team#"
 _BOOKING = "booking#"
+# Notices sent once (a team over its monthly budget): apart, so passes never read them.
+_NOTICES = "notices"
 _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
 
 
@@ -467,6 +470,19 @@ class DynamoJobQueue:
 
     def bookings(self) -> list[Booking]:
         return self.state().bookings
+
+    def first_notice(self, key: str) -> bool:
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item={"pk": _s(_NOTICES), "sk": _s(key)},
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
 
 
 def _booking(item: dict[str, Any]) -> Booking:

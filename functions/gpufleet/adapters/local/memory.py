@@ -14,7 +14,8 @@ from gpufleet.domain.config import MetricPolicy, WarmPool
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.scaling import AlarmRule, job_alarm_rules
+from gpufleet.domain.spec import JobSpec, Priority
 from gpufleet.ports import (
     AdmissionLimits,
     Clock,
@@ -317,6 +318,7 @@ class InMemoryJobQueue:
         self._waiting: dict[str, QueueEntry] = {}
         self._running: dict[str, RunningEntry] = {}
         self._bookings: list[Booking] = []
+        self._notices: set[str] = set()
         self._read = 0
 
     def items_read(self) -> int:
@@ -416,15 +418,22 @@ class InMemoryJobQueue:
         with self._lock:
             return list(self._bookings)
 
+    def first_notice(self, key: str) -> bool:
+        with self._lock:
+            if key in self._notices:
+                return False
+            self._notices.add(key)
+            return True
+
 
 @dataclass
 class RecordingAlarms:
-    created: dict[str, MetricPolicy] = field(default_factory=dict)
+    created: dict[str, list[AlarmRule]] = field(default_factory=dict)  # the job's alarms
     deleted: list[str] = field(default_factory=list)
 
-    def create(self, job_id: str, policy: MetricPolicy) -> None:
+    def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
         if policy.enabled:
-            self.created[job_id] = policy
+            self.created[job_id] = list(job_alarm_rules(spec, policy))
 
     def delete(self, job_id: str) -> None:
         self.created.pop(job_id, None)

@@ -1,0 +1,417 @@
+"""Least privilege, checked both ways against what the functions really do.
+
+The spot, preemption and stages demos (the last with the basic demo's event submission and broken
+upload added) run the real handlers on the embedded account, which logs each function's API calls
+with the parameters that name what they touch. The stack is synthesized and each function's role
+read from the template. Then:
+
+- every call a function made is one its role allows, judged as IAM would: each action the call
+  needs (a transaction's items one by one, a launch's tagging), on the template's resource
+  (tables, index, bucket prefix, bus, alarm names), with the conditions the request meets;
+- every action a role grants was used by its function in one of the demos, or is listed in
+  `NOT_REACHED` with the code path that uses it and the demos do not take. A grant no code path
+  uses does not belong in `PERMISSIONS` / `JOBS_ACCESS` / `QUEUE_ACCESS`
+  (infra/constructs/functions.py): remove it there, never list it here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet import topology
+from gpufleet.emulator.account import ACCOUNT_ID, BUCKET_NAME, BUS_NAME, REGION
+from gpufleet.emulator.demo import (
+    EVENTS_DIR,
+    DemoScenario,
+    Submission,
+    preemption_scenario,
+    run_demo,
+    spot_scenario,
+    stages_scenario,
+)
+from gpufleet.emulator.patches import ApiCall
+from tests.infrastructure.conftest import STACK_NAME, Synth, Template, build_app
+
+FUNCTIONS = [f.construct_id for f in topology.FUNCTIONS]
+
+# Used by the Lambda service and runtime, never by handler code: trace segments, the runtime's
+# log lines, failed asynchronous events sent to the dead-letter queue.
+RUNTIME_ACTIONS = frozenset(
+    {
+        "xray:PutTraceSegments",
+        "xray:PutTelemetryRecords",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "sqs:SendMessage",
+    }
+)
+# Conditions on the tags of the resource acted on (an instance, a placement group): the request
+# does not carry them. Those tags are the ones CreateFleet and CreatePlacementGroup set, and
+# their `aws:RequestTag` conditions are judged here.
+ON_EXISTING_TAGS = frozenset({f"aws:ResourceTag/{topology.TAG_MANAGED}"})
+
+# Grants the demos may not use, by function: "<Sid> <action>" -> the code path that uses it
+# (paths the demos do not take, or take only when a race goes one way).
+_IDEMPOTENCY = {
+    "IdempotencyIdempotencyTable dynamodb:GetItem": "Powertools reads a record only when a "
+    "duplicate delivery's conditional put does not return the existing one",
+    "IdempotencyIdempotencyTable dynamodb:DeleteItem": "Powertools deletes the record of a "
+    "delivery whose handling raised, so that a retry runs",
+}
+_NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
+NOT_REACHED: dict[str, dict[str, str]] = {
+    topology.INTAKE_FROM_S3.construct_id: _IDEMPOTENCY,
+    topology.INTAKE_FROM_EVENT.construct_id: {
+        **_IDEMPOTENCY,
+        "Jobs dynamodb:Query": "the sample event's spec gives expected_duration, so no past "
+        "runs are read; " + _NO_RESERVATIONS,
+    },
+    topology.ENQUEUE.construct_id: {
+        "CompleteLifecycleTask states:SendTaskSuccess": "only for a job that ended (cancelled) "
+        "before its Enqueue step ran",
+    },
+    topology.DISPATCH.construct_id: {
+        "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
+        "admission was being told",
+        "Jobs dynamodb:Query": "only for teams with a monthly budget (none in the demos' config)",
+        "PublishAlerts sns:Publish": "budgets reached (none in the demos' config)",
+        "TerminateManagedInstances ec2:TerminateInstances": "victims that overstay the "
+        "preemption grace period, and jobs stopped at their budget",
+    },
+    topology.LAUNCH.construct_id: {
+        "Jobs dynamodb:Query": _NO_RESERVATIONS,
+        "TerminateManagedInstances ec2:TerminateInstances": "instances an earlier, crashed "
+        "attempt of the launch left behind",
+    },
+    topology.NODE_REPORT.construct_id: {
+        "CompleteLifecycleTask states:SendTaskHeartbeat": "nodes report a heartbeat every "
+        "minute; the demos' runs are shorter",
+    },
+    topology.INSTANCE_EVENT.construct_id: {
+        # The spot demo's node checkpoints on its own warning (IMDS) and is usually requeued
+        # before EventBridge's warning reaches InstanceEvent: the job no longer holds the
+        # instance, and the event is ignored. When the event wins the race, it drains the job.
+        "Jobs dynamodb:UpdateItem": "drains a job only when the warning wins the race with the "
+        "node's own checkpoint",
+        "WriteRunManifests s3:PutObject": "the drain's control object, as above",
+        "CompleteLifecycleTask states:SendTaskSuccess": "ends the run of an instance that "
+        "stopped or terminated while its job still held it",
+    },
+    topology.METRIC_ALARM.construct_id: {
+        "AdmissionQueue dynamodb:ConditionCheckItem": "resizing a job that waits in the queue "
+        "(an alarm racing a requeue): its entry is enqueued again",
+        "AdmissionQueue dynamodb:DeleteItem": "as above: its old entry is removed",
+        "AdmissionQueue dynamodb:PutItem": "as above",
+        "AdmissionQueue dynamodb:UpdateItem": "as above (the waiting counters)",
+    },
+    topology.RECONCILE.construct_id: {
+        # Some passes of the demos find a job's instances running, some none: timing.
+        "Jobs dynamodb:GetItem": "the job of each running instance gpufleet tagged, to tell "
+        "orphans (its job ended) from live ones",
+        "TerminateManagedInstances ec2:TerminateInstances": "orphans: the demos' releases leave "
+        "none",
+        "DeleteManagedPlacementGroups ec2:DeletePlacementGroup": "groups of ended jobs that "
+        "Release did not delete: the demos' releases leave none",
+    },
+    topology.RELEASE.construct_id: {
+        "Jobs dynamodb:Query": "planning a stage's run on the previous stage's instances reads "
+        "past runs only for specs without expected_duration; " + _NO_RESERVATIONS,
+    },
+}
+
+
+def _arn(service: str, resource: str) -> str:
+    """An ARN of the stack's account and region, as the template renders `Stack.format_arn`."""
+    return f"arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>:{resource}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One authorization IAM makes for a call: an action on a resource, with the condition keys
+    the request sets. `resource` None stands for the resources a launch uses that this test does
+    not model one by one (launch template, subnets, image, volumes, network interfaces)."""
+
+    action: str
+    resource: str | None
+    context: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One action of one statement of a role: what it allows, where, on what conditions."""
+
+    sid: str
+    action: str  # may be a pattern: "ec2:Describe*"
+    resources: tuple[str, ...]  # rendered: "<JobStoreJobsTable83DB547D.Arn>/index/by_team"
+    conditions: Mapping[str, Mapping[str, Any]]
+
+    @property
+    def key(self) -> str:
+        return f"{self.sid} {self.action}"
+
+    def covers(self, request: Request) -> bool:
+        """The action and resource match (IAM's wildcards; actions are case-insensitive)."""
+        if not fnmatchcase(request.action.lower(), self.action.lower()):
+            return False
+        return request.resource is None or any(
+            fnmatchcase(request.resource, pattern) for pattern in self.resources
+        )
+
+    def allows(self, request: Request) -> bool:
+        return self.covers(request) and all(
+            self._holds(operator, key, expected, request)
+            for operator, keys in self.conditions.items()
+            for key, expected in keys.items()
+        )
+
+    @staticmethod
+    def _holds(operator: str, key: str, expected: Any, request: Request) -> bool:
+        if key in ON_EXISTING_TAGS:
+            return True
+        # ForAllValues of a single-valued key (a DynamoDB item's partition, `LeadingKeys`): the
+        # request must name it (stricter than IAM, which lets a request without it through).
+        assert operator in ("StringEquals", "ForAllValues:StringEquals"), (
+            f"teach this test the {operator} condition"
+        )
+        allowed = expected if isinstance(expected, list) else [expected]
+        return request.context.get(key) in allowed
+
+
+@dataclass
+class Stack:
+    """The synthesized template's view of the account: each function's grants, and the
+    template's name (rendered) for each resource of the embedded account."""
+
+    grants: dict[str, list[Grant]]
+    tables: dict[str, str]  # emulator table name -> "<LogicalId.Arn>"
+    bucket: str
+    bus: str
+    state_machine: str
+    topic: str
+
+
+# -- the demos ---------------------------------------------------------------------------------
+
+
+def _with_intake_paths(scenario: DemoScenario) -> DemoScenario:
+    """The stages demo, plus the basic demo's event submission and broken upload: both intake
+    functions, and the error report a refused spec gets, without a fourth demo's minute."""
+    extra = [
+        Submission("event", EVENTS_DIR / "submit-job-event.json"),
+        Submission("s3", EVENTS_DIR / "jobs" / "broken-spec.yaml"),
+    ]
+    return dataclasses.replace(scenario, submissions=[*scenario.submissions, *extra])
+
+
+@pytest.fixture(scope="module")
+def calls() -> list[ApiCall]:
+    made: list[ApiCall] = []
+    for scenario in (spot_scenario(), preemption_scenario(), _with_intake_paths(stages_scenario())):
+        result = run_demo(scenario)
+        assert result.completed, f"the {scenario.name} demo did not finish: {result.to_json()}"
+        made += result.calls
+    return made
+
+
+@pytest.fixture(scope="module")
+def calls_by_function(calls: list[ApiCall]) -> dict[str, list[ApiCall]]:
+    by_function: dict[str, list[ApiCall]] = {}
+    for call in calls:
+        if call.function is not None:
+            by_function.setdefault(call.function, []).append(call)
+    return by_function
+
+
+# -- the template ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    outdir = tmp_path_factory.mktemp("least-privilege.cdk.out")
+    app, cdk_stack = build_app(outdir=str(outdir))
+    app.synth()
+    template_path = Path(outdir) / f"{STACK_NAME}.template.json"
+    doc = json.loads(template_path.read_text(encoding="utf-8"))
+    synth = Synth(app, cdk_stack, outdir, template_path, doc, Template.from_json(doc))
+
+    def arn_of(env_var: str) -> str:
+        return f"<{synth.ref_target(env_var)}.Arn>"
+
+    grants: dict[str, list[Grant]] = {}
+    for function in FUNCTIONS:
+        grants[function] = [
+            Grant(
+                sid=statement.get("Sid", ""),
+                action=action,
+                resources=tuple(synth.render(r) for r in synth.resources_of(statement)),
+                conditions=statement.get("Condition", {}),
+            )
+            for statement in synth.statements_of_role(synth.role_of_function(function))
+            if statement["Effect"] == "Allow"
+            for action in synth.actions_of(statement)
+        ]
+    state_machine = synth.function_env(topology.INTAKE_FROM_S3.construct_id)[
+        topology.ENV_STATE_MACHINE
+    ]["Ref"]
+    topic = synth.function_env(topology.METRIC_ALARM.construct_id)[topology.ENV_NOTIFY_TOPIC]
+    return Stack(
+        grants=grants,
+        # The embedded account names each resource gpufleet-<construct id> (emulator/account.py).
+        tables={f"gpufleet-{t.construct_id}": arn_of(t.env_var) for t in topology.TABLES},
+        bucket=arn_of(topology.ENV_INTAKE_BUCKET),
+        bus=arn_of(topology.ENV_EVENT_BUS),
+        state_machine=_arn(
+            "states", f"stateMachine:{synth.props(state_machine)['StateMachineName']}"
+        ),
+        topic=synth.render(topic),
+    )
+
+
+# -- what IAM authorizes for each call ---------------------------------------------------------
+
+_ITEM_ACTIONS = {
+    "Put": "PutItem",
+    "Update": "UpdateItem",
+    "Delete": "DeleteItem",
+    "ConditionCheck": "ConditionCheckItem",
+}
+# Besides the call's own action, a launch needs these (EC2 authorizes an instant fleet's
+# RunInstances against the caller; tags given at launch need CreateTags).
+_LAUNCH_ACTIONS = {"CreateFleet": ("ec2:CreateFleet", "ec2:RunInstances")}
+
+
+def _leading_key(params: Mapping[str, Any]) -> dict[str, str]:
+    """`dynamodb:LeadingKeys` of an item operation: the value of the key's partition key."""
+    key = params.get("Key")
+    if not isinstance(key, Mapping):
+        return {}
+    [table] = [t for t in topology.TABLES if params["TableName"] == f"gpufleet-{t.construct_id}"]
+    [value] = key[table.partition_key].values()
+    return {"dynamodb:LeadingKeys": str(value)}
+
+
+def requests(call: ApiCall, stack: Stack) -> list[Request]:
+    params = call.params
+    if call.action == "dynamodb:TransactWriteItems":
+        return [
+            Request(f"dynamodb:{_ITEM_ACTIONS[kind]}", stack.tables[item["TableName"]])
+            for entry in params["TransactItems"]
+            for kind, item in entry.items()
+        ]
+    if call.service == "dynamodb":
+        table = stack.tables[params["TableName"]]
+        if "IndexName" in params:
+            return [Request(call.action, f"{table}/index/{params['IndexName']}")]
+        return [Request(call.action, table, _leading_key(params))]
+    if call.action in ("s3:GetObject", "s3:PutObject"):
+        assert params["Bucket"] == BUCKET_NAME, params
+        return [Request(call.action, f"{stack.bucket}/{params['Key']}")]
+    if call.action == "events:PutEvents":
+        return [
+            Request(
+                call.action,
+                stack.bus if entry.get("EventBusName") == BUS_NAME else _arn("events", "other"),
+                {"events:source": entry.get("Source", "")},
+            )
+            for entry in params["Entries"]
+        ]
+    if call.action == "states:StartExecution":
+        lifecycle = topology.JOB_LIFECYCLE.construct_id
+        assert params["stateMachineArn"].endswith(f":stateMachine:gpufleet-{lifecycle}")
+        return [Request(call.action, stack.state_machine)]
+    if call.action in ("states:SendTaskSuccess", "states:SendTaskHeartbeat"):
+        # Task tokens come from the one workflow that waits on tasks.
+        return [Request(call.action, stack.state_machine)]
+    if call.action == "cloudwatch:PutMetricAlarm":
+        return [Request(call.action, _arn("cloudwatch", f"alarm:{params['AlarmName']}"))]
+    if call.action == "cloudwatch:DeleteAlarms":
+        alarms = params["AlarmNames"]
+        return [Request(call.action, _arn("cloudwatch", f"alarm:{name}")) for name in alarms]
+    if call.action == "sns:Publish":
+        assert params["TopicArn"] == f"arn:aws:sns:{REGION}:{ACCOUNT_ID}:gpufleet-alerts"
+        return [Request(call.action, stack.topic)]
+    if call.action == "ec2:TerminateInstances":
+        return [Request(call.action, _arn("ec2", f"instance/{i}")) for i in params["InstanceIds"]]
+    if call.action == "ec2:DeletePlacementGroup":
+        return [Request(call.action, _arn("ec2", f"placement-group/{params['GroupName']}"))]
+    if call.action in ("ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup"):
+        return _created_with_tags(call)
+    if call.service == "ec2" and call.operation.startswith("Describe"):
+        return [Request(call.action, "*")]  # EC2 has no resource-level permission for these
+    raise AssertionError(f"teach this test which resources IAM judges {call.action} on")
+
+
+def _created_with_tags(call: ApiCall) -> list[Request]:
+    """A create call with TagSpecifications: each action on each tagged resource, with the tags
+    as `aws:RequestTag`, and CreateTags for those tags during the create action."""
+    actions = _LAUNCH_ACTIONS.get(call.operation, (call.action,))
+    found: list[Request] = []
+    for spec in call.params.get("TagSpecifications", []):
+        name = call.params.get("GroupName", "*")  # a placement group's name; a new id otherwise
+        resource = _arn("ec2", f"{spec['ResourceType']}/{name}")
+        tags = {f"aws:RequestTag/{t['Key']}": t["Value"] for t in spec["Tags"]}
+        found += [Request(action, resource, tags) for action in actions]
+        during = {**tags, "ec2:CreateAction": call.operation}
+        found.append(Request("ec2:CreateTags", resource, during))
+    if call.operation != "CreatePlacementGroup":
+        # A launch also uses the template, subnets, image, volumes, network interfaces and
+        # spot requests, passes the instance role to EC2 and, the first time in an account,
+        # creates EC2's service-linked role.
+        found += [Request(action, None) for action in actions]
+        found.append(Request("iam:PassRole", None, {"iam:PassedToService": "ec2.amazonaws.com"}))
+        found.append(
+            Request(
+                "iam:CreateServiceLinkedRole",
+                None,
+                {"iam:AWSServiceName": "ec2fleet.amazonaws.com"},
+            )
+        )
+    return found
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def test_every_control_plane_call_was_made_by_a_function(calls: list[ApiCall]) -> None:
+    """A call no handler made would be judged against no role."""
+    assert calls
+    assert [c for c in calls if c.function is None] == []
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_every_call_is_allowed_by_the_functions_role(
+    function: str, calls_by_function: dict[str, list[ApiCall]], stack: Stack
+) -> None:
+    denied = sorted(
+        {
+            f"{request.action} on {request.resource} {dict(request.context)} ({call.action})"
+            for call in calls_by_function.get(function, [])
+            for request in requests(call, stack)
+            if not any(grant.allows(request) for grant in stack.grants[function])
+        }
+    )
+    assert denied == [], f"{function}'s role denies what its handler calls"
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_every_grant_was_used_in_the_demos(
+    function: str, calls_by_function: dict[str, list[ApiCall]], stack: Stack
+) -> None:
+    made = [r for call in calls_by_function.get(function, []) for r in requests(call, stack)]
+    checked = [
+        grant
+        for grant in stack.grants[function]
+        if grant.action not in RUNTIME_ACTIONS and ":Describe" not in grant.action
+    ]
+    unused = {g.key for g in checked if not any(g.covers(request) for request in made)}
+    not_reached = NOT_REACHED.get(function, {})
+    assert set(not_reached) <= {g.key for g in checked}, "NOT_REACHED lists what is not granted"
+    assert sorted(unused - set(not_reached)) == [], f"{function}'s role grants what it never used"
