@@ -521,6 +521,18 @@ def test_control_plane_events_carry_the_control_plane_source(synth: Synth) -> No
                 }
 
 
+def test_the_functions_that_may_alert_are_given_the_topic_and_only_they(synth: Synth) -> None:
+    """The emulator gives every function the whole environment; a deployed function has only
+    its own, so one that may publish an alert must be given the topic (and the grant)."""
+    with_topic = {
+        f.construct_id
+        for f in topology.FUNCTIONS
+        if topology.ENV_NOTIFY_TOPIC in synth.function_env(f.construct_id)
+    }
+    notifying = {cid for cid, grants in PERMISSIONS.items() if Permission.NOTIFY in grants}
+    assert with_topic == notifying == {"Dispatch", "MetricAlarm"}
+
+
 def test_permission_table_matches_handlers() -> None:
     assert set(STARTS_WORKFLOW) == {
         topology.INTAKE_FROM_S3.construct_id,

@@ -22,7 +22,8 @@ from gpufleet.domain.cost import storage_usd_per_hour
 from gpufleet.domain.job import IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.services.factory import build_lifecycle
+from gpufleet.domain.scaling import AlarmKind
+from gpufleet.services.factory import build_actions, build_lifecycle
 from gpufleet.services.intake import is_error_report
 from gpufleet.services.lifecycle import (
     LaunchStepResult,
@@ -560,7 +561,8 @@ def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, s
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
 
-    assert service.gpus_idle(job_id) == ["low-utilization"]
+    actions = build_actions(ports, SETTINGS, service)
+    assert actions.on_alarm(job_id, AlarmKind.IDLE) == ["low-utilization"]
     control = cast(InMemoryObjects, ports.objects).objects[control_key(job_id)]
     assert (b"checkpoint" in control) is (policy == "release")
     service.node_report(finished(job_id, instance))
@@ -584,7 +586,8 @@ def test_an_overheating_gpu_alerts_the_operators_and_moves_the_job_elsewhere() -
     run_to_launch(service, ports, job_id, "token")
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
-    assert service.gpus_hot(job_id) == ["overheating"]
+    actions = build_actions(ports, SETTINGS, service)
+    assert actions.on_alarm(job_id, AlarmKind.HOT) == ["overheating"]
     [(subject, message)] = cast(RecordingNotifier, ports.notifier).sent
     assert "overheating" in subject and instance in message
     service.node_report(finished(job_id, instance))

@@ -158,6 +158,9 @@ class Recorder:
         self.api_calls: Counter[str] = Counter()
         self.invocations: list[Invocation] = []
         self.calls: list[ApiCall] = []  # those counted in `api_calls`, invocations apart
+        # Off for a long-lived emulator (`gpufleet emulator`): the counts stay, the logs of
+        # every call and invocation would grow without end.
+        self.keeps_log = True
 
     def count_call(self, event_name: str, params: dict[str, Any] | None = None, **_: Any) -> None:
         # event_name: "before-parameter-build.<service>.<Operation>"
@@ -171,11 +174,13 @@ class Recorder:
         )
         with self._lock:
             self.api_calls[_SERVICE_NAMES.get(service, service)] += 1
-            self.calls.append(call)
+            if self.keeps_log:
+                self.calls.append(call)
 
     def count_invocation(self, invocation: Invocation) -> None:
         with self._lock:
-            self.invocations.append(invocation)
+            if self.keeps_log:
+                self.invocations.append(invocation)
             self.api_calls["lambda"] += 1
 
     def reset(self) -> None:

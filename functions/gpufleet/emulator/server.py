@@ -75,6 +75,7 @@ def serve(
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     try:
         with embedded_account(config=config) as account:
+            account.recorder.keeps_log = False
             server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
             server.start()
             bound_host, bound_port = server.get_host_and_port()

@@ -19,13 +19,15 @@ from collections.abc import Callable
 
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
-from gpufleet.domain.retry import MEMORY_LEAK
+from gpufleet.domain.retry import IDLE, MEMORY_LEAK, OVERHEATED
 from gpufleet.domain.scaling import AlarmKind, scaled_in, scaled_out
 from gpufleet.domain.spec import Resources
 from gpufleet.ports import Ports
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, DETAIL_JOB_SCALED
 
+FLAG_LOW_UTILIZATION = "low-utilization"
+FLAG_OVERHEATING = "overheating"
 FLAG_SCALED_OUT = "scaled-out"
 FLAG_SCALED_IN = "scaled-in"
 FLAG_MEMORY_LEAK = "memory-leak"
@@ -41,7 +43,7 @@ class MetricActions:
         """Act on one of the job's alarms going off; return the job's flags after."""
         actions: dict[AlarmKind, Callable[[str], list[str]]] = {
             AlarmKind.IDLE: self.gpus_idle,
-            AlarmKind.HOT: self._lifecycle.gpus_hot,
+            AlarmKind.HOT: self.gpus_hot,
             AlarmKind.LEAK: self.memory_leak,
             AlarmKind.BUSY: self.scale_out,
             AlarmKind.SCALE_ON: self.scale_out,
@@ -54,10 +56,35 @@ class MetricActions:
         job = self._ports.jobs.get(job_id)
         smaller = scaled_in(job.effective_spec.resources, self._policy.scale_step_nodes)
         if smaller is None:
-            return self._lifecycle.gpus_idle(job_id)
+            return self._idle(job)
         if not _steady(job):
             return job.flags
         return self._resize(job, smaller, FLAG_SCALED_IN)
+
+    def _idle(self, job: Job) -> list[str]:
+        """Flag the job, and checkpoint-and-release it when its spec says so."""
+        if job.status is not JobStatus.RUNNING:
+            return job.flags
+        flags = self._flag(job, FLAG_LOW_UTILIZATION)
+        if job.effective_spec.on_idle == "release":
+            self._lifecycle.drain(job.job_id, IDLE)
+        return flags
+
+    def gpus_hot(self, job_id: str) -> list[str]:
+        """A GPU of the job ran above the temperature limit: tell the operators, and move the
+        job off that hardware (checkpoint, requeue, resume elsewhere)."""
+        job = self._ports.jobs.get(job_id)
+        if job.status is not JobStatus.RUNNING:
+            return job.flags
+        flags = self._flag(job, FLAG_OVERHEATING)
+        self._ports.notifier.notify(
+            f"gpufleet: job {job.spec.name} overheating",
+            f"A GPU of job {job_id} ({job.spec.name}, team {job.spec.team}){_where(job)} ran "
+            f"above {self._policy.hot_temperature_celsius:g} C. The job is checkpointed and "
+            "moved to other hardware; check the instance's cooling and health.",
+        )
+        self._lifecycle.drain(job_id, OVERHEATED)
+        return flags
 
     def scale_out(self, job_id: str) -> list[str]:
         """Busy GPUs, or the job's own metric says it is short of them: a step more nodes, up
@@ -75,14 +102,8 @@ class MetricActions:
         job = self._ports.jobs.get(job_id)
         if job.status is not JobStatus.RUNNING:
             return job.flags
-        flags = sorted({*job.flags, FLAG_MEMORY_LEAK})
-        self._ports.jobs.update(job_id, self._ports.clock.now(), {"flags": flags})
-        self._ports.events.publish(
-            CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, {"job_id": job_id, "flags": flags}
-        )
+        flags = self._flag(job, FLAG_MEMORY_LEAK)
         restart = _steady(job) and job.retries < job.spec.max_retries
-        placement = job.placement
-        where = f" on {', '.join(placement.instance_ids)}" if placement else ""
         then = (
             "It is checkpointed and restarted (counted as a retry)."
             if restart
@@ -90,12 +111,22 @@ class MetricActions:
         )
         self._ports.notifier.notify(
             f"gpufleet: job {job.spec.name} leaks GPU memory",
-            f"The GPU memory used by job {job_id} ({job.spec.name}, team {job.spec.team}){where} "
+            f"The GPU memory used by job {job_id} ({job.spec.name}, team {job.spec.team})"
+            f"{_where(job)} "
             f"grew in each of the last {self._policy.memory_leak_periods} periods of "
             f"{self._policy.period_seconds} s. {then}",
         )
         if restart:
             self._lifecycle.drain(job_id, MEMORY_LEAK)
+        return flags
+
+    def _flag(self, job: Job, flag: str) -> list[str]:
+        """Add `flag` to the job's flags and say so on the bus (`Job Flagged`)."""
+        flags = sorted({*job.flags, flag})
+        self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"flags": flags})
+        self._ports.events.publish(
+            CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, {"job_id": job.job_id, "flags": flags}
+        )
         return flags
 
     def _resize(self, job: Job, resources: Resources, flag: str) -> list[str]:
@@ -112,6 +143,11 @@ class MetricActions:
             },
         )
         return flags
+
+
+def _where(job: Job) -> str:
+    placement = job.placement
+    return f" on {', '.join(placement.instance_ids)}" if placement else ""
 
 
 def _steady(job: Job) -> bool:

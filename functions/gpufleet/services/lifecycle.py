@@ -40,7 +40,6 @@ from gpufleet.domain.retry import (
     INTERRUPTED,
     NEXT_STAGE,
     OUT_OF_MEMORY,
-    OVERHEATED,
     PREEMPTED,
     RECLAIMED,
     RESIZED,
@@ -56,7 +55,6 @@ from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     CONTROL_RUN_STAGE,
     DETAIL_CAPACITY_FREED,
-    DETAIL_JOB_FLAGGED,
     DETAIL_JOB_QUEUED,
     DETAIL_JOB_STATUS_CHANGED,
     RUNS_PREFIX,
@@ -129,10 +127,6 @@ class LaunchStepResult(BaseModel):
     wait_seconds: int = 1  # before the next try, when retry_later
     error: str = ""
     category: str = ""  # of the launch error (capacity, quota, configuration)
-
-
-FLAG_LOW_UTILIZATION = "low-utilization"
-FLAG_OVERHEATING = "overheating"
 
 
 def run_manifest_key(job_id: str) -> str:
@@ -352,40 +346,6 @@ class LifecycleService:
         elif job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             self.drain(job_id, RESIZED)
         return job.summary()
-
-    def gpus_idle(self, job_id: str) -> list[str]:
-        """The job's GPUs stayed below the utilization threshold for the whole window: flag
-        it, and checkpoint-and-release it when its spec says so."""
-        job = self._ports.jobs.get(job_id)
-        if job.status is not JobStatus.RUNNING:
-            return job.flags
-        flags = sorted({*job.flags, FLAG_LOW_UTILIZATION})
-        self._ports.jobs.update(job_id, self._now(), {"flags": flags})
-        self._ports.events.publish(
-            CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, {"job_id": job_id, "flags": flags}
-        )
-        if job.effective_spec.on_idle == "release":
-            self.drain(job_id, IDLE)
-        return flags
-
-    def gpus_hot(self, job_id: str) -> list[str]:
-        """A GPU of the job ran above the temperature limit: tell the operators, and move the
-        job off that hardware (checkpoint, requeue, resume elsewhere)."""
-        job = self._ports.jobs.get(job_id)
-        if job.status is not JobStatus.RUNNING:
-            return job.flags
-        flags = sorted({*job.flags, FLAG_OVERHEATING})
-        self._ports.jobs.update(job_id, self._now(), {"flags": flags})
-        placement = job.placement
-        where = f" on {', '.join(placement.instance_ids)}" if placement else ""
-        self._ports.notifier.notify(
-            f"gpufleet: job {job.spec.name} overheating",
-            f"A GPU of job {job_id} ({job.spec.name}, team {job.spec.team}){where} ran above "
-            f"{self._policy.metrics.hot_temperature_celsius:g} C. The job is checkpointed and "
-            "moved to other hardware; check the instance's cooling and health.",
-        )
-        self.drain(job_id, OVERHEATED)
-        return flags
 
     def instance_interrupted(self, instance_id: str) -> str | None:
         """A spot interruption warning or rebalance recommendation for one of our instances:
