@@ -26,7 +26,6 @@ from gpufleet.topology import (
     INTAKE_FROM_EVENT,
     INTAKE_FROM_S3,
     INTAKE_PREFIX,
-    JOB_LIFECYCLE,
     JOBS_TABLE,
     SUBMIT_SOURCE,
     TAG_JOB_ID,
@@ -110,18 +109,6 @@ def store(account: Account) -> DynamoJobStore:
 @pytest.fixture(scope="module")
 def rejections(account: Account) -> RejectionObserver:
     return RejectionObserver(account, "hostile-rejections")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_executions(account: Account) -> Iterator[None]:
-    """No nodes run in this module: stop the lifecycles intake starts once the tests end."""
-    yield
-    sfn = account.client("stepfunctions")
-    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
-    paginator = sfn.get_paginator("list_executions")
-    for page in paginator.paginate(stateMachineArn=arn, statusFilter="RUNNING"):
-        for execution in page["executions"]:
-            sfn.stop_execution(executionArn=execution["executionArn"])
 
 
 @pytest.fixture

@@ -159,12 +159,26 @@ def embedded_account(
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
+        with acting_as(EMULATOR):
+            _stop_executions(account)
     finally:
         patches.remove()
         mock.stop()
         _forget_cold_starts()
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+def _stop_executions(account: Account) -> None:
+    """Workflows still running (waiting for a task token, in a Wait state) run on moto's
+    interpreter threads: stopped here, none outlives the account and calls AWS for real."""
+    sfn = account.client("stepfunctions")
+    for arn in account.state_machine_arns.values():
+        for page in sfn.get_paginator("list_executions").paginate(
+            stateMachineArn=arn, statusFilter="RUNNING"
+        ):
+            for execution in page["executions"]:
+                sfn.stop_execution(executionArn=execution["executionArn"])
 
 
 def _forget_cold_starts() -> None:
