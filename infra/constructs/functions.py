@@ -154,6 +154,19 @@ QUEUE_ACCESS: dict[str, frozenset[str]] = {
 QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
     topology.LAUNCH.construct_id: frozenset({"UpdateItem"}),
 }
+# Permissions that are one action each, in a statement they share with others.
+_ACTION_OF = {
+    P.TASK_RESPONSE: "states:SendTaskSuccess",
+    P.TASK_HEARTBEAT: "states:SendTaskHeartbeat",
+    P.CREATE_ALARMS: "cloudwatch:PutMetricAlarm",
+    P.DELETE_ALARMS: "cloudwatch:DeleteAlarms",
+}
+
+
+def _actions_for(grants: frozenset[Permission], *permissions: Permission) -> list[str]:
+    return [_ACTION_OF[permission] for permission in permissions if permission in grants]
+
+
 # Only when the config has a warm pool: Launch claims its instances, Reconcile launches them.
 WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.LAUNCH.construct_id: frozenset({P.WARM_POOL, P.CLAIM_WARM}),
@@ -296,14 +309,7 @@ class Functions(Construct):
                 )
             )
         for cid, grants in PERMISSIONS.items():
-            actions = [
-                action
-                for permission, action in (
-                    (P.TASK_RESPONSE, "states:SendTaskSuccess"),
-                    (P.TASK_HEARTBEAT, "states:SendTaskHeartbeat"),
-                )
-                if permission in grants
-            ]
+            actions = _actions_for(grants, P.TASK_RESPONSE, P.TASK_HEARTBEAT)
             if actions:
                 statement = iam.PolicyStatement(
                     sid="CompleteLifecycleTask", actions=actions, resources=[arn]
@@ -429,14 +435,7 @@ class Functions(Construct):
                     sid="PublishAlerts", actions=["sns:Publish"], resources=[self._alerts.topic_arn]
                 )
             )
-        alarm_actions = [
-            action
-            for permission, action in (
-                (P.CREATE_ALARMS, "cloudwatch:PutMetricAlarm"),
-                (P.DELETE_ALARMS, "cloudwatch:DeleteAlarms"),
-            )
-            if permission in grants
-        ]
+        alarm_actions = _actions_for(grants, P.CREATE_ALARMS, P.DELETE_ALARMS)
         if alarm_actions:
             role.add_to_policy(
                 iam.PolicyStatement(
