@@ -178,7 +178,6 @@ def test_a_bad_upload_gets_an_error_report_and_nothing_else_happens(
     account: Account, store: DynamoJobStore
 ) -> None:
     s3 = account.client("s3")
-    before = len(store.list_jobs())
     s3.put_object(
         Bucket=account.bucket,
         Key="jobs/bad.yaml",
@@ -189,7 +188,7 @@ def test_a_bad_upload_gets_an_error_report_and_nothing_else_happens(
     )
     assert report["error"] == "InvalidJobSpec"
     assert {f["field"] for f in report["fields"]} == {"name", "command", "resources.gpus"}
-    assert len(store.list_jobs()) == before
+    assert jobs_from(store, f"s3://{account.bucket}/jobs/bad.yaml") == []
     # The error report itself is not taken for a spec.
     assert not any(
         k["Key"].endswith(".error.json.error.json")

@@ -202,10 +202,15 @@ class DynamoJobStore:
     def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]:
         """The newest `limit` jobs (of one status, or of all): each status's newest from the
         status index, merged. No Scan: a scan's order is arbitrary, so its first `limit` items
-        would not be the newest."""
+        would not be the newest. The statuses are read in the order jobs move through them,
+        so a job that moves on meanwhile is read twice (and kept once), never missed; one sent
+        back to the queue between two reads can be (it is listed again next time)."""
         statuses = [status] if status is not None else list(JobStatus)
-        jobs = [job for each in statuses for job in self._newest_of(each, limit)]
-        jobs.sort(key=lambda job: job.created_at, reverse=True)
+        newest: dict[str, Job] = {}
+        for each in statuses:
+            for job in self._newest_of(each, limit):
+                newest[job.job_id] = job  # the later read: its newer status
+        jobs = sorted(newest.values(), key=lambda job: job.created_at, reverse=True)
         return jobs[:limit]
 
     def _newest_of(self, status: JobStatus, limit: int) -> list[Job]:
