@@ -169,12 +169,13 @@ class Recorder:
         service, operation = event_name.split(".")[1:3]
         if service == "lambda":
             return  # Lambda is counted by invocation, which also covers S3 and EventBridge
-        call = ApiCall(
-            getattr(_local, "function", None), service, operation, _naming_params(params or {})
-        )
+        call = None
+        if self.keeps_log:  # built outside the lock, and only when kept
+            named = _naming_params(params or {})
+            call = ApiCall(getattr(_local, "function", None), service, operation, named)
         with self._lock:
             self.api_calls[_SERVICE_NAMES.get(service, service)] += 1
-            if self.keeps_log:
+            if call is not None:
                 self.calls.append(call)
 
     def count_invocation(self, invocation: Invocation) -> None:

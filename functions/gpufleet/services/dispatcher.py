@@ -77,7 +77,7 @@ class DispatcherService:
         ]
         spend = team_spend(ports, policy, now)
         if full:
-            result.over_budget += self._stop_teams_over_budget(running, spend)
+            result.over_budget += self._stop_teams_over_budget(running, spend, now)
         classes = None if full else [p for p, n in state.waiting.items() if n > 0]
         candidates = (
             [] if classes == [] else ports.queue.candidates(now, policy, self._limit, classes)
@@ -146,7 +146,7 @@ class DispatcherService:
         return True
 
     def _stop_teams_over_budget(
-        self, running: list[RunningEntry], spend: dict[str, float]
+        self, running: list[RunningEntry], spend: dict[str, float], now: float
     ) -> list[str]:
         """A team whose actual spend this month passed its monthly budget: its running jobs
         are stopped as its policy says (or only reported), on the schedule's passes."""
@@ -160,7 +160,7 @@ class DispatcherService:
             if quota.on_budget == "notify":
                 # Once a month per team, not on every pass.
                 if jobs and self._ports.queue.first_notice(
-                    f"team-budget#{team}#{int(month_start(self._ports.clock.now()))}"
+                    f"team-budget#{team}#{int(month_start(now))}"
                 ):
                     self._ports.notifier.notify(
                         f"gpufleet: team {team} is over its monthly budget",
