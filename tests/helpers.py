@@ -12,6 +12,7 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.ports import JobStore, Ports
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
+from gpufleet.services.lifecycle import LifecycleService, queued_job
 from gpufleet.settings import Settings
 
 SPEC_YAML = b"""
@@ -53,6 +54,13 @@ def plan_of(ports: Ports, job_id: str) -> LaunchPlan:
     """The plan intake made for the job: the one its workflow was started with."""
     state = cast(RecordingWorkflow, ports.workflow).inputs[job_id]
     return LaunchPlan.model_validate(state["plan"])
+
+
+def enqueue(
+    lifecycle: LifecycleService, ports: Ports, job_id: str, token: str, plan: LaunchPlan
+) -> None:
+    """The Enqueue task's plain path (no admission on arrival): the job waits for a pass."""
+    lifecycle.enqueue(lifecycle.queue_entry(queued_job(ports.jobs.get(job_id)), token, plan))
 
 
 def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:

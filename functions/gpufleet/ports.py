@@ -33,10 +33,19 @@ class JobStore(Protocol):
         ...
 
     def transition(
-        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+        self,
+        job_id: str,
+        target: JobStatus,
+        now: float,
+        changes: Mapping[str, Any] | None = None,
+        *,
+        sources: Collection[JobStatus] | None = None,
+        holding: str | None = None,
     ) -> Job:
-        """Move to `target` if the current status allows it, applying `changes` in the same
-        conditional write. Raise IllegalTransition when it does not (or JobNotFound)."""
+        """Move to `target` if the current status allows it (is one of `sources`, when given),
+        and, with `holding`, if the job's placement holds that instance, applying `changes` in
+        the same conditional write. Raise IllegalTransition when it does not, carrying the job
+        as it is (or JobNotFound)."""
         ...
 
     def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
@@ -101,10 +110,11 @@ class AdmissionLimits:
 
 
 class JobQueue(Protocol):
-    def enqueue(self, entry: QueueEntry) -> None:
+    def enqueue(self, entry: QueueEntry) -> bool:
         """Put a job in the queue (again, with a new token, if it is already there). A job
         already admitted (under the token of an attempt of this step that crashed) keeps its
-        admission, which now belongs to this token, not yet told."""
+        admission, which now belongs to this token, not yet told. False (and no change) when
+        the job store no longer has the job QUEUED: it ended (was cancelled) meanwhile."""
         ...
 
     def candidates(
@@ -128,10 +138,14 @@ class JobQueue(Protocol):
 
     def running(self) -> list[RunningEntry]: ...
 
-    def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
+    def admit(
+        self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
+    ) -> bool:
         """Move a job from the queue to the running set and count it against the caps, in one
         conditional write; False (and no change) if another dispatcher got there first or a
-        cap would be exceeded."""
+        cap would be exceeded. With `waiting=False` the job is admitted as it arrives, never
+        having been put in the queue: then False too when the job store no longer has it
+        QUEUED."""
         ...
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:

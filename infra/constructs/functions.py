@@ -123,12 +123,14 @@ _PLANS = "Query"  # planning reads the team's past runs (and live jobs, with res
 JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}),
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}),
-    topology.ENQUEUE.construct_id: frozenset({"GetItem"}),
+    # Enqueue's writes check that the job is still QUEUED; admitting a job as it arrives
+    # totals the month's spend of teams with budgets, as a pass does.
+    topology.ENQUEUE.construct_id: frozenset({"ConditionCheckItem", "Query"}),
     # Team budgets total the month's jobs of each team.
     topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
     topology.REQUEUE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
     topology.LAUNCH.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
-    topology.METRIC_ALARM.construct_id: frozenset({"GetItem", "UpdateItem"}),
+    topology.METRIC_ALARM.construct_id: frozenset({"GetItem", "UpdateItem", "ConditionCheckItem"}),
     topology.NODE_REPORT.construct_id: frozenset({"GetItem", "UpdateItem"}),
     # A stage's run on the previous stage's instances is planned here.
     topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
@@ -136,8 +138,11 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
 }
 QUEUE_ACCESS: dict[str, frozenset[str]] = {
-    # The entry and its class's count in one transaction, if the job was not admitted.
-    topology.ENQUEUE.construct_id: frozenset({"PutItem", "UpdateItem", "ConditionCheckItem"}),
+    # Reads the state; admits a job as it arrives (a transaction of Put and Updates), or puts
+    # the entry and its class's count in one transaction, if the job was not admitted.
+    topology.ENQUEUE.construct_id: frozenset(
+        {"Query", "PutItem", "UpdateItem", "ConditionCheckItem"}
+    ),
     # Reads the state and the candidates; admits (a transaction of Delete, Put and Updates);
     # marks victims draining; frees the share of a job that ended; notes a notice once.
     topology.DISPATCH.construct_id: frozenset(

@@ -17,7 +17,7 @@ from gpufleet.emulator.account import Account
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.topology import QUEUE_TABLE
-from tests.helpers import local_ports, make_settings, plan_of
+from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 POLICY = QueuePolicy(
     max_gpus=40,
@@ -46,7 +46,7 @@ def test_concurrent_dispatchers_admit_each_job_once_within_quotas(account: Accou
         job_id = intake.submit_object(key, key, key).job_id
         assert job_id is not None
         tokens[job_id] = f"token-{index}"
-        lifecycle.enqueue(job_id, tokens[job_id], plan_of(ports, job_id))
+        enqueue(lifecycle, ports, job_id, tokens[job_id], plan_of(ports, job_id))
 
     dispatchers = [
         DispatcherService(replace(ports, queue=DynamoJobQueue(client, table)), lifecycle, POLICY)

@@ -75,8 +75,8 @@ NOT_REACHED: dict[str, dict[str, str]] = {
         "runs are read; " + _NO_RESERVATIONS,
     },
     topology.ENQUEUE.construct_id: {
-        "CompleteLifecycleTask states:SendTaskSuccess": "only for a job that ended (cancelled) "
-        "before its Enqueue step ran",
+        "Jobs dynamodb:Query": "admitting a job as it arrives totals the spend of teams with "
+        "a monthly budget (none in the demos' config)",
     },
     topology.DISPATCH.construct_id: {
         "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
@@ -111,6 +111,7 @@ NOT_REACHED: dict[str, dict[str, str]] = {
         "AdmissionQueue dynamodb:DeleteItem": "as above: its old entry is removed",
         "AdmissionQueue dynamodb:PutItem": "as above",
         "AdmissionQueue dynamodb:UpdateItem": "as above (the waiting counters)",
+        "Jobs dynamodb:ConditionCheckItem": "as above (the job must still be QUEUED)",
     },
     topology.RECONCILE.construct_id: {
         # Some passes of the demos find a job's instances running, some none: timing.

@@ -16,7 +16,7 @@ from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.lifecycle import NodeReport, control_key
-from tests.helpers import local_ports, make_settings, plan_of
+from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 
 def world(team: TeamQuota) -> tuple[Any, Any, Any, Any]:
@@ -42,7 +42,7 @@ def run_job(ports: Any, lifecycle: Any, dispatcher: Any, intake: Any, extra: str
     job_id = intake.submit_object("jobs/train.yaml", "d1", "s3://b/jobs/train.yaml").job_id
     assert job_id is not None
     plan = plan_of(ports, job_id)
-    lifecycle.enqueue(job_id, "enqueue-1", plan)
+    enqueue(lifecycle, ports, job_id, "enqueue-1", plan)
     assert dispatcher.run_pass().admitted == [job_id]
     admission = cast(RecordingWorkflow, ports.workflow).completed["enqueue-1"]
     assert lifecycle.launch(job_id, plan, 0, 0, "run-1", admission) is None

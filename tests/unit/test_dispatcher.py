@@ -32,7 +32,7 @@ from gpufleet.services.lifecycle import (
     control_key,
     run_manifest_key,
 )
-from tests.helpers import local_ports, make_settings, plan_of
+from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 POLICY = QueuePolicy(
     max_gpus=8,
@@ -79,7 +79,7 @@ class World:
     def enqueue(self, job_id: str) -> str:
         self.tokens += 1
         token = f"enqueue-{self.tokens}"
-        self.lifecycle.enqueue(job_id, token, self.plans[job_id])
+        enqueue(self.lifecycle, self.ports, job_id, token, self.plans[job_id])
         self.queue_tokens[job_id] = token
         return token
 

@@ -80,7 +80,20 @@ JOB_ID = "j-" + "0" * 20
 @pytest.mark.parametrize(
     ("model", "fields"),
     [
-        (EnqueueTask, {"plan": {}}),
+        (
+            EnqueueTask,
+            {
+                "plan": {},
+                "queued": {
+                    "job_id": JOB_ID,
+                    "team": "ml",
+                    "priority": "normal",
+                    "gpus": 1,
+                    "instances": 1,
+                    "enqueued_at": 0.0,
+                },
+            },
+        ),
         (LaunchTask, {"plan": {}, "step": 0, "attempt": 0}),
     ],
 )

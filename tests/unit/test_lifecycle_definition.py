@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.spec import JobSpec
 from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask, RequeueTask, TokenTask
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.topology import ENQUEUE, JOB_LIFECYCLE, LAUNCH, RELEASE, REQUEUE
@@ -72,7 +74,17 @@ def test_a_requeued_run_starts_from_the_state_intake_starts_one_with() -> None:
             "expected_source": "spec",
         }
     )
-    start = LifecycleService.workflow_input("j-" + "0" * 20, plan, attempt=2)
+    job = Job(
+        job_id="j-" + "0" * 20,
+        status=JobStatus.QUEUED,
+        spec=JobSpec.model_validate(
+            {"name": "n", "team": "ml", "image": "i", "command": ["x"], "resources": {"gpus": 1}}
+        ),
+        source="test",
+        created_at=1.0,
+        updated_at=1.0,
+    )
+    start = LifecycleService.workflow_input(job, plan, attempt=2)
     requeue = STATES["Requeue"]
     assert requeue["ResultPath"] == "$"
     assert requeue["ResultSelector"] == {f"{key}.$": f"$.Payload.{key}" for key in start}
@@ -81,6 +93,9 @@ def test_a_requeued_run_starts_from_the_state_intake_starts_one_with() -> None:
     launch = STATES["Launch"]["Parameters"]["Payload"]
     assert launch["step.$"] == "$.launch.step" and launch["attempt.$"] == "$.launch.attempt"
     assert {"step", "attempt"} <= set(start["launch"]) and start["launch"]["attempt"] == 2
+    # And what the Enqueue task reads.
+    assert STATES["Enqueue"]["Parameters"]["Payload"]["queued.$"] == "$.queued"
+    assert EnqueueTask.model_validate({**start, "task_token": "t"}).queued.team == "ml"
 
 
 def first_retrier(state: dict[str, Any], error: str) -> dict[str, Any] | None:

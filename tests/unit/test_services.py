@@ -54,7 +54,7 @@ def test_a_valid_upload_is_stored_queued_and_its_lifecycle_starts_with_its_plan(
     workflow = cast(RecordingWorkflow, ports.workflow)
     assert workflow.started == [outcome.job_id]
     state = workflow.inputs[outcome.job_id]
-    assert set(state) == {"job_id", "plan", "launch"}
+    assert set(state) == {"job_id", "plan", "launch", "queued"}
     assert state["job_id"] == outcome.job_id
     assert state["launch"] == LaunchStepResult(step=0, attempt=0).model_dump()
     plan = plan_of(ports, outcome.job_id)
@@ -518,8 +518,9 @@ def test_the_next_run_starts_from_the_requeued_plan_and_counts_launches_on() -> 
     service.instance_interrupted(instance)
     service.node_report(finished(job_id, instance))
     service.release(job_id, {"run": {"exit_code": 0, "interrupted": True}})
-    state = service.workflow_input(job_id, service.requeue(job_id), attempt=1)
+    state = service.requeue_input(job_id, attempt=1)
     assert state["job_id"] == job_id
+    assert state["queued"]["preemptions"] == 0 and state["queued"]["job_id"] == job_id
     assert state["launch"] == LaunchStepResult(step=0, attempt=1).model_dump()
     assert LaunchPlan.model_validate(state["plan"]) == plan_of(ports, job_id)  # same shape
 

@@ -51,11 +51,18 @@ def can_transition(current: JobStatus, target: JobStatus) -> bool:
 class IllegalTransition(Exception):
     """A status change that the lifecycle does not allow (or that lost a race)."""
 
-    def __init__(self, job_id: str, current: JobStatus | None, target: JobStatus) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        current: JobStatus | None,
+        target: JobStatus,
+        job: Job | None = None,
+    ) -> None:
         super().__init__(f"job {job_id}: cannot move from {current} to {target}")
         self.job_id = job_id
         self.current = current
         self.target = target
+        self.job = job  # the job as the refused write found it, when the store returns it
 
 
 class JobNotFound(Exception):

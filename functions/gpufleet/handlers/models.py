@@ -13,6 +13,8 @@ from urllib.parse import unquote_plus
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.domain.queueing import QueuedJob
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -76,6 +78,7 @@ class TokenTask(JobTask):
 
 class EnqueueTask(TokenTask):
     plan: dict[str, Any]
+    queued: QueuedJob
 
 
 class LaunchTask(TokenTask):

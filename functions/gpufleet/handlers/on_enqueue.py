@@ -1,4 +1,5 @@
-"""Workflow task (.waitForTaskToken): park the job in the admission queue."""
+"""Workflow task (.waitForTaskToken): admit the job as it arrives, or park it in the admission
+queue."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.handlers.common import lifecycle, logger, tracer
+from gpufleet.handlers.common import dispatcher, logger, tracer
 from gpufleet.handlers.models import EnqueueTask
 
 
@@ -15,4 +16,4 @@ from gpufleet.handlers.models import EnqueueTask
 @event_parser(model=EnqueueTask)
 def handler(task: EnqueueTask, context: LambdaContext) -> None:
     logger.append_keys(job_id=task.job_id)
-    lifecycle().enqueue(task.job_id, task.task_token, LaunchPlan.model_validate(task.plan))
+    dispatcher().enqueue(task.queued, task.task_token, LaunchPlan.model_validate(task.plan))

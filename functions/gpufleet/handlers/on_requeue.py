@@ -16,6 +16,5 @@ from gpufleet.handlers.models import RequeueTask
 @event_parser(model=RequeueTask)
 def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
-    service = lifecycle()
     # The attempt that launched the last run is spent: the next launch counts on from it.
-    return service.workflow_input(task.job_id, service.requeue(task.job_id), task.attempt + 1)
+    return lifecycle().requeue_input(task.job_id, task.attempt + 1)

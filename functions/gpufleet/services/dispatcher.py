@@ -1,6 +1,8 @@
 """The dispatcher: one admission pass over the queue, applied exactly once.
 
-Triggered by `Job Queued` and `Capacity Freed` events and by a schedule (which also catches time
+A job that arrives when nothing waits is admitted by its own Enqueue task, with the same policy
+and the same conditional write (`enqueue`). Passes are triggered by `Job Queued` and `Capacity
+Freed` events and by a schedule (which also catches time
 window boundaries). Several can run at once: each admission is one conditional transaction
 (the queue item must still exist, the caps and the team's quota must still have room), so a job
 is never admitted twice and no quota is exceeded, whoever wins.
@@ -12,9 +14,11 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.cost import month_start, spend_this_month_usd
 from gpufleet.domain.job import JobNotFound
+from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
     Admission,
     Booking,
+    QueuedJob,
     QueuePolicy,
     RunningJob,
     admission_order,
@@ -55,6 +59,33 @@ class DispatcherService:
         self._lifecycle = lifecycle
         self._policy = policy
         self._limit = candidates_per_pass
+
+    def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> None:
+        """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
+        the policy admits it now, it is admitted at once, in one read of the queue's state and
+        one write, with no pass to wake; otherwise it waits for the passes, in its place."""
+        entry = self._lifecycle.queue_entry(queued, task_token, plan)
+        if not self._admit_on_arrival(entry):
+            self._lifecycle.enqueue(entry)
+
+    def _admit_on_arrival(self, entry: QueueEntry) -> bool:
+        ports, policy = self._ports, self._policy
+        now = ports.clock.now()
+        state = ports.queue.state()
+        job_id = entry.job.job_id
+        if any(state.waiting.values()) or any(r.job.job_id == job_id for r in state.running):
+            return False  # others wait (the passes keep the order), or it is admitted already
+        decision = decide(
+            [entry.job],
+            [r.job for r in state.running],
+            state.bookings,
+            now,
+            policy,
+            team_spend_usd=team_spend(ports, policy, now),
+        )
+        if not decision.admitted:
+            return False  # it waits (or needs room made): the passes decide
+        return self._admit(entry, decision.admitted[0], state.bookings, now, waiting=False)
 
     def run_pass(self, full: bool = True) -> PassResult:
         """One admission pass. A `full` pass (the schedule's) reads every class of the queue;
@@ -114,7 +145,13 @@ class DispatcherService:
         return result
 
     def _admit(
-        self, entry: QueueEntry, admission: Admission, bookings: list[Booking], now: float
+        self,
+        entry: QueueEntry,
+        admission: Admission,
+        bookings: list[Booking],
+        now: float,
+        *,
+        waiting: bool = True,
     ) -> bool:
         policy = self._policy
         job = entry.job
@@ -137,7 +174,7 @@ class DispatcherService:
             borrowed=admission.borrowed,
             in_reserve=admission.in_reserve,
         )
-        if not self._ports.queue.admit(entry, running, limits):
+        if not self._ports.queue.admit(entry, running, limits, waiting=waiting):
             return False
         # The launch that follows notes the wait on the job, in the write it makes anyway.
         self._tell_admitted(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
@@ -174,7 +174,7 @@ class LifecycleService:
             )
             return failed, None
         queued = job.model_copy(update={"status": JobStatus.QUEUED, "estimated_cost_usd": estimate})
-        return queued, self.workflow_input(job.job_id, plan, attempt=0)
+        return queued, self.workflow_input(queued, plan, attempt=0)
 
     def _plan_stages(self, job: Job) -> list[LaunchPlan]:
         """The job's first plan, and for a multi-stage job one for every stage: a stage nothing
@@ -204,53 +204,54 @@ class LifecycleService:
         )
 
     @staticmethod
-    def workflow_input(job_id: str, plan: LaunchPlan, attempt: int) -> dict[str, Any]:
-        """The state a run of the lifecycle starts from: the plan for the job as it now is, and
-        launch attempts counted on, so a new launch never reuses an earlier one's idempotency
-        token."""
+    def workflow_input(job: Job, plan: LaunchPlan, attempt: int) -> dict[str, Any]:
+        """The state a run of the lifecycle starts from: the plan for the job as it now is,
+        launch attempts counted on (so a new launch never reuses an earlier one's idempotency
+        token), and what the queue needs to know of the job (so that Enqueue reads nothing)."""
         return {
-            "job_id": job_id,
+            "job_id": job.job_id,
             "plan": plan.model_dump(mode="json"),
             "launch": LaunchStepResult(step=0, attempt=attempt).model_dump(),
+            "queued": QUEUED_JOB.dump_python(queued_job(job), mode="json"),
         }
 
-    def enqueue(self, job_id: str, task_token: str, plan: LaunchPlan) -> None:
-        """Put the job in the admission queue with the workflow's token, and wake a dispatcher.
-        `plan` is the one Prepare or Requeue made: its first choice is the cost estimate."""
-        job = self._ports.jobs.get(job_id)
-        if job.status.terminal:
-            self._ports.workflow.complete_task(task_token, {"cancelled": True})
-            return
-        spec = job.effective_spec
-        entry = QueueEntry(
-            job=QueuedJob(
-                job_id=job_id,
-                team=spec.team,
-                priority=spec.priority,
-                gpus=spec.resources.total_gpus,
-                instances=spec.resources.nodes,
-                enqueued_at=job.created_at,
-                preempted_for=job.preempted_for,
-                preemptions=job.preemptions,
-                estimated_cost_usd=self.estimate_usd(plan),
-            ),
+    def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
+        """The queue's entry for the job the workflow describes. `plan` is the one Prepare or
+        Requeue made: its first choice is the cost estimate."""
+        return QueueEntry(
+            job=replace(queued, estimated_cost_usd=self.estimate_usd(plan)),
             task_token=task_token,
             queued_at=self._now(),
         )
-        self._ports.queue.enqueue(entry)
+
+    def enqueue(self, entry: QueueEntry) -> None:
+        """Put the job in the admission queue with the workflow's token, and wake a dispatcher.
+        A job that ended meanwhile (cancelled) is not queued: its workflow hears `cancelled`."""
+        if not self._ports.queue.enqueue(entry):
+            self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
+            return
+        job = entry.job
         self._ports.events.publish(
             CONTROL_PLANE_SOURCE,
             DETAIL_JOB_QUEUED,
-            {"job_id": job_id, "team": spec.team, "priority": spec.priority.value},
+            {"job_id": job.job_id, "team": job.team, "priority": job.priority.value},
         )
 
     def requeue(self, job_id: str) -> LaunchPlan:
         """Back to the queue after a checkpoint (preemption, reclaim, spot interruption) or for
         a retry: the run's cost is kept, its placement and workflow plumbing are cleared, and
         the launch is planned again for what the job now asks for (a resize, more GPU memory)."""
+        return self._plan(self._requeued(job_id))
+
+    def requeue_input(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """`requeue`, as the workflow's state for the next wait in the queue."""
+        job = self._requeued(job_id)
+        return self.workflow_input(job, self._plan(job), attempt)
+
+    def _requeued(self, job_id: str) -> Job:
         job = self._ports.jobs.get(job_id)
         if job.status is JobStatus.QUEUED:
-            return self._plan(job)  # a repeated step
+            return job  # a repeated step
         released_at = job.released_at if job.released_at is not None else self._now()
         counter = {
             INTERRUPTED: "interruptions",
@@ -271,7 +272,7 @@ class LifecycleService:
             )
         if job.drain_reason == NEXT_STAGE:
             changes.update(_next_stage_changes(job))
-        self._move(
+        return self._move(
             job,
             JobStatus.QUEUED,
             {
@@ -285,7 +286,6 @@ class LifecycleService:
                 **changes,
             },
         )
-        return self._plan(self._ports.jobs.get(job_id))
 
     def drain(self, job_id: str, reason: str, for_job_id: str | None = None) -> bool:
         """Ask a running job's node to checkpoint and stop; the job is then requeued."""
@@ -560,7 +560,13 @@ class LifecycleService:
     def node_report(self, report: NodeReport) -> None:
         """A node's start, heartbeat or finish. Reports from instances the job does not hold
         (stale, or forged), or about a stage the job has moved past, are ignored."""
-        job = self._ports.jobs.get(report.job_id)
+        if report.phase == "heartbeat" or report.stage is not None:
+            job = self._ports.jobs.get(report.job_id)
+        else:
+            found = self._report_in_one_write(report)
+            if found is None:
+                return
+            job = found
         if job.placement is None or report.instance_id not in job.placement.instance_ids:
             return
         if job.status.terminal:
@@ -575,15 +581,35 @@ class LifecycleService:
         else:
             self._node_finished(job, report)
 
+    def _report_in_one_write(self, report: NodeReport) -> Job | None:
+        """The usual report, a start of a launching job or the finish of a running one, in the
+        one conditional write it causes: the condition checks that the job holds the instance.
+        None when it was applied; otherwise the job as the write found it, for the checks that
+        decide what the report means (stale, repeated, a finish that overtook its start)."""
+        if report.phase == "started":
+            target, sources, changes = JobStatus.RUNNING, None, None
+        else:
+            target, sources = JobStatus.RUNNING, [JobStatus.RUNNING]
+            changes = {"run_result": _run_result(report)}
+        try:
+            job = self._ports.jobs.transition(
+                report.job_id,
+                target,
+                self._now(),
+                changes,
+                sources=sources,
+                holding=report.instance_id,
+            )
+        except IllegalTransition as exc:
+            return exc.job if exc.job is not None else self._ports.jobs.get(report.job_id)
+        if report.phase == "started":
+            self._status_changed(job, JobStatus.LAUNCHING)
+        elif job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, _run_result(report, job))
+        return None
+
     def _node_finished(self, job: Job, report: NodeReport) -> None:
-        result = {
-            "exit_code": report.exit_code,
-            "reason": report.reason,
-            "interrupted": report.interrupted,
-            "oom": report.oom,
-        }
-        if job.stage_name is not None:
-            result["stage"] = job.stage_name  # which stage's run the release step looks at
+        result = _run_result(report, job)
         # A finish can overtake its start; the node evidently ran.
         job = self._move(job, JobStatus.RUNNING, {"run_result": result})
         if job.task_token is not None:
@@ -813,15 +839,18 @@ class LifecycleService:
                     return self._ports.jobs.update(job.job_id, self._now(), changes)
                 return self._ports.jobs.get(job.job_id)
             raise
+        self._status_changed(moved, job.status)
+        return moved
+
+    def _status_changed(self, job: Job, previous: JobStatus) -> None:
         detail = {
-            "job_id": moved.job_id,
-            "name": moved.spec.name,
-            "team": moved.spec.team,
-            "status": target.value,
-            "previous": job.status.value,
+            "job_id": job.job_id,
+            "name": job.spec.name,
+            "team": job.spec.team,
+            "status": job.status.value,
+            "previous": previous.value,
         }
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
-        return moved
 
     def _plan(self, job: Job) -> LaunchPlan:
         """The order of capacity types and the timeouts for the job as it now is; which
@@ -914,6 +943,39 @@ def _run_manifest(job: Job, data_bucket: str) -> dict[str, Any]:
         # The next stage may run on these instances: the agent waits for it after this one.
         "await_next_stage": next_stage_may_reuse(job),
     }
+
+
+# The queue's view of a job travels in the workflow's state as JSON.
+QUEUED_JOB: TypeAdapter[QueuedJob] = TypeAdapter(QueuedJob)
+
+
+def queued_job(job: Job) -> QueuedJob:
+    """What the queue needs to know of a job (its cost estimate comes from the plan)."""
+    spec = job.effective_spec
+    return QueuedJob(
+        job_id=job.job_id,
+        team=spec.team,
+        priority=spec.priority,
+        gpus=spec.resources.total_gpus,
+        instances=spec.resources.nodes,
+        enqueued_at=job.created_at,
+        preempted_for=job.preempted_for,
+        preemptions=job.preemptions,
+    )
+
+
+def _run_result(report: NodeReport, job: Job | None = None) -> dict[str, Any]:
+    """What a node's finish hands the workflow (and the job keeps)."""
+    result: dict[str, Any] = {
+        "exit_code": report.exit_code,
+        "reason": report.reason,
+        "interrupted": report.interrupted,
+        "oom": report.oom,
+    }
+    stage = report.stage if report.stage is not None else job.stage_name if job else None
+    if stage is not None:
+        result["stage"] = stage  # which stage's run the release step looks at
+    return result
 
 
 def _spent_until(job: Job, until: float | None) -> dict[str, float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,6 +59,16 @@ _FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The placement's instances as a string set, so that a node's report can be checked against
+# them in the condition of the write it causes (`contains`), without reading the job first.
+_HELD = "instance_ids"
+
+
+def _held(placement: Placement | Mapping[str, Any]) -> dict[str, list[str]]:
+    ids = placement.instance_ids if isinstance(placement, Placement) else placement["instance_ids"]
+    return {"SS": sorted(ids)}
+
+
 def iso_timestamp(epoch: float) -> str:
     """Sortable UTC timestamp for index sort keys."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -86,12 +96,14 @@ def _decode(kind: str, attribute: Mapping[str, str]) -> Any:
     return json.loads(attribute["S"])
 
 
-def job_to_item(job: Job) -> dict[str, dict[str, str]]:
-    item: dict[str, dict[str, str]] = {}
+def job_to_item(job: Job) -> dict[str, dict[str, Any]]:
+    item: dict[str, dict[str, Any]] = {}
     for field_name, (attribute, kind) in _FIELDS.items():
         value = getattr(job, field_name)
         if value is not None:
             item[attribute] = _encode(kind, value)
+    if job.placement is not None and job.placement.instance_ids:
+        item[_HELD] = _held(job.placement)
     # Index keys: status and team partitions sorted by submission time.
     item["team"] = {"S": job.spec.team}
     item["created_at"] = {"S": iso_timestamp(job.created_at)}
@@ -136,26 +148,36 @@ class DynamoJobStore:
         return item_to_job(response["Item"])
 
     def transition(
-        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+        self,
+        job_id: str,
+        target: JobStatus,
+        now: float,
+        changes: Mapping[str, Any] | None = None,
+        *,
+        sources: Collection[JobStatus] | None = None,
+        holding: str | None = None,
     ) -> Job:
-        sources = sorted(ALLOWED_SOURCES[target])
-        if not sources:
+        allowed = sorted(ALLOWED_SOURCES[target] if sources is None else sources)
+        if not allowed:
             raise IllegalTransition(job_id, None, target)
         updates = {"status": target.value, "updated_at": now, **(changes or {})}
         names, values, expression = _update_expression(updates)
         names["#status"] = "status"
         placeholders = []
-        for index, source in enumerate(sources):
+        for index, source in enumerate(allowed):
             values[f":from{index}"] = {"S": source.value}
             placeholders.append(f":from{index}")
+        condition = f"attribute_exists(job_id) AND #status IN ({', '.join(placeholders)})"
+        if holding is not None:
+            names["#held"] = _HELD
+            values[":instance"] = {"S": holding}
+            condition += " AND contains(#held, :instance)"
         try:
             response = self._client.update_item(
                 TableName=self._table,
                 Key={"job_id": {"S": job_id}},
                 UpdateExpression=expression,
-                ConditionExpression=(
-                    f"attribute_exists(job_id) AND #status IN ({', '.join(placeholders)})"
-                ),
+                ConditionExpression=condition,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
@@ -167,7 +189,8 @@ class DynamoJobStore:
             old = exc.response.get("Item")
             if not old:
                 raise JobNotFound(job_id) from None
-            raise IllegalTransition(job_id, JobStatus(old["status"]["S"]), target) from None
+            current = item_to_job(old)
+            raise IllegalTransition(job_id, current.status, target, current) from None
         return item_to_job(response["Attributes"])
 
     def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
@@ -235,9 +258,9 @@ class DynamoJobStore:
 
 def _update_expression(
     updates: Mapping[str, Any],
-) -> tuple[dict[str, str], dict[str, dict[str, str]], str]:
+) -> tuple[dict[str, str], dict[str, dict[str, Any]], str]:
     names: dict[str, str] = {}
-    values: dict[str, dict[str, str]] = {}
+    values: dict[str, dict[str, Any]] = {}
     sets: list[str] = []
     removes: list[str] = []
     for index, (field_name, value) in enumerate(updates.items()):
@@ -248,6 +271,14 @@ def _update_expression(
         else:
             values[f":v{index}"] = _encode(kind, value)
             sets.append(f"#f{index} = :v{index}")
+        if field_name == "placement":  # the instance set follows the placement
+            names["#held"] = _HELD
+            held = _held(value) if value is not None else None
+            if held is None or not held["SS"]:
+                removes.append("#held")
+            else:
+                values[":held"] = held
+                sets.append("#held = :held")
     expression = ""
     if sets:
         expression += "SET " + ", ".join(sets)

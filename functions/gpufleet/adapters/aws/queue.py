@@ -20,14 +20,14 @@ add and remove waiting jobs) let a pass skip the streams of empty classes.
 from __future__ import annotations
 
 import heapq
-import random
-import time
 import zlib
 from collections.abc import Collection, Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.adapters.aws.transactions import transact
+from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import (
     CLASS_RANK,
     Booking,
@@ -43,8 +43,6 @@ from gpufleet.topology import QUEUE_STATE_PARTITION
 # Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
 # pass costs only shards x 4 classes small queries.
 SHARDS = 2
-# Tries of a transaction that collided with another on the same item, with jittered backoff.
-_CONFLICT_RETRIES = 5
 PAGE = 25
 _STATE = QUEUE_STATE_PARTITION
 _RUNNING = "running#"
@@ -134,9 +132,13 @@ def _running(item: dict[str, Any]) -> RunningEntry:
 
 
 class DynamoJobQueue:
-    def __init__(self, client: Any, table_name: str) -> None:
+    def __init__(self, client: Any, table_name: str, jobs_table: str | None = None) -> None:
+        """`jobs_table`: the job store's table, whose job records the writes that put a job in
+        the queue (or admit it straight away) check: a job that ended meanwhile (cancelled) is
+        neither queued nor admitted. Without it, those writes do not look at the job."""
         self._client = client
         self._table = table_name
+        self._jobs_table = jobs_table
         self._items_read = 0
 
     def items_read(self) -> int:
@@ -154,7 +156,23 @@ class DynamoJobQueue:
 
     # -- waiting jobs --------------------------------------------------------------------------
 
-    def enqueue(self, entry: QueueEntry) -> None:
+    def _still_queued(self, job_id: str) -> list[dict[str, Any]]:
+        """The check that the job is still QUEUED in the job store (not cancelled meanwhile)."""
+        if self._jobs_table is None:
+            return []
+        return [
+            {
+                "ConditionCheck": {
+                    "TableName": self._jobs_table,
+                    "Key": {"job_id": _s(job_id)},
+                    "ConditionExpression": "#status = :queued",
+                    "ExpressionAttributeNames": {"#status": "status"},
+                    "ExpressionAttributeValues": {":queued": _s(JobStatus.QUEUED.value)},
+                }
+            }
+        ]
+
+    def enqueue(self, entry: QueueEntry) -> bool:
         # A requeued job keeps its submission time, so its key (and place) are the same.
         item = _entry_item(entry)
         put = {
@@ -170,11 +188,16 @@ class DynamoJobQueue:
             }
         }
         count = self._count_waiting(entry.job.priority, +1)
-        if self._transact([{"Put": put}, not_admitted, count]):
-            return
+        still_queued = self._still_queued(entry.job.job_id)
+        failed = self._transact([{"Put": put}, not_admitted, count, *still_queued])
+        if not failed:
+            return True
+        if still_queued and 3 in failed:
+            return False  # the job ended meanwhile
         # A repeated step (its earlier attempt crashed after writing): only the token changes.
         if not self._hand_admission_to(entry):
             self._client.put_item(TableName=self._table, Item=item)
+        return True
 
     def _hand_admission_to(self, entry: QueueEntry) -> bool:
         """The job was admitted under the token of an attempt that crashed, whose workflow no
@@ -194,25 +217,11 @@ class DynamoJobQueue:
             return False
         return True
 
-    def _transact(self, items: list[dict[str, Any]]) -> bool:
-        """One transaction; False when a condition of it failed. A transaction that collided
-        with another on the same item (the shared usage item) is tried again: it says nothing
-        about the conditions."""
-        for attempt in range(_CONFLICT_RETRIES):
-            try:
-                self._client.transact_write_items(TransactItems=items)
-            except ClientError as exc:
-                if _code(exc) != "TransactionCanceledException":
-                    raise
-                reasons = exc.response.get("CancellationReasons", [])
-                codes = {r.get("Code") for r in reasons}
-                if "TransactionConflict" in codes and "ConditionalCheckFailed" not in codes:
-                    # Milliseconds, as the SDK backs off on throttling: not a wait for work.
-                    time.sleep(random.uniform(0, 0.05 * 2**attempt))
-                    continue
-                return False
-            return True
-        raise QueueContended(f"the queue stayed contended over {_CONFLICT_RETRIES} tries")
+    def _transact(self, items: list[dict[str, Any]]) -> frozenset[int]:
+        """One transaction; the positions of the items whose condition failed (none: it was
+        written). A transaction that collided with another on the same item (the shared usage
+        item) is tried again: it says nothing about the conditions."""
+        return transact(self._client, items)
 
     def _count_waiting(self, priority: Priority, change: int) -> dict[str, Any]:
         return {
@@ -303,9 +312,7 @@ class DynamoJobQueue:
                 "Key": {"pk": item["pk"], "sk": item["sk"]},
                 "ConditionExpression": "attribute_exists(pk)",
             }
-            if not self._transact(
-                [{"Delete": delete}, self._count_waiting(entry.job.priority, -1)]
-            ):
+            if self._transact([{"Delete": delete}, self._count_waiting(entry.job.priority, -1)]):
                 return None  # admitted or removed by someone else meanwhile
             return entry
         return None
@@ -315,19 +322,39 @@ class DynamoJobQueue:
     def running(self) -> list[RunningEntry]:
         return self.state().running
 
-    def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
+    def admit(
+        self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
+    ) -> bool:
         queued = entry.job
         usage_condition = (
             "attribute_not_exists(gpus) OR (gpus <= :gpu_room AND instances <= :instance_room)"
         )
-        items: list[dict[str, Any]] = [
-            {
-                "Delete": {
-                    "TableName": self._table,
-                    "Key": {"pk": _s(shard_of(queued.job_id)), "sk": _s(order_key(queued))},
-                    "ConditionExpression": "attribute_exists(pk)",
+        usage = "ADD gpus :gpus, instances :instances" + (", #waiting :less" if waiting else "")
+        usage_values = {
+            ":gpus": _n(job.gpus),
+            ":instances": _n(job.instances),
+            ":gpu_room": _n(limits.max_gpus - job.gpus),
+            ":instance_room": _n(limits.max_instances - job.instances),
+        }
+        if waiting:
+            usage_values[":less"] = _n(-1)
+        # A waiting job leaves the queue (the entry is the proof that it still waits); one
+        # admitted as it arrives was never queued, and the job record must still say QUEUED.
+        leaves: list[dict[str, Any]] = (
+            [
+                {
+                    "Delete": {
+                        "TableName": self._table,
+                        "Key": {"pk": _s(shard_of(queued.job_id)), "sk": _s(order_key(queued))},
+                        "ConditionExpression": "attribute_exists(pk)",
+                    }
                 }
-            },
+            ]
+            if waiting
+            else self._still_queued(queued.job_id)
+        )
+        items: list[dict[str, Any]] = [
+            *leaves,
             {
                 "Put": {
                     "TableName": self._table,
@@ -351,16 +378,18 @@ class DynamoJobQueue:
                 "Update": {
                     "TableName": self._table,
                     "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
-                    "UpdateExpression": "ADD gpus :gpus, instances :instances, #waiting :less",
+                    "UpdateExpression": usage,
                     "ConditionExpression": usage_condition,
-                    "ExpressionAttributeNames": {"#waiting": _waiting_counter(queued.priority)},
-                    "ExpressionAttributeValues": {
-                        ":gpus": _n(job.gpus),
-                        ":instances": _n(job.instances),
-                        ":less": _n(-1),
-                        ":gpu_room": _n(limits.max_gpus - job.gpus),
-                        ":instance_room": _n(limits.max_instances - job.instances),
-                    },
+                    "ExpressionAttributeValues": usage_values,
+                    **(
+                        {
+                            "ExpressionAttributeNames": {
+                                "#waiting": _waiting_counter(queued.priority)
+                            }
+                        }
+                        if waiting
+                        else {}
+                    ),
                 }
             },
         ]
@@ -374,7 +403,7 @@ class DynamoJobQueue:
             team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
             team_update["ExpressionAttributeValues"][":room"] = _n(limits.team_gpus - job.gpus)
         items.append({"Update": team_update})
-        return self._transact(items)
+        return not self._transact(items)
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
         values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
@@ -420,7 +449,7 @@ class DynamoJobQueue:
         if item is None:
             return False
         gpus, instances = int(item["gpus"]["N"]), int(item["instances"]["N"])
-        return self._transact(
+        return not self._transact(
             [
                 {
                     "Delete": {
@@ -493,10 +522,6 @@ def _booking(item: dict[str, Any]) -> Booking:
         start=float(item["start"]["N"]),
         end=float(item["end"]["N"]),
     )
-
-
-class QueueContended(Exception):
-    """Transactions kept colliding: the caller (a Lambda) fails and is retried."""
 
 
 def _code(exc: ClientError) -> str:

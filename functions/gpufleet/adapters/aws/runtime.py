@@ -62,7 +62,9 @@ def aws_ports(settings: Settings) -> Ports:
         ),
         fleet=ec2_fleet(settings),
         capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
-        queue=DynamoJobQueue(client("dynamodb", region), settings.queue_table),
+        queue=DynamoJobQueue(
+            client("dynamodb", region), settings.queue_table, jobs_table=settings.jobs_table
+        ),
         alarms=CloudWatchAlarms(client("cloudwatch", region)),
         notifier=SnsNotifier(client("sns", region), settings.notify_topic_arn),
     )

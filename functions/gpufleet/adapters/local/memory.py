@@ -61,14 +61,25 @@ class InMemoryJobStore:
             return self._jobs[job_id]
 
     def transition(
-        self, job_id: str, target: JobStatus, now: float, changes: Mapping[str, Any] | None = None
+        self,
+        job_id: str,
+        target: JobStatus,
+        now: float,
+        changes: Mapping[str, Any] | None = None,
+        *,
+        sources: Collection[JobStatus] | None = None,
+        holding: str | None = None,
     ) -> Job:
         with self._lock:
             if job_id not in self._jobs:
                 raise JobNotFound(job_id)
             job = self._jobs[job_id]
-            if job.status not in ALLOWED_SOURCES[target]:
-                raise IllegalTransition(job_id, job.status, target)
+            allowed = ALLOWED_SOURCES[target] if sources is None else sources
+            held = holding is None or (
+                job.placement is not None and holding in job.placement.instance_ids
+            )
+            if job.status not in allowed or not held:
+                raise IllegalTransition(job_id, job.status, target, job)
             updated = job.model_copy(
                 update={**(changes or {}), "status": target, "updated_at": now}
             )
@@ -313,8 +324,9 @@ class FakeFleet:
 class InMemoryJobQueue:
     """The queue's semantics without DynamoDB: the same conditions, checked under a lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: InMemoryJobStore | None = None) -> None:
         self._lock = threading.Lock()
+        self._jobs = jobs  # whose records enqueue and admit-on-arrival check, as on DynamoDB
         self._waiting: dict[str, QueueEntry] = {}
         self._running: dict[str, RunningEntry] = {}
         self._bookings: list[Booking] = []
@@ -324,15 +336,26 @@ class InMemoryJobQueue:
     def items_read(self) -> int:
         return self._read
 
-    def enqueue(self, entry: QueueEntry) -> None:
+    def _still_queued(self, job_id: str) -> bool:
+        if self._jobs is None:
+            return True
+        try:
+            return self._jobs.get(job_id).status is JobStatus.QUEUED
+        except JobNotFound:
+            return False
+
+    def enqueue(self, entry: QueueEntry) -> bool:
         with self._lock:
+            if not self._still_queued(entry.job.job_id):
+                return False
             admitted = self._running.get(entry.job.job_id)
             if admitted is not None:
                 self._running[entry.job.job_id] = RunningEntry(
                     admitted.job, entry.task_token, notified=False
                 )
-                return
+                return True
             self._waiting[entry.job.job_id] = entry
+            return True
 
     def waiting(self) -> list[QueueEntry]:
         with self._lock:
@@ -370,9 +393,15 @@ class InMemoryJobQueue:
                 gpus_held=sum(r.job.gpus for r in running),
             )
 
-    def admit(self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits) -> bool:
+    def admit(
+        self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
+    ) -> bool:
         with self._lock:
-            if entry.job.job_id not in self._waiting or job.job_id in self._running:
+            if job.job_id in self._running:
+                return False
+            if waiting and entry.job.job_id not in self._waiting:
+                return False
+            if not waiting and not self._still_queued(entry.job.job_id):
                 return False
             held = list(self._running.values())
             gpus = sum(r.job.gpus for r in held) + job.gpus
@@ -382,7 +411,7 @@ class InMemoryJobQueue:
                 return False
             if limits.team_gpus is not None and team > limits.team_gpus:
                 return False
-            del self._waiting[entry.job.job_id]
+            self._waiting.pop(entry.job.job_id, None)
             self._running[job.job_id] = RunningEntry(job, entry.task_token, notified=False)
             return True
 
@@ -450,15 +479,16 @@ class RecordingNotifier:
 
 def in_memory_ports(**overrides: Any) -> Ports:
     """Every port in memory (a manual clock, a fake fleet); `overrides` replace some."""
+    jobs = overrides.get("jobs") or InMemoryJobStore()
     ports: dict[str, Any] = {
         "clock": ManualClock(),
-        "jobs": InMemoryJobStore(),
+        "jobs": jobs,
         "events": RecordingPublisher(),
         "objects": InMemoryObjects(),
         "workflow": RecordingWorkflow(),
         "fleet": FakeFleet(),
         "capacity": InMemoryCapacityMemory(),
-        "queue": InMemoryJobQueue(),
+        "queue": InMemoryJobQueue(jobs if isinstance(jobs, InMemoryJobStore) else None),
         "alarms": RecordingAlarms(),
         "notifier": RecordingNotifier(),
         **overrides,
