@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 from gpufleet.domain.config import MetricPolicy
@@ -21,6 +22,37 @@ class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
         ...
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """A job's move to `target` from one of `sources` (or, with `holding`, only while its
+    placement holds that instance), with `changes`: the conditional write of `transition`,
+    also made as part of a write that spans the job store and the queue."""
+
+    job_id: str
+    target: JobStatus
+    sources: frozenset[JobStatus]
+    now: float
+    changes: Mapping[str, Any]
+    holding: str | None = None
+    unchanged_since: float | None = None  # and only if the job was last written at this time
+
+
+@dataclass(frozen=True)
+class RunningShare:
+    """What an admitted job holds of the quotas."""
+
+    team: str
+    gpus: int
+    instances: int
+
+
+class Freed(Enum):
+    """A released share, and whether jobs wait for it (then a pass is to be woken)."""
+
+    NOBODY_WAITS = "nobody waits"
+    OTHERS_WAIT = "others wait"
 
 
 class JobStore(Protocol):
@@ -97,6 +129,10 @@ class QueueState:
     bookings: list[Booking]
     waiting: Mapping[Priority, int]  # how many jobs wait, by class
     gpus_held: int
+    # Until when the latest offering found short of capacity is remembered (0: never): an
+    # admission passes it on, so that a launch reads the capacity memory only when it may
+    # hold something.
+    shortages_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +188,23 @@ class JobQueue(Protocol):
         """A launch attempt of an admitted job: its workflow evidently heard of the admission
         (it is notified), what its instances cost per hour (0 while it has none), and when its
         cost reaches its budget (checked by every full pass; None: no budget)."""
+        ...
+
+    def record_launch(self, change: StatusChange, hourly_usd: float, stop_at: float | None) -> bool:
+        """The job's status change of a launch and `note_launch`, in one write; False (and
+        nothing written) when the job's status is not one of the change's sources, or the job
+        is not admitted (its share was released meanwhile)."""
+        ...
+
+    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
+        """The job's write at the end of a run and the return of its share (`release`), in one
+        write; None (and nothing written) when the job's condition fails, or the job does not
+        hold exactly `share`."""
+        ...
+
+    def note_shortage(self, until: float) -> None:
+        """Offerings ran short of capacity and are remembered until `until` (the capacity
+        memory holds which): the state's `shortages_until` is the latest such time."""
         ...
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:

@@ -163,3 +163,47 @@ def test_recent_for_team_is_that_teams_jobs_newest_first(store: JobStore) -> Non
     recent = store.recent_for_team(team, limit=2)
     assert [j.created_at for j in recent] == [3.0, 2.0]
     assert all(j.spec.team == team for j in recent)
+
+
+def test_a_move_can_require_that_the_placement_holds_an_instance(store: JobStore) -> None:
+    job = new_job()
+    store.put_new(job)
+    store.transition(job.job_id, JobStatus.QUEUED, 1.0)
+    placement = Placement(
+        instance_ids=["i-1", "i-2"],
+        instance_type="g6.xlarge",
+        capacity_type="spot",
+        zone="us-east-1a",
+        hourly_usd=1.0,
+        launched_at=2.0,
+    )
+    store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, {"placement": placement})
+    with pytest.raises(IllegalTransition) as refused:
+        store.transition(job.job_id, JobStatus.RUNNING, 3.0, holding="i-9")  # not its node
+    assert refused.value.job is not None and refused.value.job.status is JobStatus.LAUNCHING
+    assert store.transition(job.job_id, JobStatus.RUNNING, 3.0, holding="i-2").status == (
+        JobStatus.RUNNING
+    )
+    # A move to the status it has, when asked for (a node's finish records its result).
+    finished = store.transition(
+        job.job_id,
+        JobStatus.RUNNING,
+        4.0,
+        {"run_result": {"exit_code": 0}},
+        sources=[JobStatus.RUNNING],
+        holding="i-1",
+    )
+    assert finished.run_result == {"exit_code": 0}
+    # The instances checked follow the placement: a new one, then none.
+    store.update(
+        job.job_id, 5.0, {"placement": placement.model_copy(update={"instance_ids": ["i-3"]})}
+    )
+    with pytest.raises(IllegalTransition):
+        store.transition(
+            job.job_id, JobStatus.RUNNING, 6.0, sources=[JobStatus.RUNNING], holding="i-1"
+        )
+    store.update(job.job_id, 7.0, {"placement": None})
+    with pytest.raises(IllegalTransition):
+        store.transition(
+            job.job_id, JobStatus.RUNNING, 8.0, sources=[JobStatus.RUNNING], holding="i-3"
+        )

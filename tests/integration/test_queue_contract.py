@@ -37,7 +37,7 @@ def queue(request: pytest.FixtureRequest, account: Account) -> JobQueue:
     return dynamo_queue(account.client("dynamodb"))
 
 
-def dynamo_queue(client: Any) -> DynamoJobQueue:
+def dynamo_queue(client: Any, jobs_table: str | None = None) -> DynamoJobQueue:
     # A table of its own per test: the module shares one account.
     name = f"queue-{uuid.uuid4().hex[:8]}"
     client.create_table(
@@ -53,7 +53,7 @@ def dynamo_queue(client: Any) -> DynamoJobQueue:
         ],
     )
     assert QUEUE_TABLE.partition_key == "pk" and QUEUE_TABLE.sort_key == "sk"
-    return DynamoJobQueue(client, name)
+    return DynamoJobQueue(client, name, jobs_table=jobs_table)
 
 
 def entry(

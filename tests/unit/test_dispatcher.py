@@ -121,6 +121,7 @@ def test_admission_completes_the_parked_task_within_the_quota() -> None:
         "admitted": True,
         "queued_at": queued_at,
         "admitted_at": queued_at + 30,
+        "shortages_until": 0.0,  # no capacity shortage remembered: Launch need not look
     }
     assert tokens[1] not in world.workflow.completed
     assert world.ports.jobs.get(first) == before  # admission does not touch the job

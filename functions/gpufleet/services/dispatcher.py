@@ -85,7 +85,7 @@ class DispatcherService:
         )
         if not decision.admitted:
             return False  # it waits (or needs room made): the passes decide
-        return self._admit(entry, decision.admitted[0], state.bookings, now, waiting=False)
+        return self._admit(entry, decision.admitted[0], state, now, waiting=False)
 
     def run_pass(self, full: bool = True) -> PassResult:
         """One admission pass. A `full` pass (the schedule's) reads every class of the queue;
@@ -124,7 +124,7 @@ class DispatcherService:
         by_id = {c.job.job_id: c for c in candidates}
         for admission in decision.admitted:
             entry = by_id[admission.job_id]
-            if self._admit(entry, admission, bookings, now):
+            if self._admit(entry, admission, state, now):
                 result.admitted.append(admission.job_id)
                 result.waited_seconds.append(max(0.0, now - entry.queued_at))
             else:
@@ -148,14 +148,16 @@ class DispatcherService:
         self,
         entry: QueueEntry,
         admission: Admission,
-        bookings: list[Booking],
+        state: QueueState,
         now: float,
         *,
         waiting: bool = True,
     ) -> bool:
+        """Admit the job under the caps and quotas, and tell its workflow (with when the
+        latest capacity shortage the state knows of expires, for its launch)."""
         policy = self._policy
         job = entry.job
-        booked = sum(b.gpus for b in bookings if b.team == job.team and b.active_at(now))
+        booked = sum(b.gpus for b in state.bookings if b.team == job.team and b.active_at(now))
         quota = policy.quota(job.team)
         limits = AdmissionLimits(
             max_gpus=policy.max_gpus
@@ -177,9 +179,12 @@ class DispatcherService:
         if not self._ports.queue.admit(entry, running, limits, waiting=waiting):
             return False
         # The launch that follows notes the wait on the job, in the write it makes anyway.
-        self._tell_admitted(
-            job.job_id, entry.task_token, {"queued_at": entry.queued_at, "admitted_at": now}
-        )
+        told = {
+            "queued_at": entry.queued_at,
+            "admitted_at": now,
+            "shortages_until": state.shortages_until,
+        }
+        self._tell_admitted(job.job_id, entry.task_token, told)
         return True
 
     def _stop_teams_over_budget(

@@ -50,7 +50,7 @@ from gpufleet.domain.retry import (
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Resources
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse, stage_environment
-from gpufleet.ports import Ports, QueueEntry
+from gpufleet.ports import Freed, Ports, QueueEntry, RunningShare, StatusChange
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     CONTROL_RUN_STAGE,
@@ -72,6 +72,8 @@ class Planner(Protocol):
     ) -> LaunchPlan: ...
 
 
+# For how long after an admission a launch relies on what it said of capacity shortages.
+ADMISSION_KNOWS_SHORTAGES_SECONDS = 60.0
 # How many of a team's recent jobs are read to estimate a run time.
 HISTORY_DEPTH = 100
 
@@ -431,7 +433,9 @@ class LifecycleService:
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
         expected = DurationEstimate(plan.expected_seconds, plan.expected_source)
-        launch_step = self._current_offerings(job.effective_spec, capacity_type, expected)
+        launch_step = self._current_offerings(
+            job.effective_spec, capacity_type, expected, self._memory_may_hold(admission, tries)
+        )
         if launch_step is None:
             # Every offering of this capacity type failed moments ago: skip EC2 entirely.
             result = LaunchResult(
@@ -467,18 +471,17 @@ class LifecycleService:
                     "ondemand_fallback": fell_back,
                     "task_token": task_token,
                 }
-                job = self._move(job, JobStatus.LAUNCHING, changes)
+                job = self._record_launch(job, changes)
                 self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
-                self._note_launch(job)
                 return None
-            self._ports.capacity.remember(
-                shortage_keys(result, self._policy.region),
-                until=self._now() + self._policy.capacity_memory_seconds,
-            )
+            shortages = shortage_keys(result, self._policy.region)
+            until = self._now() + self._policy.capacity_memory_seconds
+            self._ports.capacity.remember(shortages, until=until)
+            if shortages:
+                self._ports.queue.note_shortage(until)
         if job.status is JobStatus.QUEUED:
             # Admitted: the job holds its share while it waits for capacity.
-            job = self._move(job, JobStatus.LAUNCHING, self._admitted_changes(job, admission))
-            self._note_launch(job)
+            job = self._record_launch(job, self._admitted_changes(job, admission))
         next_move = plan.after_failure(step, tries + 1, result.error_category)
         return LaunchStepResult(
             step=next_move.step,
@@ -491,23 +494,26 @@ class LifecycleService:
             category=result.error_category.value if result.error_category else "",
         )
 
-    def _note_launch(self, job: Job) -> None:
-        """Tell the queue the job launched (or tries to): its hourly cost, for the fleet's cost
+    def _record_launch(self, job: Job, changes: dict[str, Any]) -> Job:
+        """Move the job to LAUNCHING and tell the queue: its hourly cost, for the fleet's cost
         per hour, and for a job with a budget the moment its cost will reach it, for the
-        dispatcher's passes to stop it then."""
-        placement = job.placement
-        per_hour, stop_at = 0.0, None
-        if placement is not None:
-            per_hour = fleet_hourly_usd(placement) + storage_usd_per_hour(
-                len(placement.instance_ids),
-                placement.storage_gib,
-                placement.storage_usd_per_gib_month,
-            )
-            budget = job.spec.budget_usd
-            if budget is not None and per_hour > 0:
-                left = max(0.0, budget - job.prior_cost_usd)
-                stop_at = placement.launched_at + left / per_hour * 3600
-        self._ports.queue.note_launch(job.job_id, round(per_hour, 6), stop_at)
+        dispatcher's passes to stop it then. One write spanning both, as a rule; two when that
+        one finds the job moved on or its share released (a repeated step, a race)."""
+        now = self._now()
+        launching = job.model_copy(
+            update={**changes, "status": JobStatus.LAUNCHING, "updated_at": now}
+        )
+        hourly_usd, stop_at = _launch_costs(launching)
+        change = StatusChange(
+            job.job_id, JobStatus.LAUNCHING, frozenset({job.status}), now, changes
+        )
+        if self._ports.queue.record_launch(change, hourly_usd, stop_at):
+            if job.status is not JobStatus.LAUNCHING:
+                self._status_changed(launching, job.status)
+            return launching
+        launching = self._move(job, JobStatus.LAUNCHING, changes)
+        self._ports.queue.note_launch(job.job_id, *_launch_costs(launching))
+        return launching
 
     def over_budget(self, job_id: str) -> bool:
         """A running job's cost reached its own budget: stop it as its spec says."""
@@ -605,7 +611,10 @@ class LifecycleService:
         if report.phase == "started":
             self._status_changed(job, JobStatus.LAUNCHING)
         elif job.task_token is not None:
-            self._ports.workflow.complete_task(job.task_token, _run_result(report, job))
+            # The job as this write left it travels with the result: the release step settles
+            # from it in one write, unless the job changes meanwhile.
+            output = {**_run_result(report, job), FINISHED_JOB: job.model_dump(mode="json")}
+            self._ports.workflow.complete_task(job.task_token, output)
         return None
 
     def _node_finished(self, job: Job, report: NodeReport) -> None:
@@ -623,7 +632,8 @@ class LifecycleService:
         (`outcome`). A stage whose successor asks for its instances and fits on them keeps
         them instead (`next_stage.here`: the workflow goes straight back to Launch)."""
         state = state or {}
-        job = self._ports.jobs.get(job_id)
+        finished = _finished_job(job_id, state)
+        job = finished if finished is not None else self._ports.jobs.get(job_id)
         here = self._next_stage_here(job, state)
         if here is not None:
             return here
@@ -631,9 +641,24 @@ class LifecycleService:
         self._ports.alarms.delete(job_id)
         if job.effective_spec.resources.nodes > 1:
             self._ports.fleet.delete_placement_group(job_id)
-        released_at = job.released_at
-        if released_at is None and job.placement is not None:
-            released_at = self._now()
+        if finished is not None:
+            settled = self._settle_in_one_write(finished, state, terminated)
+            if settled is not None:
+                return settled
+            # The job changed since its node finished (or its share did): settle from the record.
+            job = self._ports.jobs.get(job_id)
+        return self._settle(job, state, terminated)
+
+    def _released_at(self, job: Job) -> float | None:
+        if job.released_at is None and job.placement is not None:
+            return self._now()
+        return job.released_at
+
+    def _settle(self, job: Job, state: Mapping[str, Any], terminated: list[str]) -> dict[str, Any]:
+        """After the instances are gone: back to the queue, or the final status and cost; and
+        the job's share of the quotas back to the queue."""
+        job_id = job.job_id
+        released_at = self._released_at(job)
         verdict = self._verdict(job, state, released_at)
         requeue = verdict.requeue and not job.status.terminal
         released = {"released_at": released_at} if job.released_at != released_at else {}
@@ -647,18 +672,47 @@ class LifecycleService:
         else:
             outcome = self._finish(job, state, released_at, released)
         if self._ports.queue.release(job_id):
-            self._ports.events.publish(
-                CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id}
-            )
-        result: dict[str, Any] = {
-            "terminated": terminated,
-            "requeue": requeue,
-            "reason": verdict.reason,
-            "next_stage": {"here": False},
-        }
-        if outcome is not None:
-            result["outcome"] = outcome
-        return result
+            self._capacity_freed(job_id)
+        return _settled(terminated, requeue, verdict.reason, outcome)
+
+    def _settle_in_one_write(
+        self, job: Job, state: Mapping[str, Any], terminated: list[str]
+    ) -> dict[str, Any] | None:
+        """`_settle` for the usual end of a run, from the job as its node's finish left it: the
+        job's write and the return of its share in one transaction, conditioned on the job
+        not having changed since. None (nothing written) when it has, or its share has."""
+        if job.status.terminal:
+            return None
+        released_at = self._released_at(job)
+        verdict = self._verdict(job, state, released_at)
+        released = {"released_at": released_at} if job.released_at != released_at else {}
+        if verdict.requeue:
+            target = job.status
+            changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
+        else:
+            target, changes = self._final_change(job, state, released_at, released)
+        now = self._now()
+        change = StatusChange(
+            job.job_id,
+            target,
+            frozenset({job.status}),
+            now,
+            changes,
+            unchanged_since=job.updated_at,
+        )
+        freed = self._ports.queue.record_release(change, share_of(job))
+        if freed is None:
+            return None
+        ended = job.model_copy(update={**changes, "status": target, "updated_at": now})
+        if target is not job.status:
+            self._status_changed(ended, job.status)
+        if freed is Freed.OTHERS_WAIT:
+            self._capacity_freed(job.job_id)
+        outcome = None if verdict.requeue else ended.summary()
+        return _settled(terminated, verdict.requeue, verdict.reason, outcome)
+
+    def _capacity_freed(self, job_id: str) -> None:
+        self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id})
 
     def _verdict(self, job: Job, state: Mapping[str, Any], released_at: float | None) -> Verdict:
         """After a run: requeue (and why) or the end. A multi-stage job's stage that succeeded
@@ -767,6 +821,18 @@ class LifecycleService:
                 }
                 job = self._ports.jobs.update(job.job_id, self._now(), ended)
             return job.summary()
+        status, changes = self._final_change(job, state, released_at, released)
+        return self._move(job, status, changes).summary()
+
+    def _final_change(
+        self,
+        job: Job,
+        state: Mapping[str, Any],
+        released_at: float | None,
+        released: dict[str, Any],
+    ) -> tuple[JobStatus, dict[str, Any]]:
+        """The final status of a job that has not ended yet, and the changes (reason, exit
+        code, cost) that go with it."""
         status, reason, exit_code = self._outcome(job, state, released_at)
         if job.stage_name is not None and status is not JobStatus.SUCCEEDED:
             reason = f"stage {job.stage_name!r}: {reason}"
@@ -780,7 +846,7 @@ class LifecycleService:
         if job.placement is not None or job.prior_cost_usd:
             changes["cost_usd"] = round(job.prior_cost_usd + run_cost, 6)
             changes["storage_usd"] = round(job.prior_storage_usd + run_storage, 6)
-        return self._move(job, status, changes).summary()
+        return status, changes
 
     def _outcome(
         self, job: Job, state: Mapping[str, Any], released_at: float | None
@@ -889,11 +955,27 @@ class LifecycleService:
         ]
         return estimate_duration(spec, history)
 
+    def _memory_may_hold(self, admission: Mapping[str, Any], tries: int) -> bool:
+        """Whether the capacity memory may hold a shortage now. The first try after a fresh
+        admission knows from it (the admission read when the latest remembered shortage
+        expires), so the usual launch does not read the memory. A shortage noted since the
+        admission is missed: at worst one CreateFleet meets the shortage again."""
+        until, admitted_at = admission.get("shortages_until"), admission.get("admitted_at")
+        if tries or not isinstance(until, int | float) or not isinstance(admitted_at, int | float):
+            return True
+        now = self._now()
+        return until > now or now - admitted_at > ADMISSION_KNOWS_SHORTAGES_SECONDS
+
     def _current_offerings(
-        self, spec: JobSpec, capacity_type: CapacityType, expected: DurationEstimate
+        self,
+        spec: JobSpec,
+        capacity_type: CapacityType,
+        expected: DurationEstimate,
+        memory_may_hold: bool = True,
     ) -> LaunchStep | None:
         """This capacity type's offerings for the spec, minus those without capacity now."""
-        unavailable = self._ports.capacity.unavailable(self._now())
+        now = self._now()
+        unavailable = self._ports.capacity.unavailable(now) if memory_may_hold else frozenset()
         try:
             plan = self._planner(
                 spec,
@@ -962,6 +1044,58 @@ def queued_job(job: Job) -> QueuedJob:
         preempted_for=job.preempted_for,
         preemptions=job.preemptions,
     )
+
+
+# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
+FINISHED_JOB = "job"
+
+
+def _finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
+    """The job as its node's finish left it, when the workflow carries it and it has a single
+    stage (a multi-stage job's release may keep its instances: it reads the record)."""
+    run = state.get("run")
+    document = run.get(FINISHED_JOB) if isinstance(run, Mapping) else None
+    if not isinstance(document, Mapping):
+        return None
+    job = Job.model_validate(document)
+    return job if job.job_id == job_id and not job.spec.stages else None
+
+
+def share_of(job: Job) -> RunningShare:
+    """The share of the quotas a job was admitted with, as its shape now says."""
+    resources = job.effective_spec.resources
+    return RunningShare(job.spec.team, resources.total_gpus, resources.nodes)
+
+
+def _settled(
+    terminated: list[str], requeue: bool, reason: str, outcome: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What the release step hands the workflow."""
+    result: dict[str, Any] = {
+        "terminated": terminated,
+        "requeue": requeue,
+        "reason": reason,
+        "next_stage": {"here": False},
+    }
+    if outcome is not None:
+        result["outcome"] = outcome
+    return result
+
+
+def _launch_costs(job: Job) -> tuple[float, float | None]:
+    """What a launched (or launching) job costs per hour (0 before it holds instances), and
+    when that cost reaches its budget (None: no budget)."""
+    placement = job.placement
+    if placement is None:
+        return 0.0, None
+    per_hour = fleet_hourly_usd(placement) + storage_usd_per_hour(
+        len(placement.instance_ids), placement.storage_gib, placement.storage_usd_per_gib_month
+    )
+    budget, stop_at = job.spec.budget_usd, None
+    if budget is not None and per_hour > 0:
+        left = max(0.0, budget - job.prior_cost_usd)
+        stop_at = placement.launched_at + left / per_hour * 3600
+    return round(per_hour, 6), stop_at
 
 
 def _run_result(report: NodeReport, job: Job | None = None) -> dict[str, Any]:

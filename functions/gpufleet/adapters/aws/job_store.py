@@ -20,6 +20,7 @@ from gpufleet.domain.job import (
     Placement,
 )
 from gpufleet.domain.spec import JobSpec
+from gpufleet.ports import StatusChange
 
 # Job field -> (DynamoDB attribute, kind). "json" fields are stored as JSON strings: they are
 # read whole and never queried, and strings avoid DynamoDB's Decimal round-trip.
@@ -157,29 +158,13 @@ class DynamoJobStore:
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
     ) -> Job:
-        allowed = sorted(ALLOWED_SOURCES[target] if sources is None else sources)
+        allowed = ALLOWED_SOURCES[target] if sources is None else sources
         if not allowed:
             raise IllegalTransition(job_id, None, target)
-        updates = {"status": target.value, "updated_at": now, **(changes or {})}
-        names, values, expression = _update_expression(updates)
-        names["#status"] = "status"
-        placeholders = []
-        for index, source in enumerate(allowed):
-            values[f":from{index}"] = {"S": source.value}
-            placeholders.append(f":from{index}")
-        condition = f"attribute_exists(job_id) AND #status IN ({', '.join(placeholders)})"
-        if holding is not None:
-            names["#held"] = _HELD
-            values[":instance"] = {"S": holding}
-            condition += " AND contains(#held, :instance)"
+        change = StatusChange(job_id, target, frozenset(allowed), now, changes or {}, holding)
         try:
             response = self._client.update_item(
-                TableName=self._table,
-                Key={"job_id": {"S": job_id}},
-                UpdateExpression=expression,
-                ConditionExpression=condition,
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
+                **transition_write(self._table, change),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -254,6 +239,35 @@ class DynamoJobStore:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return jobs[:limit]
+
+
+def transition_write(table: str, change: StatusChange) -> dict[str, Any]:
+    """The conditional UpdateItem of a status change: on its own (`transition`), or as one item
+    of a transaction that spans the job store and the queue."""
+    updates = {"status": change.target.value, "updated_at": change.now, **change.changes}
+    names, values, expression = _update_expression(updates)
+    names["#status"] = "status"
+    placeholders = []
+    for index, source in enumerate(sorted(change.sources)):
+        values[f":from{index}"] = {"S": source.value}
+        placeholders.append(f":from{index}")
+    condition = f"attribute_exists(job_id) AND #status IN ({', '.join(placeholders)})"
+    if change.holding is not None:
+        names["#held"] = _HELD
+        values[":instance"] = {"S": change.holding}
+        condition += " AND contains(#held, :instance)"
+    if change.unchanged_since is not None:
+        names["#written"] = "updated_ts"
+        values[":written"] = _encode("num", change.unchanged_since)
+        condition += " AND #written = :written"
+    return {
+        "TableName": table,
+        "Key": {"job_id": {"S": change.job_id}},
+        "UpdateExpression": expression,
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
 
 
 def _update_expression(

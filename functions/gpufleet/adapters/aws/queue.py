@@ -6,6 +6,9 @@
     state      usage#global | usage#team#<team>       GPUs and instances held; jobs waiting
                                                       per class (global only)
     state      booking#<start, 17 digits>#<booking>   GPUs a team booked for a window
+    state      shortage                               until when the latest capacity shortage
+                                                      is remembered (the capacity memory
+                                                      holds which offerings)
 
 Within a shard, items sort by class (critical first) and then submission time, so every
 (shard, class) pair is a stream already ordered by effective priority: waiting longer raises
@@ -26,6 +29,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.adapters.aws.job_store import transition_write
 from gpufleet.adapters.aws.transactions import transact
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import (
@@ -37,7 +41,15 @@ from gpufleet.domain.queueing import (
     effective_priority,
 )
 from gpufleet.domain.spec import Priority
-from gpufleet.ports import AdmissionLimits, QueueEntry, QueueState, RunningEntry
+from gpufleet.ports import (
+    AdmissionLimits,
+    Freed,
+    QueueEntry,
+    QueueState,
+    RunningEntry,
+    RunningShare,
+    StatusChange,
+)
 from gpufleet.topology import QUEUE_STATE_PARTITION
 
 # Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
@@ -49,6 +61,7 @@ _RUNNING = "running#"
 _GLOBAL = "usage#global"
 _TEAM = "usage#team#"
 _BOOKING = "booking#"
+_SHORTAGE = "shortage"
 # Notices sent once (a team over its monthly budget): apart, so passes never read them.
 _NOTICES = "notices"
 _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
@@ -239,6 +252,7 @@ class DynamoJobQueue:
         bookings: list[Booking] = []
         waiting: dict[Priority, int] = {}
         gpus_held = 0
+        shortages_until = 0.0
         for item in self._query(
             KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": _s(_STATE)}
         ):
@@ -247,12 +261,20 @@ class DynamoJobQueue:
                 running.append(_running(item))
             elif sk.startswith(_BOOKING):
                 bookings.append(_booking(item))
+            elif sk == _SHORTAGE:
+                shortages_until = float(item["until"]["N"])
             elif sk == _GLOBAL:
                 gpus_held = int(item.get("gpus", {}).get("N", "0"))
                 for priority in _PRIORITIES:
                     count = int(item.get(_waiting_counter(priority), {}).get("N", "0"))
                     waiting[priority] = max(0, count)
-        return QueueState(running=running, bookings=bookings, waiting=waiting, gpus_held=gpus_held)
+        return QueueState(
+            running=running,
+            bookings=bookings,
+            waiting=waiting,
+            gpus_held=gpus_held,
+            shortages_until=shortages_until,
+        )
 
     def waiting(self) -> list[QueueEntry]:
         return [
@@ -405,24 +427,50 @@ class DynamoJobQueue:
         items.append({"Update": team_update})
         return not self._transact(items)
 
-    def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
+    def _launch_note(self, job_id: str, hourly_usd: float, stop_at: float | None) -> dict[str, Any]:
         values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
         expression = "SET notified = :yes, hourly_usd = :hourly"
         if stop_at is not None:
             expression += ", stop_at = :at"
             values[":at"] = _n(stop_at)
+        return {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+            "UpdateExpression": expression,
+            "ConditionExpression": "attribute_exists(pk)",
+            "ExpressionAttributeValues": values,
+        }
+
+    def record_launch(self, change: StatusChange, hourly_usd: float, stop_at: float | None) -> bool:
+        if self._jobs_table is None:
+            raise ValueError("record_launch needs the job store's table")
+        note = self._launch_note(change.job_id, hourly_usd, stop_at)
+        return not self._transact(
+            [{"Update": transition_write(self._jobs_table, change)}, {"Update": note}]
+        )
+
+    def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
         try:
-            self._client.update_item(
-                TableName=self._table,
-                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
-                UpdateExpression=expression,
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeValues=values,
-            )
+            self._client.update_item(**self._launch_note(job_id, hourly_usd, stop_at))
         except ClientError as exc:
             if _code(exc) != "ConditionalCheckFailedException":
                 raise
             # Released meanwhile: nothing left to note.
+
+    def note_shortage(self, until: float) -> None:
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={"pk": _s(_STATE), "sk": _s(_SHORTAGE)},
+                UpdateExpression="SET #until = :until",
+                ConditionExpression="attribute_not_exists(#until) OR #until < :until",
+                ExpressionAttributeNames={"#until": "until"},
+                ExpressionAttributeValues={":until": _n(until)},
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            # A later shortage is noted already.
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         try:
@@ -438,6 +486,68 @@ class DynamoJobQueue:
                 return False
             raise
         return True
+
+    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
+        if self._jobs_table is None:
+            raise ValueError("record_release needs the job store's table")
+        job_id = change.job_id
+        nobody_waits = " AND ".join(
+            f"(attribute_not_exists(#w{i}) OR #w{i} <= :zero)" for i in range(len(_PRIORITIES))
+        )
+        usage: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
+            "UpdateExpression": "ADD gpus :gpus, instances :instances",
+            "ConditionExpression": nobody_waits,
+            "ExpressionAttributeNames": {
+                f"#w{i}": _waiting_counter(p) for i, p in enumerate(_PRIORITIES)
+            },
+            "ExpressionAttributeValues": {
+                ":gpus": _n(-share.gpus),
+                ":instances": _n(-share.instances),
+                ":zero": _n(0),
+            },
+        }
+        items: list[dict[str, Any]] = [
+            {"Update": transition_write(self._jobs_table, change)},
+            {
+                "Delete": {
+                    "TableName": self._table,
+                    "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+                    "ConditionExpression": (
+                        "attribute_exists(pk) AND team = :team AND gpus = :gpus"
+                        " AND instances = :instances"
+                    ),
+                    "ExpressionAttributeValues": {
+                        ":team": _s(share.team),
+                        ":gpus": _n(share.gpus),
+                        ":instances": _n(share.instances),
+                    },
+                }
+            },
+            {"Update": usage},
+            self._team_usage(share.team, -share.gpus),
+        ]
+        failed = self._transact(items)
+        if not failed:
+            return Freed.NOBODY_WAITS
+        if failed != {2}:
+            return None
+        # Jobs wait: the same write without asking, and a pass is to be woken.
+        usage.pop("ConditionExpression")
+        usage.pop("ExpressionAttributeNames")
+        usage["ExpressionAttributeValues"].pop(":zero")
+        return None if self._transact(items) else Freed.OTHERS_WAIT
+
+    def _team_usage(self, team: str, gpus: int) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": self._table,
+                "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + team)},
+                "UpdateExpression": "ADD gpus :gpus",
+                "ExpressionAttributeValues": {":gpus": _n(gpus)},
+            }
+        }
 
     def release(self, job_id: str) -> bool:
         response = self._client.get_item(
@@ -469,14 +579,7 @@ class DynamoJobQueue:
                         },
                     }
                 },
-                {
-                    "Update": {
-                        "TableName": self._table,
-                        "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + item["team"]["S"])},
-                        "UpdateExpression": "ADD gpus :gpus",
-                        "ExpressionAttributeValues": {":gpus": _n(-gpus)},
-                    }
-                },
+                self._team_usage(item["team"]["S"], -gpus),
             ]
         )  # False: released by someone else in the meantime
 

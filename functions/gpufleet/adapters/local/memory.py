@@ -19,12 +19,15 @@ from gpufleet.domain.spec import JobSpec, Priority
 from gpufleet.ports import (
     AdmissionLimits,
     Clock,
+    Freed,
     ManagedInstance,
     ObjectTooLarge,
     Ports,
     QueueEntry,
     QueueState,
     RunningEntry,
+    RunningShare,
+    StatusChange,
     WarmPoolStatus,
 )
 
@@ -331,6 +334,7 @@ class InMemoryJobQueue:
         self._running: dict[str, RunningEntry] = {}
         self._bookings: list[Booking] = []
         self._notices: set[str] = set()
+        self._shortages_until = 0.0
         self._read = 0
 
     def items_read(self) -> int:
@@ -391,6 +395,7 @@ class InMemoryJobQueue:
                 bookings=list(self._bookings),
                 waiting={p: waiting.get(p, 0) for p in Priority},
                 gpus_held=sum(r.job.gpus for r in running),
+                shortages_until=self._shortages_until,
             )
 
     def admit(
@@ -421,6 +426,57 @@ class InMemoryJobQueue:
             if entry is not None:
                 job = replace(entry.job, hourly_usd=hourly_usd, stop_at=stop_at)
                 self._running[job_id] = RunningEntry(job, entry.task_token, notified=True)
+
+    def record_launch(self, change: StatusChange, hourly_usd: float, stop_at: float | None) -> bool:
+        if self._jobs is None:
+            raise ValueError("record_launch needs the job store")
+        with self._lock:
+            if change.job_id not in self._running:
+                return False
+            try:
+                self._jobs.transition(
+                    change.job_id,
+                    change.target,
+                    change.now,
+                    change.changes,
+                    sources=change.sources,
+                    holding=change.holding,
+                )
+            except (IllegalTransition, JobNotFound):
+                return False
+            entry = self._running[change.job_id]
+            job = replace(entry.job, hourly_usd=hourly_usd, stop_at=stop_at)
+            self._running[change.job_id] = RunningEntry(job, entry.task_token, notified=True)
+            return True
+
+    def note_shortage(self, until: float) -> None:
+        with self._lock:
+            self._shortages_until = max(self._shortages_until, until)
+
+    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
+        if self._jobs is None:
+            raise ValueError("record_release needs the job store")
+        with self._lock:
+            entry = self._running.get(change.job_id)
+            held = entry and RunningShare(entry.job.team, entry.job.gpus, entry.job.instances)
+            if held != share:
+                return None
+            try:
+                job = self._jobs.get(change.job_id)
+                if change.unchanged_since is not None and job.updated_at != change.unchanged_since:
+                    return None
+                self._jobs.transition(
+                    change.job_id,
+                    change.target,
+                    change.now,
+                    change.changes,
+                    sources=change.sources,
+                    holding=change.holding,
+                )
+            except (IllegalTransition, JobNotFound):
+                return None
+            del self._running[change.job_id]
+            return Freed.OTHERS_WAIT if self._waiting else Freed.NOBODY_WAITS
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         with self._lock:
