@@ -36,7 +36,7 @@ class StatusChange:
     now: float
     changes: Mapping[str, Any]
     holding: str | None = None
-    unchanged_since: float | None = None  # and only if the job was last written at this time
+    version: int | None = None  # and only if the job is still at this version (not written since)
 
 
 @dataclass(frozen=True)

@@ -290,8 +290,9 @@ _LAUNCH_ACTIONS = {"CreateFleet": ("ec2:CreateFleet", "ec2:RunInstances")}
 
 
 def _leading_key(params: Mapping[str, Any]) -> dict[str, str]:
-    """`dynamodb:LeadingKeys` of an item operation: the value of the key's partition key."""
-    key = params.get("Key")
+    """`dynamodb:LeadingKeys` of an item operation (alone or in a transaction, where IAM
+    checks each item): the value of the key's partition key (of the item, for a put)."""
+    key = params.get("Key", params.get("Item"))
     if not isinstance(key, Mapping):
         return {}
     [table] = [t for t in topology.TABLES if params["TableName"] == f"gpufleet-{t.construct_id}"]
@@ -303,7 +304,11 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
     params = call.params
     if call.action == "dynamodb:TransactWriteItems":
         return [
-            Request(f"dynamodb:{_ITEM_ACTIONS[kind]}", stack.tables[item["TableName"]])
+            Request(
+                f"dynamodb:{_ITEM_ACTIONS[kind]}",
+                stack.tables[item["TableName"]],
+                _leading_key(item),
+            )
             for entry in params["TransactItems"]
             for kind, item in entry.items()
         ]

@@ -156,7 +156,7 @@ def ended(job: Job, at: float = NOW + 100) -> StatusChange:
         frozenset({JobStatus.RUNNING}),
         at,
         {"released_at": at, "cost_usd": 0.05},
-        unchanged_since=job.updated_at,
+        version=job.version,
     )
 
 

@@ -14,6 +14,7 @@ from gpufleet.adapters.local.memory import (
     InMemoryJobQueue,
     InMemoryObjects,
     ManualClock,
+    RecordingPublisher,
     RecordingWorkflow,
 )
 from gpufleet.domain.config import FleetConfig
@@ -30,8 +31,10 @@ from gpufleet.services.lifecycle import (
     LifecycleService,
     NodeReport,
     control_key,
+    queued_job,
     run_manifest_key,
 )
+from gpufleet.topology import DETAIL_JOB_QUEUED
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 POLICY = QueuePolicy(
@@ -322,3 +325,54 @@ def test_resize_a_waiting_job_and_a_running_one() -> None:
     assert job.effective_spec.resources.gpus == 4 and job.preemptions == 0
     world.enqueue(running)
     assert {e.job.job_id: e.job.gpus for e in world.ports.queue.waiting()}[running] == 4
+
+
+def arrive(world: World, job_id: str) -> str:
+    """The Enqueue task as the handler runs it: admitted on arrival, or queued."""
+    world.tokens += 1
+    token = f"enqueue-{world.tokens}"
+    queued = queued_job(world.ports.jobs.get(job_id))
+    world.dispatcher.enqueue(queued, token, world.plans[job_id])
+    world.queue_tokens[job_id] = token
+    return token
+
+
+def queued_events(world: World) -> list[dict[str, Any]]:
+    return cast(RecordingPublisher, world.ports.events).of_type(DETAIL_JOB_QUEUED)
+
+
+def test_a_job_that_arrives_when_nothing_waits_is_admitted_by_its_enqueue_task() -> None:
+    world = World()
+    job_id = world.submit("a", "normal")
+    token = arrive(world, job_id)
+    told = world.workflow.completed[token]
+    assert told["admitted"] is True and told["queued_at"] == told["admitted_at"]
+    state = world.ports.queue.state()
+    assert [r.job.job_id for r in state.running] == [job_id]
+    assert queued_events(world) == []  # no pass to wake
+    assert world.dispatcher.run_pass().admitted == []  # and nothing left for one
+    world.start(job_id)
+    assert world.ports.jobs.get(job_id).status is JobStatus.RUNNING
+
+
+def test_a_job_that_arrives_behind_waiting_jobs_or_over_its_quota_waits_for_a_pass() -> None:
+    world = World()
+    first, second, third = (world.submit(n, "normal") for n in ("a", "b", "c"))
+    arrive(world, first)  # admitted: the team's 4 GPUs are taken
+    second_token = arrive(world, second)  # over the quota: queued
+    assert second_token not in world.workflow.completed
+    assert [e["job_id"] for e in queued_events(world)] == [second]
+    world.ports.queue.release(first)  # room again, but the second waits ahead of the third
+    third_token = arrive(world, third)
+    assert third_token not in world.workflow.completed
+    assert world.dispatcher.run_pass().admitted == [second]  # in its place
+
+
+def test_a_job_cancelled_before_it_arrives_is_neither_admitted_nor_queued() -> None:
+    world = World()
+    job_id = world.submit("a", "normal")
+    world.lifecycle.cancel(job_id)
+    token = arrive(world, job_id)
+    assert world.workflow.completed[token] == {"cancelled": True}
+    state = world.ports.queue.state()
+    assert state.running == [] and world.ports.queue.waiting() == []

@@ -10,6 +10,7 @@ import pytest
 
 from gpufleet.adapters.local.memory import (
     FakeFleet,
+    InMemoryCapacityMemory,
     InMemoryObjects,
     ManualClock,
     RecordingAlarms,
@@ -23,16 +24,17 @@ from gpufleet.domain.job import IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.scaling import AlarmKind
-from gpufleet.services.factory import build_actions, build_lifecycle
+from gpufleet.services.factory import build_actions, build_dispatcher, build_lifecycle
 from gpufleet.services.intake import is_error_report
 from gpufleet.services.lifecycle import (
     LaunchStepResult,
     LifecycleService,
     NodeReport,
     control_key,
+    queued_job,
     run_manifest_key,
 )
-from gpufleet.topology import DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
+from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings(max_launch_attempts=4, retry_wait_seconds=5)
@@ -596,3 +598,79 @@ def test_an_overheating_gpu_alerts_the_operators_and_moves_the_job_elsewhere() -
     assert service.release(job_id, {"run": run})["requeue"] is True  # resumes elsewhere
     service.requeue(job_id)
     assert ports.jobs.get(job_id).status is JobStatus.QUEUED
+
+
+class CountingCapacity(InMemoryCapacityMemory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def unavailable(self, now: float) -> frozenset[str]:
+        self.reads += 1
+        return super().unavailable(now)
+
+
+def admitted_job() -> tuple[LifecycleService, Any, str, dict[str, Any]]:
+    """A job admitted as it arrived, as the Enqueue task admits one: (service, ports, job,
+    what the admission told its workflow)."""
+    ports = replace(local_ports(), capacity=CountingCapacity())
+    job_id = submit(ports).job_id
+    service = build_lifecycle(ports, SETTINGS)
+    dispatcher = build_dispatcher(ports, SETTINGS, service)
+    dispatcher.enqueue(queued_job(ports.jobs.get(job_id)), "enqueue", plan_of(ports, job_id))
+    admission = cast(RecordingWorkflow, ports.workflow).completed["enqueue"]
+    assert admission["admitted"] is True
+    return service, ports, job_id, admission
+
+
+def test_a_fresh_admission_tells_the_launch_whether_to_read_the_capacity_memory() -> None:
+    service, ports, job_id, admission = admitted_job()
+    capacity = cast(CountingCapacity, ports.capacity)
+    plan = plan_of(ports, job_id)
+    assert admission["shortages_until"] == 0.0
+    assert service.launch(job_id, plan, 0, 0, "run", admission) is None
+    assert capacity.reads == 0  # the admission said no shortage is remembered
+    # Told of a shortage that is still remembered, a launch reads the memory.
+    service, ports, job_id, admission = admitted_job()
+    capacity = cast(CountingCapacity, ports.capacity)
+    told = {**admission, "shortages_until": ports.clock.now() + 60}
+    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", told) is None
+    assert capacity.reads == 1
+    # So does a launch long after its admission, and every later try.
+    service, ports, job_id, admission = admitted_job()
+    capacity = cast(CountingCapacity, ports.capacity)
+    cast(ManualClock, ports.clock).advance(600)
+    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    assert capacity.reads == 1
+
+
+def run_to_finish(
+    service: LifecycleService, ports: Any, job_id: str, admission: dict[str, Any]
+) -> dict[str, Any]:
+    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    service.node_report(started(job_id, instance))
+    cast(ManualClock, ports.clock).advance(600)
+    service.node_report(finished(job_id, instance))
+    return cast(RecordingWorkflow, ports.workflow).completed["run"]
+
+
+@pytest.mark.parametrize("changed_meanwhile", [False, True])
+def test_release_settles_from_the_job_its_node_finish_handed_over_or_from_the_record(
+    changed_meanwhile: bool,
+) -> None:
+    service, ports, job_id, admission = admitted_job()
+    run = run_to_finish(service, ports, job_id, admission)
+    assert run["job"]["job_id"] == job_id and run["exit_code"] == 0
+    if changed_meanwhile:  # e.g. an alarm flagged it after the finish: the view is stale
+        ports.jobs.update(job_id, ports.clock.now(), {"flags": ["idle"]})
+    released = service.release(job_id, {"run": run})
+    job = ports.jobs.get(job_id)
+    assert released["outcome"]["status"] == "SUCCEEDED" == job.status.value
+    assert job.cost_usd is not None and job.cost_usd > 0 and job.released_at is not None
+    assert released["outcome"]["cost_usd"] == job.cost_usd
+    assert ports.queue.state().running == []  # its share is back
+    assert ports.fleet.live == {}
+    freed = cast(RecordingPublisher, ports.events).of_type(DETAIL_CAPACITY_FREED)
+    # Nothing waits: no pass is woken (the record's path tells one regardless).
+    assert len(freed) == int(changed_meanwhile)

@@ -141,6 +141,8 @@ class Job(BaseModel):
     source: str = Field(description="Where the spec came from, e.g. s3://bucket/key")
     created_at: float
     updated_at: float
+    # Writes so far: a write conditioned on it applies only to the job as its writer saw it.
+    version: int = 0
     placement: Placement | None = None
     released_at: float | None = None
     cost_usd: float | None = None

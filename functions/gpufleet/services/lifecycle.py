@@ -698,12 +698,14 @@ class LifecycleService:
             frozenset({job.status}),
             now,
             changes,
-            unchanged_since=job.updated_at,
+            version=job.version,
         )
         freed = self._ports.queue.record_release(change, share_of(job))
         if freed is None:
             return None
-        ended = job.model_copy(update={**changes, "status": target, "updated_at": now})
+        ended = job.model_copy(
+            update={**changes, "status": target, "updated_at": now, "version": job.version + 1}
+        )
         if target is not job.status:
             self._status_changed(ended, job.status)
         if freed is Freed.OTHERS_WAIT:

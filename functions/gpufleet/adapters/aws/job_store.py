@@ -30,6 +30,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "source": ("source", "str"),
     "created_at": ("created_ts", "num"),
     "updated_at": ("updated_ts", "num"),
+    "version": ("version", "num"),
     "spec": ("spec", "json"),
     "placement": ("placement", "json"),
     "released_at": ("released_ts", "num"),
@@ -256,10 +257,9 @@ def transition_write(table: str, change: StatusChange) -> dict[str, Any]:
         names["#held"] = _HELD
         values[":instance"] = {"S": change.holding}
         condition += " AND contains(#held, :instance)"
-    if change.unchanged_since is not None:
-        names["#written"] = "updated_ts"
-        values[":written"] = _encode("num", change.unchanged_since)
-        condition += " AND #written = :written"
+    if change.version is not None:
+        values[":version"] = _encode("num", change.version)
+        condition += " AND #version = :version"
     return {
         "TableName": table,
         "Key": {"job_id": {"S": change.job_id}},
@@ -293,11 +293,15 @@ def _update_expression(
             else:
                 values[":held"] = held
                 sets.append("#held = :held")
+    # Every write counts one version (an item stored before versions starts from none).
+    names["#version"] = "version"
+    values[":one"] = {"N": "1"}
     expression = ""
     if sets:
         expression += "SET " + ", ".join(sets)
     if removes:
         expression += " REMOVE " + ", ".join(removes)
+    expression += " ADD #version :one"
     return names, values, expression.strip()
 
 

@@ -84,7 +84,12 @@ class InMemoryJobStore:
             if job.status not in allowed or not held:
                 raise IllegalTransition(job_id, job.status, target, job)
             updated = job.model_copy(
-                update={**(changes or {}), "status": target, "updated_at": now}
+                update={
+                    **(changes or {}),
+                    "status": target,
+                    "updated_at": now,
+                    "version": job.version + 1,
+                }
             )
             self._jobs[job_id] = updated
             return updated
@@ -93,7 +98,10 @@ class InMemoryJobStore:
         with self._lock:
             if job_id not in self._jobs:
                 raise JobNotFound(job_id)
-            updated = self._jobs[job_id].model_copy(update={**changes, "updated_at": now})
+            job = self._jobs[job_id]
+            updated = job.model_copy(
+                update={**changes, "updated_at": now, "version": job.version + 1}
+            )
             self._jobs[job_id] = updated
             return updated
 
@@ -463,7 +471,7 @@ class InMemoryJobQueue:
                 return None
             try:
                 job = self._jobs.get(change.job_id)
-                if change.unchanged_since is not None and job.updated_at != change.unchanged_since:
+                if change.version is not None and job.version != change.version:
                     return None
                 self._jobs.transition(
                     change.job_id,
