@@ -138,8 +138,14 @@ class ApiCall:
 def _naming_params(params: dict[str, Any]) -> dict[str, Any]:
     kept = {name: params[name] for name in _NAMING_PARAMS if name in params}
     if "TransactItems" in params:  # each item: {"Put" | "Update" | ...: {"TableName": ...}}
+        # IAM judges each item as its own call: its table and its key (for a put, the item).
         kept["TransactItems"] = [
-            {kind: {"TableName": request["TableName"]} for kind, request in item.items()}
+            {
+                kind: {
+                    name: request[name] for name in ("TableName", "Key", "Item") if name in request
+                }
+                for kind, request in item.items()
+            }
             for item in params["TransactItems"]
         ]
     if "Entries" in params:  # PutEvents: IAM judges each entry's bus and source
