@@ -5,7 +5,10 @@ A job's own work is counted: the schedules do not run here. Their passes (one ad
 minute, one reconcile every five, whatever the load) are a fixed cost per month, reported
 apart in the README.
 
-    python scripts/bench_overhead.py [--jobs N]
+    python scripts/bench_overhead.py [--jobs N] [--max-gpus G]
+
+With --max-gpus smaller than the jobs need at once, jobs wait in the queue and are admitted by
+passes woken as others release: the cost of a busy fleet rather than an idle one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.domain.config import FleetConfig, config_from_yaml
 from gpufleet.emulator.demo import DemoScenario, Submission, run_demo
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.emulator.scheduler import ScheduleRunner
@@ -45,7 +49,19 @@ class Counts:
     transitions: int
 
 
-def _count(jobs: int) -> Counts:
+def _config(max_gpus: int | None) -> FleetConfig | None:
+    """The repository's config; with `max_gpus`, a fleet that small, so that jobs wait."""
+    if max_gpus is None:
+        return None
+    document = config_from_yaml((ROOT / "gpufleet.yaml").read_text()).model_dump()
+    queue = document["queue"]
+    queue.update(max_gpus=max_gpus, reserve_share=0.0)
+    for quota in [*queue["teams"].values(), queue["default_team"]]:
+        quota.update(gpus=min(quota["gpus"], max_gpus), borrow=0)
+    return FleetConfig.model_validate(document)
+
+
+def _count(jobs: int, max_gpus: int | None = None) -> Counts:
     original_tick = ScheduleRunner.tick
 
     def tick(self: ScheduleRunner) -> None:
@@ -57,6 +73,8 @@ def _count(jobs: int) -> Counts:
             name="overhead",
             submissions=[Submission("s3", SPEC, copy_as=f"job-{i}.yaml") for i in range(jobs)],
             nodes=NodeScenario(boot_seconds=1.0, behaviours={"resnet-baseline": Behaviour(3.0, 0)}),
+            config=_config(max_gpus),
+            timeout_seconds=180.0 + 10.0 * jobs,
         )
         result = run_demo(scenario)
     finally:
@@ -96,12 +114,19 @@ def _dollars_per_1000(counts: Counts, jobs: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1, help="jobs submitted at once (default 1)")
+    parser.add_argument(
+        "--max-gpus",
+        type=int,
+        default=None,
+        help="cap the fleet's GPUs, so that jobs wait in the queue (default: gpufleet.yaml)",
+    )
     args = parser.parse_args()
-    counts = _count(args.jobs)
+    counts = _count(args.jobs, args.max_gpus)
     n = args.jobs
     dynamo = sum(v for k, v in counts.calls.items() if k.startswith("dynamodb."))
     lambdas = sum(counts.invocations.values())
-    print(f"control-plane overhead per job, happy path, {n} job(s) at once (schedules apart)")
+    cap = "" if args.max_gpus is None else f", a fleet of {args.max_gpus} GPU(s)"
+    print(f"control-plane overhead per job, happy path, {n} job(s) at once{cap} (schedules apart)")
     print(f"  lambda invocations   {lambdas / n:6.1f}   (target <= 8)")
     print(f"  dynamodb requests    {dynamo / n:6.1f}   (target <= 10)")
     print(f"  state transitions    {counts.transitions / n:6.1f}   (target <= 20)")
