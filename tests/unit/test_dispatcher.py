@@ -328,11 +328,13 @@ def test_resize_a_waiting_job_and_a_running_one() -> None:
 
 
 def arrive(world: World, job_id: str) -> str:
-    """The Enqueue task as the handler runs it: admitted on arrival, or queued."""
+    """The Enqueue task as the handler runs it: admitted on arrival (its task completed at
+    once, and the handler counts the admission), or queued."""
     world.tokens += 1
     token = f"enqueue-{world.tokens}"
     queued = queued_job(world.ports.jobs.get(job_id))
-    world.dispatcher.enqueue(queued, token, world.plans[job_id])
+    admitted = world.dispatcher.enqueue(queued, token, world.plans[job_id])
+    assert admitted is (world.workflow.completed.get(token, {}).get("admitted") is True)
     world.queue_tokens[job_id] = token
     return token
 

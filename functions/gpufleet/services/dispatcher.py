@@ -2,10 +2,10 @@
 
 A job that arrives when nothing waits is admitted by its own Enqueue task, with the same policy
 and the same conditional write (`enqueue`). Passes are triggered by `Job Queued` and `Capacity
-Freed` events and by a schedule (which also catches time
-window boundaries). Several can run at once: each admission is one conditional transaction
-(the queue item must still exist, the caps and the team's quota must still have room), so a job
-is never admitted twice and no quota is exceeded, whoever wins.
+Freed` events and by a schedule (which also catches time window boundaries). Several can run
+at once: each admission is one conditional transaction (the queue item must still exist, the
+caps and the team's quota must still have room), so a job is never admitted twice and no quota
+is exceeded, whoever wins.
 """
 
 from __future__ import annotations
@@ -60,13 +60,16 @@ class DispatcherService:
         self._policy = policy
         self._limit = candidates_per_pass
 
-    def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> None:
+    def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> bool:
         """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
         the policy admits it now, it is admitted at once, in one read of the queue's state and
-        one write, with no pass to wake; otherwise it waits for the passes, in its place."""
+        one write, with no pass to wake (True); otherwise it waits for the passes, in its
+        place (False)."""
         entry = self._lifecycle.queue_entry(queued, task_token, plan)
-        if not self._admit_on_arrival(entry):
-            self._lifecycle.enqueue(entry)
+        if self._admit_on_arrival(entry):
+            return True
+        self._lifecycle.enqueue(entry)
+        return False
 
     def _admit_on_arrival(self, entry: QueueEntry) -> bool:
         ports, policy = self._ports, self._policy
