@@ -7,7 +7,9 @@
    with Lambda's asynchronous retry behaviour (two retries).
 3. moto checks a DynamoDB condition and applies the write without a lock, so two threads can
    both pass the same condition. DynamoDB applies each conditional write atomically; the
-   backend's writes are serialized to match.
+   backend's writes are serialized to match. A transaction that fails is undone item by item:
+   moto would deep-copy every table it touches before each transaction, which costs time and
+   memory in proportion to the whole table (the jobs table, for a launch or a release).
 4. Who called: control-plane code, the emulator itself, or a simulated node. Each boto3 call is
    counted against the actor on the calling thread, so the demo reports the API calls the
    control plane made and nothing else; a call made while a handler runs is also logged
@@ -24,6 +26,7 @@ moto is pinned exactly (see requirements.lock): these patches rely on its intern
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import io
@@ -334,6 +337,7 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
     # 3. Conditional writes are atomic in DynamoDB.
     from moto.dynamodb.models import DynamoDBBackend
 
+    _undo_transactions_item_by_item(undo)
     write_lock = threading.RLock()
     for operation in ("put_item", "update_item", "delete_item", "transact_write_items"):
         original = getattr(DynamoDBBackend, operation)
@@ -423,6 +427,48 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
             undo.append(functools.partial(handler.setStream, previous))
     logging.getLogger("botocore").setLevel(logging.WARNING)
     return Patches(recorder=recorder, undo=undo)
+
+
+def _undo_transactions_item_by_item(undo: list[Callable[[], None]]) -> None:
+    """moto keeps a deep copy of each table a transaction touches, to put back if it fails.
+    Here its copy is the live table (so putting it back changes nothing), and what a failed
+    transaction wrote is undone from the items it touched, as they were before."""
+    from moto.dynamodb import models as dynamodb_models
+    from moto.dynamodb.models.table import Table
+
+    class TablesKeptLive:
+        @staticmethod
+        def deepcopy(value: Any, memo: Any = None) -> Any:
+            return value if isinstance(value, Table) else copy.deepcopy(value, memo)
+
+    _replace(dynamodb_models, "copy", TablesKeptLive, undo)
+    original = dynamodb_models.DynamoDBBackend.transact_write_items
+
+    def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
+        before = [_item_before(self, op) for item in transact_items for op in item.values()]
+        try:
+            original(self, transact_items)
+        except Exception:
+            for table_name, key, attributes in before:
+                if attributes is None:
+                    if self.get_item(table_name, key) is not None:
+                        self.delete_item(table_name, key)
+                else:
+                    self.put_item(table_name, attributes)
+            raise
+
+    _replace(dynamodb_models.DynamoDBBackend, "transact_write_items", transact_write_items, undo)
+
+
+def _item_before(backend: Any, op: dict[str, Any]) -> tuple[str, dict[str, Any], Any]:
+    """(table, key, the item's attributes now, or None) of one item of a transaction."""
+    table = backend.get_table(op["TableName"])
+    key = op.get("Key")
+    if key is None:
+        names = [table.hash_key_attr, table.range_key_attr]
+        key = {name: op["Item"][name] for name in names if name is not None}
+    current = backend.get_item(op["TableName"], key)
+    return op["TableName"], key, None if current is None else current.to_json()["Attributes"]
 
 
 def _replace(owner: Any, name: str, replacement: Any, undo: list[Callable[[], None]]) -> None:
