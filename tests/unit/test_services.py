@@ -610,11 +610,11 @@ class CountingCapacity(InMemoryCapacityMemory):
         return super().unavailable(now)
 
 
-def admitted_job() -> tuple[LifecycleService, Any, str, dict[str, Any]]:
+def admitted_job(body: bytes = SPEC_YAML) -> tuple[LifecycleService, Any, str, dict[str, Any]]:
     """A job admitted as it arrived, as the Enqueue task admits one: (service, ports, job,
     what the admission told its workflow)."""
     ports = replace(local_ports(), capacity=CountingCapacity())
-    job_id = submit(ports).job_id
+    job_id = submit(ports, body=body).job_id
     service = build_lifecycle(ports, SETTINGS)
     dispatcher = build_dispatcher(ports, SETTINGS, service)
     dispatcher.enqueue(queued_job(ports.jobs.get(job_id)), "enqueue", plan_of(ports, job_id))
@@ -674,3 +674,15 @@ def test_release_settles_from_the_job_its_node_finish_handed_over_or_from_the_re
     freed = cast(RecordingPublisher, ports.events).of_type(DETAIL_CAPACITY_FREED)
     # Nothing waits: no pass is woken (the record's path tells one regardless).
     assert len(freed) == int(changed_meanwhile)
+
+
+def test_a_large_job_is_not_handed_to_the_workflow_and_release_reads_its_record() -> None:
+    # A spec near its 256 KiB limit would take the workflow's state past what Step Functions
+    # allows (the execution would fail with no Catch to release the instances).
+    env = "".join(f"  VAR_{i}: {'x' * 8000}\n" for i in range(20))
+    service, ports, job_id, admission = admitted_job(SPEC_YAML + f"env:\n{env}".encode())
+    run = run_to_finish(service, ports, job_id, admission)
+    assert "job" not in run and run["exit_code"] == 0
+    released = service.release(job_id, {"run": run})
+    assert released["outcome"]["status"] == "SUCCEEDED" == ports.jobs.get(job_id).status.value
+    assert ports.queue.state().running == []

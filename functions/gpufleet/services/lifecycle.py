@@ -7,6 +7,7 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -611,10 +612,7 @@ class LifecycleService:
         if report.phase == "started":
             self._status_changed(job, JobStatus.LAUNCHING)
         elif job.task_token is not None:
-            # The job as this write left it travels with the result: the release step settles
-            # from it in one write, unless the job changes meanwhile.
-            output = {**_run_result(report, job), FINISHED_JOB: job.model_dump(mode="json")}
-            self._ports.workflow.complete_task(job.task_token, output)
+            self._ports.workflow.complete_task(job.task_token, _finish_output(report, job))
         return None
 
     def _node_finished(self, job: Job, report: NodeReport) -> None:
@@ -1050,6 +1048,21 @@ def queued_job(job: Job) -> QueuedJob:
 
 # The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
 FINISHED_JOB = "job"
+# The largest job handed over that way. Step Functions fails an execution whose state passes
+# 256 KiB (States.DataLimitExceeded, which no Catch takes), and a spec may be that large: a
+# larger job stays behind, and the release step reads its record.
+FINISHED_JOB_MAX_BYTES = 32 * 1024
+
+
+def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
+    """A node's finish as the waiting task gets it: the run's result and, when it is small
+    enough, the job as the finish's write left it, for the release step to settle from in
+    one write (unless the job changes meanwhile)."""
+    output = _run_result(report, job)
+    document = job.model_dump(mode="json")
+    if len(json.dumps(document).encode()) <= FINISHED_JOB_MAX_BYTES:
+        output[FINISHED_JOB] = document
+    return output
 
 
 def _finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
