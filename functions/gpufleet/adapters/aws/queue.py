@@ -231,9 +231,7 @@ class DynamoJobQueue:
         return True
 
     def _transact(self, items: list[dict[str, Any]]) -> frozenset[int]:
-        """One transaction; the positions of the items whose condition failed (none: it was
-        written). A transaction that collided with another on the same item (the shared usage
-        item) is tried again: it says nothing about the conditions."""
+        """See `transact`: the positions of the items whose condition failed."""
         return transact(self._client, items)
 
     def _count_waiting(self, priority: Priority, change: int) -> dict[str, Any]:
@@ -348,22 +346,24 @@ class DynamoJobQueue:
         self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
     ) -> bool:
         queued = entry.job
-        usage_condition = (
-            "attribute_not_exists(gpus) OR (gpus <= :gpu_room AND instances <= :instance_room)"
-        )
-        usage = "ADD gpus :gpus, instances :instances" + (", #waiting :less" if waiting else "")
-        usage_values = {
-            ":gpus": _n(job.gpus),
-            ":instances": _n(job.instances),
-            ":gpu_room": _n(limits.max_gpus - job.gpus),
-            ":instance_room": _n(limits.max_instances - job.instances),
+        usage: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
+            "UpdateExpression": "ADD gpus :gpus, instances :instances",
+            "ConditionExpression": (
+                "attribute_not_exists(gpus) OR (gpus <= :gpu_room AND instances <= :instance_room)"
+            ),
+            "ExpressionAttributeValues": {
+                ":gpus": _n(job.gpus),
+                ":instances": _n(job.instances),
+                ":gpu_room": _n(limits.max_gpus - job.gpus),
+                ":instance_room": _n(limits.max_instances - job.instances),
+            },
         }
         if waiting:
-            usage_values[":less"] = _n(-1)
-        # A waiting job leaves the queue (the entry is the proof that it still waits); one
-        # admitted as it arrives was never queued, and the job record must still say QUEUED.
-        leaves: list[dict[str, Any]] = (
-            [
+            # The job leaves the queue: its entry must still be there (the proof that it still
+            # waits), and its class counts one fewer.
+            leaves = [
                 {
                     "Delete": {
                         "TableName": self._table,
@@ -372,9 +372,12 @@ class DynamoJobQueue:
                     }
                 }
             ]
-            if waiting
-            else self._still_queued(queued.job_id)
-        )
+            usage["UpdateExpression"] += ", #waiting :less"
+            usage["ExpressionAttributeNames"] = {"#waiting": _waiting_counter(queued.priority)}
+            usage["ExpressionAttributeValues"][":less"] = _n(-1)
+        else:
+            # Admitted as it arrives, never queued: the job record must still say QUEUED.
+            leaves = self._still_queued(queued.job_id)
         items: list[dict[str, Any]] = [
             *leaves,
             {
@@ -396,24 +399,7 @@ class DynamoJobQueue:
                     "ConditionExpression": "attribute_not_exists(pk)",
                 }
             },
-            {
-                "Update": {
-                    "TableName": self._table,
-                    "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
-                    "UpdateExpression": usage,
-                    "ConditionExpression": usage_condition,
-                    "ExpressionAttributeValues": usage_values,
-                    **(
-                        {
-                            "ExpressionAttributeNames": {
-                                "#waiting": _waiting_counter(queued.priority)
-                            }
-                        }
-                        if waiting
-                        else {}
-                    ),
-                }
-            },
+            {"Update": usage},
         ]
         team_update: dict[str, Any] = {
             "TableName": self._table,
