@@ -215,7 +215,7 @@ class LifecycleService:
             "job_id": job.job_id,
             "plan": plan.model_dump(mode="json"),
             "launch": LaunchStepResult(step=0, attempt=attempt).model_dump(),
-            "queued": QUEUED_JOB.dump_python(queued_job(job), mode="json"),
+            "queued": _QUEUED_JOB.dump_python(queued_job(job), mode="json"),
         }
 
     def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
@@ -656,16 +656,11 @@ class LifecycleService:
         """After the instances are gone: back to the queue, or the final status and cost; and
         the job's share of the quotas back to the queue."""
         job_id = job.job_id
-        released_at = self._released_at(job)
-        verdict = self._verdict(job, state, released_at)
+        released_at, verdict, released = self._run_end(job, state)
         requeue = verdict.requeue and not job.status.terminal
-        released = {"released_at": released_at} if job.released_at != released_at else {}
         outcome: dict[str, Any] | None = None
         if requeue:
-            changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
-            if verdict.kind == NEXT_STAGE:
-                changes["failure_reason"] = None
-                changes.update(self._stage_end(job, JobStatus.SUCCEEDED, released_at))
+            changes = self._requeue_changes(job, verdict, released_at, released)
             self._ports.jobs.update(job_id, self._now(), changes)
         else:
             outcome = self._finish(job, state, released_at, released)
@@ -681,12 +676,10 @@ class LifecycleService:
         not having changed since. None (nothing written) when it has, or its share has."""
         if job.status.terminal:
             return None
-        released_at = self._released_at(job)
-        verdict = self._verdict(job, state, released_at)
-        released = {"released_at": released_at} if job.released_at != released_at else {}
+        released_at, verdict, released = self._run_end(job, state)
         if verdict.requeue:
             target = job.status
-            changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
+            changes = self._requeue_changes(job, verdict, released_at, released)
         else:
             target, changes = self._final_change(job, state, released_at, released)
         now = self._now()
@@ -698,7 +691,7 @@ class LifecycleService:
             changes,
             version=job.version,
         )
-        freed = self._ports.queue.record_release(change, share_of(job))
+        freed = self._ports.queue.record_release(change, _share_of(job))
         if freed is None:
             return None
         ended = job.model_copy(
@@ -710,6 +703,25 @@ class LifecycleService:
             self._capacity_freed(job.job_id)
         outcome = None if verdict.requeue else ended.summary()
         return _settled(terminated, verdict.requeue, verdict.reason, outcome)
+
+    def _run_end(
+        self, job: Job, state: Mapping[str, Any]
+    ) -> tuple[float | None, Verdict, dict[str, Any]]:
+        """When the run's cost stopped, what comes next, and the change that records the
+        release (none when it was recorded already)."""
+        released_at = self._released_at(job)
+        released = {"released_at": released_at} if job.released_at != released_at else {}
+        return released_at, self._verdict(job, state, released_at), released
+
+    def _requeue_changes(
+        self, job: Job, verdict: Verdict, released_at: float | None, released: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What a run that goes back to the queue records (a stage that succeeded: its end)."""
+        changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
+        if verdict.kind == NEXT_STAGE:
+            changes["failure_reason"] = None
+            changes.update(self._stage_end(job, JobStatus.SUCCEEDED, released_at))
+        return changes
 
     def _capacity_freed(self, job_id: str) -> None:
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id})
@@ -1028,7 +1040,7 @@ def _run_manifest(job: Job, data_bucket: str) -> dict[str, Any]:
 
 
 # The queue's view of a job travels in the workflow's state as JSON.
-QUEUED_JOB: TypeAdapter[QueuedJob] = TypeAdapter(QueuedJob)
+_QUEUED_JOB: TypeAdapter[QueuedJob] = TypeAdapter(QueuedJob)
 
 
 def queued_job(job: Job) -> QueuedJob:
@@ -1047,11 +1059,11 @@ def queued_job(job: Job) -> QueuedJob:
 
 
 # The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
-FINISHED_JOB = "job"
+_FINISHED_JOB = "job"
 # The largest job handed over that way. Step Functions fails an execution whose state passes
 # 256 KiB (States.DataLimitExceeded, which no Catch takes), and a spec may be that large: a
 # larger job stays behind, and the release step reads its record.
-FINISHED_JOB_MAX_BYTES = 32 * 1024
+_FINISHED_JOB_MAX_BYTES = 32 * 1024
 
 
 def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
@@ -1060,8 +1072,8 @@ def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
     one write (unless the job changes meanwhile)."""
     output = _run_result(report, job)
     document = job.model_dump(mode="json")
-    if len(json.dumps(document).encode()) <= FINISHED_JOB_MAX_BYTES:
-        output[FINISHED_JOB] = document
+    if len(json.dumps(document).encode()) <= _FINISHED_JOB_MAX_BYTES:
+        output[_FINISHED_JOB] = document
     return output
 
 
@@ -1069,14 +1081,14 @@ def _finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
     """The job as its node's finish left it, when the workflow carries it and it has a single
     stage (a multi-stage job's release may keep its instances: it reads the record)."""
     run = state.get("run")
-    document = run.get(FINISHED_JOB) if isinstance(run, Mapping) else None
+    document = run.get(_FINISHED_JOB) if isinstance(run, Mapping) else None
     if not isinstance(document, Mapping):
         return None
     job = Job.model_validate(document)
     return job if job.job_id == job_id and not job.spec.stages else None
 
 
-def share_of(job: Job) -> RunningShare:
+def _share_of(job: Job) -> RunningShare:
     """The share of the quotas a job was admitted with, as its shape now says."""
     resources = job.effective_spec.resources
     return RunningShare(job.spec.team, resources.total_gpus, resources.nodes)

@@ -73,25 +73,33 @@ class InMemoryJobStore:
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
     ) -> Job:
+        allowed = ALLOWED_SOURCES[target] if sources is None else sources
+        return self.apply(
+            StatusChange(job_id, target, frozenset(allowed), now, changes or {}, holding)
+        )
+
+    def apply(self, change: StatusChange) -> Job:
+        """The conditional write of `change` (as `transition_write` is on DynamoDB): raise
+        IllegalTransition, with the job as it is, when a condition does not hold."""
         with self._lock:
-            if job_id not in self._jobs:
-                raise JobNotFound(job_id)
-            job = self._jobs[job_id]
-            allowed = ALLOWED_SOURCES[target] if sources is None else sources
-            held = holding is None or (
-                job.placement is not None and holding in job.placement.instance_ids
+            if change.job_id not in self._jobs:
+                raise JobNotFound(change.job_id)
+            job = self._jobs[change.job_id]
+            held = change.holding is None or (
+                job.placement is not None and change.holding in job.placement.instance_ids
             )
-            if job.status not in allowed or not held:
-                raise IllegalTransition(job_id, job.status, target, job)
+            same = change.version is None or job.version == change.version
+            if job.status not in change.sources or not held or not same:
+                raise IllegalTransition(change.job_id, job.status, change.target, job)
             updated = job.model_copy(
                 update={
-                    **(changes or {}),
-                    "status": target,
-                    "updated_at": now,
+                    **change.changes,
+                    "status": change.target,
+                    "updated_at": change.now,
                     "version": job.version + 1,
                 }
             )
-            self._jobs[job_id] = updated
+            self._jobs[change.job_id] = updated
             return updated
 
     def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
@@ -442,14 +450,7 @@ class InMemoryJobQueue:
             if change.job_id not in self._running:
                 return False
             try:
-                self._jobs.transition(
-                    change.job_id,
-                    change.target,
-                    change.now,
-                    change.changes,
-                    sources=change.sources,
-                    holding=change.holding,
-                )
+                self._jobs.apply(change)
             except (IllegalTransition, JobNotFound):
                 return False
             entry = self._running[change.job_id]
@@ -470,17 +471,7 @@ class InMemoryJobQueue:
             if held != share:
                 return None
             try:
-                job = self._jobs.get(change.job_id)
-                if change.version is not None and job.version != change.version:
-                    return None
-                self._jobs.transition(
-                    change.job_id,
-                    change.target,
-                    change.now,
-                    change.changes,
-                    sources=change.sources,
-                    holding=change.holding,
-                )
+                self._jobs.apply(change)
             except (IllegalTransition, JobNotFound):
                 return None
             del self._running[change.job_id]
