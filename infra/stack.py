@@ -66,7 +66,7 @@ class GpuFleetStack(Stack):
             bus=intake.bus,
             bucket=intake.bucket,
             fleet=fleet,
-            alerts=notifications.topic,
+            alerts=notifications,
         )
         workflow = Workflow(
             self,
@@ -99,6 +99,8 @@ class GpuFleetStack(Stack):
                 **{f"{rid}Target": q for rid, q in intake.rule_dead_letter_queues.items()},
                 "Schedules": schedules.dead_letter_queue,
             },
+            functions=functions.by_id(),
+            state_machines=workflow.state_machines,
         )
 
         self.job_store = job_store

@@ -17,7 +17,6 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
-from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 
@@ -30,6 +29,7 @@ from infra.constructs.fleet import Fleet
 from infra.constructs.intake import dead_letter_queue
 from infra.constructs.job_store import JobStore
 from infra.constructs.logs import retention
+from infra.constructs.notifications import PUBLISH_KEY_ACTIONS, Notifications
 
 POWERTOOLS_ACCOUNT = "017000801446"
 POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-x86_64"
@@ -194,7 +194,7 @@ class Functions(Construct):
         bus: events.IEventBus,
         bucket: s3.IBucket,
         fleet: Fleet,
-        alerts: sns.ITopic,
+        alerts: Notifications,
     ) -> None:
         super().__init__(scope, construct_id)
         missing = {f.construct_id for f in topology.FUNCTIONS} - set(PERMISSIONS)
@@ -264,7 +264,7 @@ class Functions(Construct):
                 }
             )
             if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
-                environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic_arn
+                environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic.topic_arn
             function = lambda_.Function(
                 self,
                 cid,
@@ -437,7 +437,17 @@ class Functions(Construct):
         if P.NOTIFY in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
-                    sid="PublishAlerts", actions=["sns:Publish"], resources=[self._alerts.topic_arn]
+                    sid="PublishAlerts",
+                    actions=["sns:Publish"],
+                    resources=[self._alerts.topic.topic_arn],
+                )
+            )
+            # SNS encrypts what the function publishes with the function's own permissions.
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="EncryptAlerts",
+                    actions=list(PUBLISH_KEY_ACTIONS),
+                    resources=[self._alerts.key.key_arn],
                 )
             )
         alarm_actions = _actions_for(grants, P.CREATE_ALARMS, P.DELETE_ALARMS)
@@ -499,9 +509,11 @@ class Functions(Construct):
             nag.acknowledge_all(
                 policy,
                 nag.wildcard_resources(*sorted(set(wildcards))),
-                "Object keys and instance/volume/fleet ids are only known at run time: the "
-                "grants are limited to this bucket's prefix or this account and region, and "
-                "EC2 creates or terminates only resources tagged gpufleet:managed=true.",
+                "Object keys and instance/volume/fleet/reservation ids are only known at run "
+                "time: the grants are limited to this bucket's prefix or this account and "
+                "region (reservations: this region, as they may be shared from another "
+                "account), and EC2 creates or terminates only resources tagged "
+                "gpufleet:managed=true.",
             )
         if P.LAUNCH_FLEET in grants:
             nag.acknowledge_all(
@@ -563,6 +575,25 @@ class Functions(Construct):
                 resources=[self._ec2_arn(kind, "*") for kind in parts],
             )
         )
+        # A Capacity Block or a targeted ODCR is named in the request, and an on-demand launch
+        # that uses reservations first lands in any open one that matches: EC2 authorizes the
+        # launch on the reservation too. A reservation shared with this account (AWS RAM)
+        # belongs to another account, hence any account, this region.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="LaunchIntoReservations",
+                actions=["ec2:CreateFleet", "ec2:RunInstances"],
+                resources=[
+                    self._stack.format_arn(
+                        service="ec2",
+                        account="*",
+                        resource="capacity-reservation",
+                        resource_name="*",
+                        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
         tagged = ("instance", "fleet", *parts)
         role.add_to_policy(
             iam.PolicyStatement(
@@ -622,7 +653,8 @@ class Functions(Construct):
                 conditions={"StringEquals": {"iam:AWSServiceName": list(service_roles)}},
             )
         )
-        return [self._nag_arn(kind, "*") for kind in tagged]
+        reservations = "arn:<AWS::Partition>:ec2:<AWS::Region>:*:capacity-reservation/*"
+        return [*(self._nag_arn(kind, "*") for kind in tagged), reservations]
 
     def by_id(self) -> Mapping[str, lambda_.IFunction]:
         return dict(self.functions)
