@@ -18,6 +18,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
@@ -31,19 +32,13 @@ from infra.constructs.job_store import JobStore
 from infra.constructs.logs import retention
 from infra.constructs.notifications import PUBLISH_KEY_ACTIONS, Notifications
 
-POWERTOOLS_ACCOUNT = "017000801446"
-POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-x86_64"
-# Kept out of the code asset (and out of its hash, so a test run does not change it).
-ASSET_EXCLUDE = [
-    "**/__pycache__",
-    "**/*.pyc",
-    "**/*.egg-info",
-    "**/tests",
-    "**/.pytest_cache",
-    "**/.mypy_cache",
-    "**/.ruff_cache",
-    "**/.hypothesis",
-]
+RUNTIME = lambda_.Runtime.PYTHON_3_12
+ARCHITECTURE = lambda_.Architecture.X86_64
+# Powertools for AWS Lambda (Python) v3 publishes the ARN of its layer for each runtime and
+# architecture in a public SSM parameter of every region it serves; `latest` follows releases.
+POWERTOOLS_LAYER_PARAMETER = (
+    f"/aws/service/powertools/python/{ARCHITECTURE.name}/{RUNTIME.name}/latest"
+)
 
 MANAGED_TAG_CONDITION = {f"aws:RequestTag/{topology.TAG_MANAGED}": "true"}
 MANAGED_RESOURCE_CONDITION = {f"aws:ResourceTag/{topology.TAG_MANAGED}": "true"}
@@ -181,6 +176,15 @@ WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
 STARTS_WORKFLOW = tuple(cid for cid, grants in PERMISSIONS.items() if P.START_WORKFLOW in grants)
 
 
+def powertools_layer(scope: Construct, config: GpuFleetConfig) -> lambda_.ILayerVersion:
+    """The layer of `powertools_layer_arn` if given, else the one the public parameter names
+    when the stack is deployed (a CloudFormation parameter: synth stays offline)."""
+    arn = config.powertools_layer_arn or ssm.StringParameter.value_for_string_parameter(
+        scope, POWERTOOLS_LAYER_PARAMETER
+    )
+    return lambda_.LayerVersion.from_layer_version_arn(scope, "PowertoolsLayer", arn)
+
+
 class Functions(Construct):
     def __init__(
         self,
@@ -208,12 +212,7 @@ class Functions(Construct):
         self._fleet = fleet
         self._alerts = alerts
 
-        layer = lambda_.LayerVersion.from_layer_version_arn(
-            self,
-            "PowertoolsLayer",
-            f"arn:aws:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:{POWERTOOLS_LAYER}:"
-            f"{config.powertools_layer_version}",
-        )
+        layer = powertools_layer(self, config)
         # The same zip the node agent downloads: one upload, one version of the package.
         function_code = lambda_.Code.from_bucket(code.bucket, code.s3_object_key)
         Annotations.of(code).acknowledge_warning(
@@ -269,8 +268,8 @@ class Functions(Construct):
                 self,
                 cid,
                 description=spec.description,
-                runtime=lambda_.Runtime.PYTHON_3_12,
-                architecture=lambda_.Architecture.X86_64,
+                runtime=RUNTIME,
+                architecture=ARCHITECTURE,
                 handler=spec.handler,
                 code=function_code,
                 layers=[layer],
@@ -295,7 +294,7 @@ class Functions(Construct):
                 function,
                 "AwsSolutions-L1",
                 "Pinned to python3.12 on purpose: the public Powertools layer referenced here is "
-                "built for python3.12 (AWSLambdaPowertoolsPythonV3-python312).",
+                f"the one built for it ({POWERTOOLS_LAYER_PARAMETER}).",
             )
 
     # -- wiring that needs the state machine ---------------------------------------------------
