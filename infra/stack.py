@@ -126,6 +126,8 @@ class GpuFleetStack(Stack):
                 value=workflow.state_machines[sm_spec.construct_id].state_machine_arn,
             )
         CfnOutput(self, "LaunchTemplateId", value=fleet.launch_template.launch_template_id or "")
+        # The subnets the nodes launch into: `gpufleet doctor` checks their routes.
+        CfnOutput(self, "SubnetIds", value=",".join(fleet.subnet_ids))
         CfnOutput(self, "AgentLogGroupName", value=fleet.agent_log_group.log_group_name)
         CfnOutput(self, "DashboardName", value=operations.dashboard.dashboard_name)
         CfnOutput(self, "DashboardUrl", value=operations.dashboard_url)
