@@ -195,6 +195,7 @@ def _forget_cold_starts() -> None:
         del sys.modules[name]
     for cached in (
         common.settings,
+        common.ports,
         common.intake,
         common.lifecycle,
         common.dispatcher,
