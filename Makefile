@@ -13,7 +13,7 @@ help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
 	@echo "make test       lint, type-check and run every test"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
-	@echo "make bench      print selection, admission, simulator and per-job overhead figures"
+	@echo "make bench      print selection, admission, simulator, per-job overhead and cold-start figures"
 	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_admission.py
 	$(BIN)/python scripts/bench_simulator.py
 	$(BIN)/python scripts/bench_overhead.py
+	$(BIN)/python scripts/bench_cold_start.py
 
 simulate: $(STAMP)
 	$(BIN)/gpufleet simulate --format philly --start-days 30 --days 7 --report build/sim-report

@@ -55,8 +55,7 @@ def _stack_environments() -> dict[str, dict[str, str]]:
 
     handlers = {function.handler for function in topology.FUNCTIONS}
     with tempfile.TemporaryDirectory() as outdir:
-        # The environment does not depend on the code asset: the source tree will do.
-        app, stack = build_app({"lambda_asset": "functions"}, outdir=outdir)
+        app, stack = build_app(outdir=outdir)
         artifact = app.synth().get_stack_artifact(stack.artifact_id)
         template: dict[str, Any] = json.loads(Path(artifact.template_full_path).read_text())
     environments = {}
