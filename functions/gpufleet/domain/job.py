@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -75,6 +76,14 @@ def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
     """Names one upload of a spec: its object and a marker of that upload (the object version,
     S3's sequencer or the ETag)."""
     return f"s3://{bucket}/{key}#{marker}"
+
+
+# What `job_id_for_delivery` makes: anything else names no job.
+JOB_ID_PATTERN = r"^j-[0-9a-f]{20}$"
+
+
+def is_job_id(text: str) -> bool:
+    return re.fullmatch(JOB_ID_PATTERN, text) is not None
 
 
 def job_id_for_delivery(delivery_key: str) -> str:
