@@ -183,9 +183,7 @@ def check_booking(
         raise BookingRefused(f"the window ended already, at {_utc(booking.end)}")
     if booking.team not in policy.teams:
         named = ", ".join(sorted(policy.teams)) or "none"
-        raise BookingRefused(
-            f"team {booking.team!r} is not in the config (queue.teams: {named})"
-        )
+        raise BookingRefused(f"team {booking.team!r} is not in the config (queue.teams: {named})")
     bookable = policy.max_gpus - policy.reserve_gpus
     if booking.gpus > bookable:
         raise BookingRefused(
