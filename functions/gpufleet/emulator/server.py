@@ -92,9 +92,9 @@ class _Server:
 
     @property
     def endpoint_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
-        return f"http://{shown}:{port}"
+        host = self._server.host  # as asked for; the port as bound (0: the one it got)
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{self._server.port}"
 
     def start(self) -> None:
         self._thread.start()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.parser import ValidationError, envelopes, parse
+from aws_lambda_powertools.utilities.parser import ValidationError, parse
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpufleet import telemetry
@@ -21,12 +22,18 @@ from gpufleet.services.lifecycle import DroppedReport, NodeReport
 _LOGGED_PROBLEMS = 5
 
 
+class NodeReportEvent(EventBridgeModel):
+    """A `Node ...` event whose detail is a node report."""
+
+    detail: NodeReport
+
+
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     try:
-        report = parse(event=event, model=NodeReport, envelope=envelopes.EventBridgeEnvelope)
+        report = parse(event=event, model=NodeReportEvent).detail
     except ValidationError as exc:
         problems = [
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
