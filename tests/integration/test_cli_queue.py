@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -26,6 +27,7 @@ from gpufleet.topology import (
     NODE_REPORT,
 )
 
+T = TypeVar("T")
 CONFIG = FleetConfig(
     queue=QueuePolicy(
         max_gpus=16, max_instances=8, reserve_share=0.0, teams={"vision": TeamQuota(gpus=4)}
@@ -64,28 +66,37 @@ def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, captured.out, captured.err
 
 
-def submit(account: Account, name: str) -> None:
-    body = f"name: {name}\nteam: vision\nimage: img\ncommand: [x]\nresources: {{gpus: 4}}\n"
+def submit(account: Account, name: str, team: str = "vision", gpus: int = 4) -> None:
+    body = f"name: {name}\nteam: {team}\nimage: img\ncommand: [x]\nresources: {{gpus: {gpus}}}\n"
     account.client("s3").put_object(Bucket=account.bucket, Key=f"jobs/{name}.yaml", Body=body)
+
+
+def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
+    """What `look` first finds, with admission passes run meanwhile (what the one-minute
+    schedule does in AWS)."""
+    deadline = time.monotonic() + 60  # generous: CI machines can be slow
+    while time.monotonic() < deadline:
+        found = look()
+        if found is not None:
+            return found
+        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never happened")
 
 
 def settled_queue(
     account: Account, capsys: pytest.CaptureFixture[str], config_file: str, count: int
 ) -> list[dict]:
     """The queue once every submission is in it and the dispatcher has had its say."""
-    deadline = time.monotonic() + 60  # generous: CI machines can be slow
-    waiting: list[dict] = []
-    while time.monotonic() < deadline:
+
+    def settled() -> list[dict] | None:
         code, out = cli(capsys, "queue", "--json", "--config", config_file)
         assert code == 0
-        waiting = json.loads(out)["waiting"]
-        if len(waiting) == count and all(w["reason"] != "next" for w in waiting):
-            return waiting
-        if any(w["reason"] == "next" for w in waiting):
-            # What the one-minute schedule does in AWS: another admission pass.
-            account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
-        time.sleep(0.2)
-    raise AssertionError(f"the queue never settled: {waiting}")
+        waiting: list[dict] = json.loads(out)["waiting"]
+        done = len(waiting) == count and all(w["reason"] != "next" for w in waiting)
+        return waiting if done else None
+
+    return with_passes(account, settled, "the queue settling")
 
 
 def test_queue_shows_waiting_jobs_with_reasons_and_cancel_takes_one_out(
@@ -159,31 +170,29 @@ def test_a_booking_that_cannot_be_honoured_is_refused_and_nothing_is_booked(
     assert bookings(capsys, config_file) == before
 
 
-def job_named(account: Account, name: str) -> Job:
+def launched(account: Account, name: str) -> Job:
+    """The job named `name`, once it is launched."""
     store = DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
-    deadline = time.monotonic() + 60  # generous: CI machines can be slow
-    while time.monotonic() < deadline:
+
+    def look() -> Job | None:
         found = [job for job in store.list_jobs() if job.spec.name == name]
-        if found and found[0].status is JobStatus.LAUNCHING:
-            return found[0]
-        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
-        time.sleep(0.2)
-    raise AssertionError(f"{name} was never launched")
+        return found[0] if found and found[0].status is JobStatus.LAUNCHING else None
+
+    return with_passes(account, look, f"the launch of {name}")
 
 
 def test_a_resize_to_a_shape_nothing_can_hold_is_refused_as_plan_refuses_it(
     account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = "name: shapely\nteam: ops\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
-    account.client("s3").put_object(Bucket=account.bucket, Key="jobs/shapely.yaml", Body=body)
-    job = job_named(account, "shapely")
+    submit(account, "shapely", team="ops", gpus=1)  # a team of its own: nothing waits for it
+    job = launched(account, "shapely")
     shape = ["--gpus", "16", "--gpu-memory-gib", "200"]
     code, _, refused = refusal(capsys, "resize", job.job_id, *shape, "--config", config_file)
     assert code == 2
     planned, _, said = refusal(capsys, "plan", *shape)
     assert planned == 2 and "16 GPUs with >= 200 GiB" in said
     assert refused.removeprefix("gpufleet: ") == said.removeprefix("gpufleet plan: ")
-    assert job_named(account, "shapely") == job  # not a field changed: no checkpoint, no requeue
+    assert launched(account, "shapely") == job  # not a field changed: no checkpoint, no requeue
 
 
 @pytest.mark.parametrize("job_id", ["j-" + "0" * 20, ""])

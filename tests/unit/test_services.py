@@ -21,14 +21,13 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.cost import storage_usd_per_hour
-from gpufleet.domain.job import IllegalTransition, JobStatus
+from gpufleet.domain.job import DroppedReport, IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.services.factory import build_actions, build_dispatcher, build_lifecycle
 from gpufleet.services.intake import is_error_report
 from gpufleet.services.lifecycle import (
-    DroppedReport,
     LaunchStepResult,
     LifecycleService,
     NodeReport,

@@ -72,6 +72,16 @@ class JobNotFound(Exception):
         self.job_id = job_id
 
 
+class DroppedReport(StrEnum):
+    """Why a node's report about a job was dropped unheard (the `Problem` of the
+    NodeReportsDropped metric). A report of the job's own instance that comes late (after the
+    job ended, or about a stage it moved past) is harmless and is not one of these."""
+
+    UNKNOWN_JOB = "unknown-job"
+    UNKNOWN_INSTANCE = "unknown-instance"  # not one the job holds: stale, or forged
+    INVALID = "invalid"  # NodeReport refuses it (an exit code out of range, a bad job id...)
+
+
 def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
     """Names one upload of a spec: its object and a marker of that upload (the object version,
     S3's sequencer or the ETag)."""

@@ -14,8 +14,9 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpufleet import telemetry
+from gpufleet.domain.job import DroppedReport
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
-from gpufleet.services.lifecycle import DroppedReport, NodeReport
+from gpufleet.services.lifecycle import NodeReport
 
 # What of a refused report goes in the log: where it is wrong, never what it says (a forged
 # report can be large, and is not ours to store).

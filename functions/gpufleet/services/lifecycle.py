@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -27,6 +26,7 @@ from gpufleet.domain.cost import (
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import (
     JOB_ID_PATTERN,
+    DroppedReport,
     IllegalTransition,
     Job,
     JobNotFound,
@@ -131,16 +131,6 @@ class NodeReport(BaseModel):
     oom: bool = False
     # The stage of a multi-stage job the node ran (reports of an earlier stage are stale).
     stage: str | None = Field(default=None, max_length=64)
-
-
-class DroppedReport(StrEnum):
-    """Why a node report was dropped unheard: the `Problem` of the NodeReportsDropped metric.
-    A report of the job's own instance that comes late (after the job ended, or about a stage
-    it moved past) is harmless and is not one of these."""
-
-    UNKNOWN_JOB = "unknown-job"
-    UNKNOWN_INSTANCE = "unknown-instance"  # not one the job holds: stale, or forged
-    INVALID = "invalid"  # NodeReport refuses it (an exit code out of range, a bad job id...)
 
 
 class LaunchStepResult(BaseModel):
