@@ -59,6 +59,25 @@ def test_timeouts_add_the_boot_allowance() -> None:
     assert plan().heartbeat_timeout_seconds == 300 + 600
 
 
+def test_a_short_jobs_heartbeat_stays_below_its_task_timeout() -> None:
+    """Step Functions refuses a task whose HeartbeatSeconds is not below its TimeoutSeconds:
+    a 1-minute job's run timeout (60 + 600 s) is under the usual heartbeat window (900 s)."""
+    short = parse_spec("name: t\nteam: ml\nimage: img\ncommand: [x]\ntimeout: 60\n")
+    launch = plan_launch(
+        short,
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=5,
+        retry_wait_seconds=30,
+        boot_allowance_seconds=600,
+        heartbeat_timeout_seconds=900,
+        expected=DurationEstimate(60, "default"),
+    )
+    assert launch.heartbeat_timeout_seconds < launch.run_timeout_seconds == 660
+    with pytest.raises(ValueError, match="heartbeat"):
+        LaunchPlan.model_validate(launch.model_dump() | {"heartbeat_timeout_seconds": 660})
+
+
 def test_an_impossible_job_names_the_constraint() -> None:
     with pytest.raises(NoFeasibleOffering) as caught:
         plan(resources="{gpus: 8, gpu_memory_gib: 500}")

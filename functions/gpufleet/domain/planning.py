@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.config import Reservation, ReservationKind
@@ -60,6 +60,13 @@ class LaunchPlan(BaseModel):
     heartbeat_timeout_seconds: int = Field(
         ge=1, description="Silence after which the node is taken for lost"
     )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_timeout(self) -> LaunchPlan:
+        # Step Functions: a task's HeartbeatSeconds must be smaller than its TimeoutSeconds.
+        if self.heartbeat_timeout_seconds >= self.run_timeout_seconds:
+            raise ValueError("heartbeat_timeout_seconds must be below run_timeout_seconds")
+        return self
     expected_seconds: int = Field(ge=1, description="Expected run time offerings were ranked by")
     expected_source: str = Field(description="Where the expected run time came from")
 
@@ -189,14 +196,19 @@ def plan_launch(
     if not steps:
         assert last_refusal is not None
         raise last_refusal
+    run_timeout = spec.timeout_seconds + boot_allowance_seconds
     return LaunchPlan(
         nodes=spec.resources.nodes,
         steps=steps,
         max_launch_attempts=max_launch_attempts,
         retry_wait_seconds=retry_wait_seconds,
-        run_timeout_seconds=spec.timeout_seconds + boot_allowance_seconds,
-        # The first heartbeat comes after boot, so the allowance covers the boot too.
-        heartbeat_timeout_seconds=heartbeat_timeout_seconds + boot_allowance_seconds,
+        run_timeout_seconds=run_timeout,
+        # The first heartbeat comes after boot, so the allowance covers the boot too. The
+        # States Language wants a task's heartbeat below its timeout (a short job's timeout
+        # can be under the usual heartbeat window).
+        heartbeat_timeout_seconds=min(
+            heartbeat_timeout_seconds + boot_allowance_seconds, run_timeout - 1
+        ),
         expected_seconds=expected.seconds,
         expected_source=expected.source,
     )
