@@ -67,6 +67,7 @@ class LaunchPlan(BaseModel):
         if self.heartbeat_timeout_seconds >= self.run_timeout_seconds:
             raise ValueError("heartbeat_timeout_seconds must be below run_timeout_seconds")
         return self
+
     expected_seconds: int = Field(ge=1, description="Expected run time offerings were ranked by")
     expected_source: str = Field(description="Where the expected run time came from")
 

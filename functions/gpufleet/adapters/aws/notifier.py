@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# SNS Publish: a Subject is UTF-8 text with no line breaks or control characters, and less
+# than 100 characters long; anything else fails the whole call (InvalidParameter).
+SUBJECT_MAX_CHARACTERS = 99
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def sns_subject(text: str) -> str:
+    """`text` as a Subject SNS accepts: control characters become spaces, cut to the limit."""
+    subject = _CONTROL.sub(" ", text).strip()
+    if len(subject) > SUBJECT_MAX_CHARACTERS:
+        subject = subject[: SUBJECT_MAX_CHARACTERS - 1] + "…"
+    return subject or "gpufleet"
 
 
 class SnsNotifier:
@@ -13,4 +27,4 @@ class SnsNotifier:
     def notify(self, subject: str, message: str) -> None:
         if not self._topic:  # functions that alert nobody are not given a topic
             raise RuntimeError("no alerts topic is configured for this function")
-        self._client.publish(TopicArn=self._topic, Subject=subject[:100], Message=message)
+        self._client.publish(TopicArn=self._topic, Subject=sns_subject(subject), Message=message)
