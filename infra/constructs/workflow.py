@@ -14,7 +14,6 @@ from constructs import Construct
 from gpufleet import topology
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
-from infra.constructs.functions import MANAGED_RESOURCE_CONDITION
 from infra.constructs.logs import retention
 
 
@@ -80,23 +79,13 @@ class Workflow(Construct):
                 self,
                 f"{spec.construct_id}Role",
                 assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
-                description=f"gpufleet {spec.construct_id}: invoke its tasks, release instances",
+                description=f"gpufleet {spec.construct_id}: invoke its tasks",
             )
             role.add_to_policy(
                 iam.PolicyStatement(
                     sid="InvokeTasks",
                     actions=["lambda:InvokeFunction"],
                     resources=[functions[cid].function_arn for cid in invoked],
-                )
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="TerminateManagedInstances",
-                    actions=["ec2:TerminateInstances"],
-                    resources=[
-                        stack.format_arn(service="ec2", resource="instance", resource_name="*")
-                    ],
-                    conditions={"StringEquals": MANAGED_RESOURCE_CONDITION},
                 )
             )
             log_group = logs.LogGroup(
@@ -130,12 +119,4 @@ class Workflow(Construct):
                 "Resource * only where AWS requires it: CloudWatch Logs delivery APIs "
                 "(logs:CreateLogDelivery and friends) and X-Ray (xray:PutTraceSegments, "
                 "GetSamplingRules, ...) have no resource-level permissions.",
-            )
-            nag.acknowledge_all(
-                policy,
-                nag.wildcard_resources(
-                    "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
-                ),
-                "Instance ids are only known at run time; TerminateInstances is limited to "
-                "this account and region and to instances tagged gpufleet:managed=true.",
             )
