@@ -114,6 +114,7 @@ _NAMING_PARAMS = (
     "IndexName",
     "Bucket",
     "Key",
+    "VersionId",  # a read of one version is s3:GetObjectVersion
     "stateMachineArn",
     "InstanceIds",
     "GroupName",
