@@ -72,7 +72,7 @@ def test_a_value_is_never_coerced_into_another(line: str) -> None:
         ('{"name": "a", "name": "b"}', "the key 'name' twice"),
         (HEAD + "env: {A: 1, A: 2}\n", "twice"),
         (HEAD + "env: !!set {a, b}\n", "set"),
-        (HEAD + "image: !!binary aW1n\n".replace("image", "checkpoint"), "binary"),
+        (HEAD + "checkpoint: !!binary aW1n\n", "binary"),
         (HEAD + "env: {A: !!timestamp 2024-01-01}\n", "timestamp"),
         (HEAD + "resources: {gpus: !!int 0x10}\n", "non-decimal"),
         (HEAD + "env: {1: x}\n", "not a string"),
@@ -110,6 +110,16 @@ def test_a_spec_means_the_same_in_yaml_json_and_its_stored_form(document: dict[s
     for notation in notations:
         assert parse_spec(notation) == spec
     assert JobSpec.model_validate(json.loads(spec.stored_form())) == spec
+
+
+def test_a_spec_too_large_as_stored_names_the_field_to_make_smaller() -> None:
+    # 192 KB of YAML: each "\x01" (4 bytes) is stored as "\u0001" (6).
+    values = {f"V{i}": "\x01" * 8000 for i in range(6)}
+    raw = HEAD + "env:\n" + "".join(f'  {k}: "' + "\\x01" * 8000 + '"\n' for k in values)
+    assert len(raw.encode()) < 200 * 1024
+    error = refusal(raw)
+    assert "as stored" in error.message
+    assert [f.field for f in error.fields] == ["env"]
 
 
 @pytest.mark.parametrize(

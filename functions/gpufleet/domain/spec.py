@@ -45,8 +45,9 @@ MAX_ENV = 256
 MAX_RUN_SECONDS = 14 * 86400
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-DURATION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhd]?$"
-_DURATION_RE = re.compile(r"(?P<number>[0-9]{1,9}(?:\.[0-9]{1,6})?)(?P<unit>[smhd]?)")
+# A number of seconds, or of minutes, hours or days (the JSON Schema states the same pattern).
+DURATION_PATTERN = r"^([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhd]?)$"
+_DURATION_RE = re.compile(DURATION_PATTERN)
 _DURATION_FORM = "a duration is a whole number of seconds or a string like '90m', '4h', '1.5d'"
 
 # Scalars are taken as they are written: no "3" for 3, no 1.0 or true for a count.
@@ -115,7 +116,8 @@ def parse_duration(value: object) -> int:
         match = _DURATION_RE.fullmatch(value)
         if match is None:
             raise ValueError(_DURATION_FORM)
-        seconds = Decimal(match["number"]) * _DURATION_UNITS[match["unit"] or "s"]
+        number, unit = match.groups()
+        seconds = Decimal(number) * _DURATION_UNITS[unit or "s"]
     elif isinstance(value, float) and not math.isfinite(value):
         raise ValueError("a duration must be a finite number")
     else:
@@ -151,6 +153,13 @@ ExpectedDuration = Annotated[
     Field(ge=1, le=MAX_RUN_SECONDS),
     _duration_schema(1),
 ]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text of `value` as the job store keeps a spec: sorted keys, no spaces, UTF-8
+    characters as they are (escaped, a non-ASCII character would cost up to six times its
+    bytes)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 class _Strict(BaseModel):
@@ -407,11 +416,8 @@ class JobSpec(_Strict):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def stored_form(self) -> str:
-        """The canonical JSON text of the spec: what the job store keeps (UTF-8, unescaped, so
-        that a non-ASCII character costs its UTF-8 bytes and not a sixfold escape)."""
-        return json.dumps(
-            self.to_document(), sort_keys=True, ensure_ascii=False, separators=(",", ":")
-        )
+        """The canonical JSON text of the spec: what the job store keeps."""
+        return canonical_json(self.to_document())
 
     def for_stage(self, index: int) -> JobSpec:
         """What stage `index` runs: this spec with the fields the stage gives in place of the
@@ -504,9 +510,20 @@ def spec_from_mapping(document: object) -> JobSpec:
     stored = len(spec.stored_form().encode("utf-8"))
     if stored > MAX_SPEC_BYTES:
         raise SpecError(
-            f"the spec is {stored} bytes as stored (canonical JSON); the limit is {MAX_SPEC_BYTES}"
+            f"the spec is {stored} bytes as stored (canonical JSON); the limit is {MAX_SPEC_BYTES}",
+            [_largest_field(spec)],
         )
     return spec
+
+
+def _largest_field(spec: JobSpec) -> FieldError:
+    """The field that takes the most of a spec's stored form: the one to make smaller."""
+    sizes = {
+        name: len(canonical_json(value).encode("utf-8"))
+        for name, value in spec.to_document().items()
+    }
+    largest = max(sizes, key=lambda name: sizes[name])
+    return FieldError(field=largest, message=f"{sizes[largest]} bytes as stored")
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -666,7 +683,8 @@ def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
 
 
 SCHEMA_RULES = (
-    "A gpufleet job spec, as YAML or JSON, at most 256 KiB as uploaded and as stored "
+    f"A gpufleet job spec, as YAML or JSON, at most {MAX_SPEC_BYTES // 1024} KiB as uploaded "
+    "and as stored "
     "(canonical JSON). YAML is read as a notation of JSON: plain true/false, null and decimal "
     "numbers are those values, anything else plain is a string; aliases, merge keys, "
     "duplicate keys, non-string keys and tags for other types are refused. Values are taken as "
