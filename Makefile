@@ -7,15 +7,14 @@ PYTEST_WORKERS ?= 2
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test lint typecheck unit integration infra synth bench simulate package lock clean
+.PHONY: help install demo test lint typecheck unit integration infra synth bench simulate lock clean
 
 help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
 	@echo "make test       lint, type-check and run every test"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
-	@echo "make bench      print selection, admission, simulator and per-job overhead figures"
+	@echo "make bench      print selection, admission, simulator, per-job overhead and cold-start figures"
 	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
-	@echo "make package    build the Lambda bundle into build/lambda for cdk deploy"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -56,20 +55,10 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_admission.py
 	$(BIN)/python scripts/bench_simulator.py
 	$(BIN)/python scripts/bench_overhead.py
+	$(BIN)/python scripts/bench_cold_start.py
 
 simulate: $(STAMP)
 	$(BIN)/gpufleet simulate --format philly --start-days 30 --days 7 --report build/sim-report
-
-# The Lambda code asset: the gpufleet package plus the one dependency the Powertools layer
-# does not carry (PyYAML), built for the Lambda runtime (Python 3.12, x86_64).
-package: $(STAMP)
-	rm -rf build/lambda
-	mkdir -p build/lambda
-	$(BIN)/python -m pip install --quiet --target build/lambda --platform manylinux2014_x86_64 \
-		--python-version 3.12 --only-binary=:all: -c requirements.lock pyyaml
-	cp -r functions/gpufleet build/lambda/gpufleet
-	find build/lambda -name '__pycache__' -prune -exec rm -rf {} +
-	@echo "deploy with: cdk deploy -c lambda_asset=build/lambda ..."
 
 lock:
 	(grep '^#' requirements.lock; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpufleet') \

@@ -27,6 +27,7 @@ import aws_cdk as cdk  # noqa: E402
 
 from gpufleet.domain.config import ConfigFileError, config_from_yaml  # noqa: E402
 from infra.config import ConfigError, GpuFleetConfig  # noqa: E402
+from infra.constructs.code import code_source  # noqa: E402
 from infra.stack import STACK_NAME, GpuFleetStack  # noqa: E402
 
 
@@ -49,11 +50,7 @@ def build_app(
         app_kwargs["outdir"] = str(ROOT / "cdk.out")
     app = cdk.App(**app_kwargs)
     config = GpuFleetConfig.from_context(app.node.try_get_context)
-    code_path = Path(config.lambda_asset)
-    if not code_path.is_absolute():
-        code_path = ROOT / code_path
-    if not code_path.is_dir():
-        raise SystemExit(f"lambda_asset {code_path} is not a directory (run `make package`?)")
+    code = code_source(config.lambda_asset, ROOT)
     config_path = Path(config.config_file)
     if not config_path.is_absolute():
         config_path = ROOT / config_path
@@ -69,7 +66,7 @@ def build_app(
         STACK_NAME,
         config=config,
         fleet_config=fleet_config,
-        code_path=code_path,
+        code=code,
         description="gpufleet: serverless control plane for GPU training jobs on EC2",
     )
     return app, stack

@@ -31,6 +31,9 @@ _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
 _BUS_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,256}$")
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LAYER_VERSION_ARN = re.compile(
+    r"^arn:aws[a-z-]*:lambda:[a-z0-9-]+:\d{12}:layer:[A-Za-z0-9_-]{1,140}:\d+$"
+)
 
 
 class ConfigError(ValueError):
@@ -77,8 +80,10 @@ class Checkpoints:
 @dataclass(frozen=True)
 class GpuFleetConfig:
     bus_name: str = "gpufleet"
-    lambda_asset: str = "functions"
-    powertools_layer_version: int = 18
+    # A folder to zip as the code instead of the bundle synth builds (infra/constructs/code.py).
+    lambda_asset: str = ""
+    # A Powertools layer version ARN instead of the one the public SSM parameter names at deploy.
+    powertools_layer_arn: str = ""
     log_level: str = "INFO"
     log_retention_days: int = 30
     vpc_id: str = PLACEHOLDER_VPC_ID
@@ -145,6 +150,11 @@ class GpuFleetConfig:
     def validate(self) -> None:
         if not _BUS_NAME.match(self.bus_name) or self.bus_name == "default":
             raise ConfigError(f"bus_name {self.bus_name!r} is not a valid custom bus name")
+        if self.powertools_layer_arn and not _LAYER_VERSION_ARN.match(self.powertools_layer_arn):
+            raise ConfigError(
+                f"powertools_layer_arn {self.powertools_layer_arn!r} is not a layer version ARN "
+                "(arn:aws:lambda:REGION:ACCOUNT:layer:NAME:VERSION)"
+            )
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
         if self.log_retention_days not in LOG_RETENTION_DAYS:

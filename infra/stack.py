@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from aws_cdk import Annotations, CfnOutput, Stack
-from aws_cdk import aws_s3_assets as s3_assets
 
 from constructs import Construct
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig
 from infra.config import GpuFleetConfig
+from infra.constructs.code import CodeSource, code_asset
 from infra.constructs.fleet import Fleet
-from infra.constructs.functions import ASSET_EXCLUDE, Functions
+from infra.constructs.functions import Functions
 from infra.constructs.intake import Intake
 from infra.constructs.job_store import JobStore
 from infra.constructs.notifications import Notifications
@@ -32,7 +31,7 @@ class GpuFleetStack(Stack):
         *,
         config: GpuFleetConfig,
         fleet_config: FleetConfig,
-        code_path: Path,
+        code: CodeSource,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -47,26 +46,26 @@ class GpuFleetStack(Stack):
         notifications = Notifications(self, "Notifications")
         intake = Intake(self, "Intake", config=config)
         # One zip of the package: the functions run it and the node agent downloads it.
-        code = s3_assets.Asset(self, "Code", path=str(code_path), exclude=ASSET_EXCLUDE)
+        code_zip = code_asset(self, "Code", code)
         fleet = Fleet(
             self,
             "Fleet",
             config=config,
             bus=intake.bus,
             bucket=intake.bucket,
-            agent_code=code,
+            agent_code=code_zip,
         )
         functions = Functions(
             self,
             "Functions",
             config=config,
             fleet_config=fleet_config,
-            code=code,
+            code=code_zip,
             job_store=job_store,
             bus=intake.bus,
             bucket=intake.bucket,
             fleet=fleet,
-            alerts=notifications.topic,
+            alerts=notifications,
         )
         workflow = Workflow(
             self,
@@ -99,6 +98,8 @@ class GpuFleetStack(Stack):
                 **{f"{rid}Target": q for rid, q in intake.rule_dead_letter_queues.items()},
                 "Schedules": schedules.dead_letter_queue,
             },
+            functions=functions.by_id(),
+            state_machines=workflow.state_machines,
         )
 
         self.job_store = job_store
@@ -125,6 +126,8 @@ class GpuFleetStack(Stack):
                 value=workflow.state_machines[sm_spec.construct_id].state_machine_arn,
             )
         CfnOutput(self, "LaunchTemplateId", value=fleet.launch_template.launch_template_id or "")
+        # The subnets the nodes launch into: `gpufleet doctor` checks their routes.
+        CfnOutput(self, "SubnetIds", value=",".join(fleet.subnet_ids))
         CfnOutput(self, "AgentLogGroupName", value=fleet.agent_log_group.log_group_name)
         CfnOutput(self, "DashboardName", value=operations.dashboard.dashboard_name)
         CfnOutput(self, "DashboardUrl", value=operations.dashboard_url)

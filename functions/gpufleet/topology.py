@@ -377,6 +377,7 @@ STACK_OUTPUTS: dict[str, str] = {
     "IntakeBucketName": ENV_INTAKE_BUCKET,
     f"{JOB_LIFECYCLE.construct_id}Arn": ENV_STATE_MACHINE,
     "LaunchTemplateId": ENV_LAUNCH_TEMPLATE,
+    "SubnetIds": ENV_SUBNETS,
     "AlertsTopicArn": ENV_NOTIFY_TOPIC,
     "AgentLogGroupName": ENV_AGENT_LOG_GROUP,
 }

@@ -17,8 +17,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
-from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_ssm as ssm
 from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
@@ -30,20 +30,15 @@ from infra.constructs.fleet import Fleet
 from infra.constructs.intake import dead_letter_queue
 from infra.constructs.job_store import JobStore
 from infra.constructs.logs import retention
+from infra.constructs.notifications import PUBLISH_KEY_ACTIONS, Notifications
 
-POWERTOOLS_ACCOUNT = "017000801446"
-POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-x86_64"
-# Kept out of the code asset (and out of its hash, so a test run does not change it).
-ASSET_EXCLUDE = [
-    "**/__pycache__",
-    "**/*.pyc",
-    "**/*.egg-info",
-    "**/tests",
-    "**/.pytest_cache",
-    "**/.mypy_cache",
-    "**/.ruff_cache",
-    "**/.hypothesis",
-]
+RUNTIME = lambda_.Runtime.PYTHON_3_12
+ARCHITECTURE = lambda_.Architecture.X86_64
+# Powertools for AWS Lambda (Python) v3 publishes the ARN of its layer for each runtime and
+# architecture in a public SSM parameter of every region it serves; `latest` follows releases.
+POWERTOOLS_LAYER_PARAMETER = (
+    f"/aws/service/powertools/python/{ARCHITECTURE.name}/{RUNTIME.name}/latest"
+)
 
 MANAGED_TAG_CONDITION = {f"aws:RequestTag/{topology.TAG_MANAGED}": "true"}
 MANAGED_RESOURCE_CONDITION = {f"aws:ResourceTag/{topology.TAG_MANAGED}": "true"}
@@ -181,6 +176,15 @@ WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
 STARTS_WORKFLOW = tuple(cid for cid, grants in PERMISSIONS.items() if P.START_WORKFLOW in grants)
 
 
+def powertools_layer(scope: Construct, config: GpuFleetConfig) -> lambda_.ILayerVersion:
+    """The layer of `powertools_layer_arn` if given, else the one the public parameter names
+    when the stack is deployed (a CloudFormation parameter: synth stays offline)."""
+    arn = config.powertools_layer_arn or ssm.StringParameter.value_for_string_parameter(
+        scope, POWERTOOLS_LAYER_PARAMETER
+    )
+    return lambda_.LayerVersion.from_layer_version_arn(scope, "PowertoolsLayer", arn)
+
+
 class Functions(Construct):
     def __init__(
         self,
@@ -194,7 +198,7 @@ class Functions(Construct):
         bus: events.IEventBus,
         bucket: s3.IBucket,
         fleet: Fleet,
-        alerts: sns.ITopic,
+        alerts: Notifications,
     ) -> None:
         super().__init__(scope, construct_id)
         missing = {f.construct_id for f in topology.FUNCTIONS} - set(PERMISSIONS)
@@ -208,12 +212,7 @@ class Functions(Construct):
         self._fleet = fleet
         self._alerts = alerts
 
-        layer = lambda_.LayerVersion.from_layer_version_arn(
-            self,
-            "PowertoolsLayer",
-            f"arn:aws:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:{POWERTOOLS_LAYER}:"
-            f"{config.powertools_layer_version}",
-        )
+        layer = powertools_layer(self, config)
         # The same zip the node agent downloads: one upload, one version of the package.
         function_code = lambda_.Code.from_bucket(code.bucket, code.s3_object_key)
         Annotations.of(code).acknowledge_warning(
@@ -264,13 +263,13 @@ class Functions(Construct):
                 }
             )
             if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
-                environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic_arn
+                environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic.topic_arn
             function = lambda_.Function(
                 self,
                 cid,
                 description=spec.description,
-                runtime=lambda_.Runtime.PYTHON_3_12,
-                architecture=lambda_.Architecture.X86_64,
+                runtime=RUNTIME,
+                architecture=ARCHITECTURE,
                 handler=spec.handler,
                 code=function_code,
                 layers=[layer],
@@ -295,7 +294,7 @@ class Functions(Construct):
                 function,
                 "AwsSolutions-L1",
                 "Pinned to python3.12 on purpose: the public Powertools layer referenced here is "
-                "built for python3.12 (AWSLambdaPowertoolsPythonV3-python312).",
+                f"the one built for it ({POWERTOOLS_LAYER_PARAMETER}).",
             )
 
     # -- wiring that needs the state machine ---------------------------------------------------
@@ -439,7 +438,17 @@ class Functions(Construct):
         if P.NOTIFY in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
-                    sid="PublishAlerts", actions=["sns:Publish"], resources=[self._alerts.topic_arn]
+                    sid="PublishAlerts",
+                    actions=["sns:Publish"],
+                    resources=[self._alerts.topic.topic_arn],
+                )
+            )
+            # SNS encrypts what the function publishes with the function's own permissions.
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="EncryptAlerts",
+                    actions=list(PUBLISH_KEY_ACTIONS),
+                    resources=[self._alerts.key.key_arn],
                 )
             )
         alarm_actions = _actions_for(grants, P.CREATE_ALARMS, P.DELETE_ALARMS)
@@ -501,9 +510,11 @@ class Functions(Construct):
             nag.acknowledge_all(
                 policy,
                 nag.wildcard_resources(*sorted(set(wildcards))),
-                "Object keys and instance/volume/fleet ids are only known at run time: the "
-                "grants are limited to this bucket's prefix or this account and region, and "
-                "EC2 creates or terminates only resources tagged gpufleet:managed=true.",
+                "Object keys and instance/volume/fleet/reservation ids are only known at run "
+                "time: the grants are limited to this bucket's prefix or this account and "
+                "region (reservations: this region, as they may be shared from another "
+                "account), and EC2 creates or terminates only resources tagged "
+                "gpufleet:managed=true.",
             )
         if P.LAUNCH_FLEET in grants:
             nag.acknowledge_all(
@@ -565,6 +576,25 @@ class Functions(Construct):
                 resources=[self._ec2_arn(kind, "*") for kind in parts],
             )
         )
+        # A Capacity Block or a targeted ODCR is named in the request, and an on-demand launch
+        # that uses reservations first lands in any open one that matches: EC2 authorizes the
+        # launch on the reservation too. A reservation shared with this account (AWS RAM)
+        # belongs to another account, hence any account, this region.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="LaunchIntoReservations",
+                actions=["ec2:CreateFleet", "ec2:RunInstances"],
+                resources=[
+                    self._stack.format_arn(
+                        service="ec2",
+                        account="*",
+                        resource="capacity-reservation",
+                        resource_name="*",
+                        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
         tagged = ("instance", "fleet", *parts)
         role.add_to_policy(
             iam.PolicyStatement(
@@ -624,7 +654,8 @@ class Functions(Construct):
                 conditions={"StringEquals": {"iam:AWSServiceName": list(service_roles)}},
             )
         )
-        return [self._nag_arn(kind, "*") for kind in tagged]
+        reservations = "arn:<AWS::Partition>:ec2:<AWS::Region>:*:capacity-reservation/*"
+        return [*(self._nag_arn(kind, "*") for kind in tagged), reservations]
 
     def by_id(self) -> Mapping[str, lambda_.IFunction]:
         return dict(self.functions)

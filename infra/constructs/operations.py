@@ -18,8 +18,10 @@ from typing import Any
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
 from gpufleet import telemetry, topology
@@ -127,6 +129,8 @@ class Operations(Construct):
         fleet_config: FleetConfig,
         alerts: sns.ITopic,
         dead_letter_queues: Mapping[str, sqs.IQueue],
+        functions: Mapping[str, lambda_.IFunction],
+        state_machines: Mapping[str, sfn.IStateMachine],
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -158,6 +162,9 @@ class Operations(Construct):
                     "delete them."
                 ),
             )
+
+        executions = self._execution_alarms(state_machines)
+        function_errors = self._function_error_alarms(functions)
 
         launch_failures = metrics_by_value(telemetry.LAUNCH_FAILURES, "Sum")
         self._alarm(
@@ -238,10 +245,60 @@ class Operations(Construct):
             default_interval=Duration.hours(6),
         )
         self._widgets(config, hot, launch_failures, wait_p95, dead_letters)
+        self._failure_widgets(executions, function_errors)
         self.dashboard_url = (
             f"https://{stack.region}.console.aws.amazon.com/cloudwatch/home?region="
             f"{stack.region}#dashboards/dashboard/{self.dashboard.dashboard_name}"
         )
+
+    def _execution_alarms(
+        self, state_machines: Mapping[str, sfn.IStateMachine]
+    ) -> list[cloudwatch.IMetric]:
+        """Every execution that ended without succeeding: its job may hold instances that no
+        workflow will release."""
+        measures: list[cloudwatch.IMetric] = []
+        for name, machine in state_machines.items():
+            outcomes = (
+                ("ExecutionsFailed", machine.metric_failed, "failed"),
+                ("ExecutionsTimedOut", machine.metric_timed_out, "timed out"),
+                ("ExecutionsAborted", machine.metric_aborted, "was stopped (StopExecution)"),
+            )
+            for metric_name, metric_of, what in outcomes:
+                measure = metric_of(statistic="Sum", period=PERIOD, label=f"{name} {what}")
+                self._alarm(
+                    f"{metric_name}-{name}",
+                    measure,
+                    threshold=1,
+                    description=(
+                        f"An execution of the {name} state machine {what}. Open it in the Step "
+                        "Functions console (it is named after the job id): the last events say "
+                        "which state and why. Its job may still hold instances: check the job "
+                        "(`gpufleet status ID`) and the instances tagged with it, then fix the "
+                        "cause and cancel or resubmit the job."
+                    ),
+                )
+                measures.append(measure)
+        return measures
+
+    def _function_error_alarms(
+        self, functions: Mapping[str, lambda_.IFunction]
+    ) -> list[cloudwatch.IMetric]:
+        """One alarm per function: an alarm on metric math may read at most 10 metrics."""
+        measures: list[cloudwatch.IMetric] = []
+        for name, function in functions.items():
+            errors = function.metric_errors(statistic="Sum", period=PERIOD, label=name)
+            self._alarm(
+                f"FunctionErrors-{name}",
+                errors,
+                threshold=1,
+                description=(
+                    f"The {name} function raised an error (or timed out). Read its log group "
+                    f"for the traceback; an asynchronous invocation is retried, and one that "
+                    f"kept failing is in the DeadLetters-{name}Function queue."
+                ),
+            )
+            measures.append(errors)
+        return measures
 
     def _alarm(
         self,
@@ -271,6 +328,26 @@ class Operations(Construct):
         alarm.add_alarm_action(self._action)
         alarm.add_ok_action(self._action)
         self.alarms[alarm_id] = alarm
+
+    def _failure_widgets(
+        self, executions: list[cloudwatch.IMetric], function_errors: list[cloudwatch.IMetric]
+    ) -> None:
+        counts = cloudwatch.YAxisProps(min=0, show_units=False)
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Executions that did not succeed",
+                left=executions,
+                left_y_axis=counts,
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="Function errors",
+                left=function_errors,
+                stacked=True,
+                left_y_axis=counts,
+                width=12,
+            ),
+        )
 
     def _widgets(
         self,

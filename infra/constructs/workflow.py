@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aws_cdk import ArnFormat, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -36,6 +36,15 @@ def substitutions(
 
 def state_machine_name(stack: Stack, spec: topology.StateMachine) -> str:
     return f"{stack.stack_name}-{spec.construct_id}"
+
+
+def log_group_name(stack: Stack, spec: topology.StateMachine) -> str:
+    """Under /aws/vendedlogs/, which keeps Step Functions off the size limit of the account's
+    CloudWatch Logs resource policy; and unique to this stack instance (the id CloudFormation
+    gives a stack at creation): the group is retained, and a stack created again after a
+    rollback or a destroy must not find its name taken."""
+    instance = Fn.select(2, Fn.split("/", stack.stack_id))
+    return f"/aws/vendedlogs/states/{stack.stack_name}-{spec.construct_id}-{instance}"
 
 
 def state_machine_arn(stack: Stack, spec: topology.StateMachine) -> str:
@@ -93,8 +102,7 @@ class Workflow(Construct):
             log_group = logs.LogGroup(
                 self,
                 f"{spec.construct_id}Logs",
-                # vended-logs prefix: keeps Step Functions off the log resource-policy size limit
-                log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-{spec.construct_id}",
+                log_group_name=log_group_name(stack, spec),
                 retention=retention(config.log_retention_days),
                 removal_policy=RemovalPolicy.RETAIN,
             )

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 from infra.config import ConfigError, GpuFleetConfig
 from infra.constructs.operations import DIMENSION_VALUES, Operations, metric
 from infra.stack import STACK_NAME
@@ -262,6 +264,75 @@ def test_one_alarm_per_queue_in_the_stack(synth: Synth) -> None:
     assert sorted(watched) == sorted(queues)
 
 
+def _one_metric(alarm: dict[str, Any]) -> tuple[str, str, dict[str, Any], str, int]:
+    """Namespace, name, dimensions, statistic and period of an alarm on one metric; namespace
+    "" for an alarm on metric math."""
+    queries = _queries(alarm)
+    if len(queries) != 1 or "MetricStat" not in queries[0]:
+        return "", "", {}, "", 0
+    (query,) = queries
+    stat = query["MetricStat"]
+    return (
+        stat["Metric"]["Namespace"],
+        stat["Metric"]["MetricName"],
+        _stat_dimensions(query),
+        stat["Stat"],
+        stat["Period"],
+    )
+
+
+def _fires_on_any(alarm: dict[str, Any]) -> bool:
+    return (
+        alarm["Threshold"] == 1
+        and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        and alarm["EvaluationPeriods"] == 1
+    )
+
+
+def test_every_function_has_an_alarm_on_its_errors(synth: Synth) -> None:
+    """All of them, whatever topology.FUNCTIONS holds: an error in any is someone's job lost."""
+    watched = []
+    for alarm in _alarms(synth.doc).values():
+        namespace, name, dimensions, statistic, period = _one_metric(alarm)
+        if namespace != "AWS/Lambda":
+            continue
+        assert (name, statistic, period) == ("Errors", "Sum", 300)
+        assert _fires_on_any(alarm)
+        watched.append(dimensions["FunctionName"]["Ref"])
+    assert sorted(watched) == sorted(synth.function_id(f.construct_id) for f in topology.FUNCTIONS)
+
+
+EXECUTION_OUTCOMES = ("ExecutionsFailed", "ExecutionsTimedOut", "ExecutionsAborted")
+
+
+def test_every_state_machine_has_alarms_on_executions_that_did_not_succeed(
+    synth: Synth,
+) -> None:
+    watched: dict[str, list[str]] = {}
+    for alarm in _alarms(synth.doc).values():
+        namespace, name, dimensions, statistic, period = _one_metric(alarm)
+        if namespace != "AWS/States":
+            continue
+        assert (statistic, period) == ("Sum", 300)
+        assert _fires_on_any(alarm)
+        watched.setdefault(dimensions["StateMachineArn"]["Ref"], []).append(name)
+    machines = synth.of_type("AWS::StepFunctions::StateMachine")
+    assert len(machines) == len(topology.STATE_MACHINES)
+    assert {m: sorted(names) for m, names in watched.items()} == {
+        m: sorted(EXECUTION_OUTCOMES) for m in machines
+    }
+
+
+def test_the_dashboard_draws_failed_executions_and_function_errors(synth: Synth) -> None:
+    executions, _ = _graph(_widget(synth, "Executions that did not succeed"))
+    assert sorted(name for namespace, name, _, _ in executions if namespace == "AWS/States") == (
+        sorted(EXECUTION_OUTCOMES * len(topology.STATE_MACHINES))
+    )
+    errors, _ = _graph(_widget(synth, "Function errors"))
+    drawn = [name for namespace, name, _, _ in errors if namespace == "AWS/Lambda"]
+    assert drawn == ["Errors"] * len(topology.FUNCTIONS)
+
+
 def test_no_alarm_is_mistaken_for_a_job_alarm(synth: Synth) -> None:
     """The GpuAlarmRule hands alarms named `gpufleet-...` to MetricAlarm as per-job alarms."""
     names = list(_alarms(synth.doc))
@@ -299,6 +370,16 @@ def _operations_template(
     stack = cdk.Stack(app, stack_name)
     topic = sns.Topic(stack, "Alerts")
     queues = {name: sqs.Queue(stack, name) for name in ("OneFunction", "OneRuleTarget")}
+    function = lambda_.Function(
+        stack,
+        "Function",
+        runtime=lambda_.Runtime.PYTHON_3_12,
+        handler="index.handler",
+        code=lambda_.Code.from_inline("def handler(event, context):\n    return None\n"),
+    )
+    machine = sfn.StateMachine(
+        stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(sfn.Pass(stack, "P"))
+    )
     Operations(
         stack,
         "Operations",
@@ -306,6 +387,8 @@ def _operations_template(
         fleet_config=fleet_config,
         alerts=topic,
         dead_letter_queues=queues,
+        functions={"One": function},
+        state_machines={"OneMachine": machine},
     )
     template: dict[str, Any] = app.synth().get_stack_by_name(stack_name).template
     return template
@@ -380,6 +463,15 @@ def test_gpu_temperature_is_never_judged_faster_than_the_agent_samples() -> None
 
 def test_the_given_queues_each_get_an_alarm(custom: dict[str, dict[str, Any]]) -> None:
     assert {"OpsTest-DeadLetters-OneFunction", "OpsTest-DeadLetters-OneRuleTarget"} <= set(custom)
+
+
+def test_the_given_functions_and_state_machines_each_get_their_alarms(
+    custom: dict[str, dict[str, Any]],
+) -> None:
+    assert {
+        "OpsTest-FunctionErrors-One",
+        *(f"OpsTest-{outcome}-OneMachine" for outcome in EXECUTION_OUTCOMES),
+    } <= set(custom)
 
 
 # -- helpers and config ------------------------------------------------------------------------

@@ -24,9 +24,13 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from gpufleet import topology
+from gpufleet.adapters.aws.fleet import Ec2Fleet
+from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.emulator.account import ACCOUNT_ID, BUCKET_NAME, BUS_NAME, REGION
 from gpufleet.emulator.demo import (
     EVENTS_DIR,
@@ -66,6 +70,7 @@ _IDEMPOTENCY = {
     "IdempotencyIdempotencyTable dynamodb:DeleteItem": "Powertools deletes the record of a "
     "delivery whose handling raised, so that a retry runs",
 }
+_BUDGET_ALERTS = "budgets reached (none in the demos' config)"
 _NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
 NOT_REACHED: dict[str, dict[str, str]] = {
     topology.INTAKE_FROM_S3.construct_id: _IDEMPOTENCY,
@@ -82,7 +87,9 @@ NOT_REACHED: dict[str, dict[str, str]] = {
         "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
         "admission was being told",
         "Jobs dynamodb:Query": "only for teams with a monthly budget (none in the demos' config)",
-        "PublishAlerts sns:Publish": "budgets reached (none in the demos' config)",
+        "PublishAlerts sns:Publish": _BUDGET_ALERTS,
+        "EncryptAlerts kms:Decrypt": _BUDGET_ALERTS,
+        "EncryptAlerts kms:GenerateDataKey": _BUDGET_ALERTS,
         "TerminateManagedInstances ec2:TerminateInstances": "victims that overstay the "
         "preemption grace period, and jobs stopped at their budget",
     },
@@ -197,6 +204,9 @@ class Stack:
     bus: str
     state_machine: str
     topic: str
+    # The topic's customer-managed key; None for an AWS-managed one, whose policy lets the
+    # account's principals use it through SNS without a grant of their own.
+    topic_key: str | None
 
 
 # -- the demos ---------------------------------------------------------------------------------
@@ -223,9 +233,60 @@ def calls() -> list[ApiCall]:
 
 
 @pytest.fixture(scope="module")
-def calls_by_function(calls: list[ApiCall]) -> dict[str, list[ApiCall]]:
+def reservation_launches() -> list[ApiCall]:
+    """What Launch asks EC2 for a Capacity Block and for an ODCR, with every parameter.
+
+    The demos' config has no reservations, and the demos' log keeps only the parameters that
+    name what a call touches; so the adapter the Launch handler uses makes these calls here,
+    on moto, and they are kept whole.
+    """
+    requests = [
+        LaunchRequest(
+            job_id=f"j-{number:020x}",
+            attempt=0,
+            capacity_type=CapacityType.RESERVED,
+            nodes=1,
+            overrides=[
+                LaunchOverride(
+                    instance_type="p5.48xlarge",
+                    zone=f"{REGION}a",
+                    hourly_usd=0.0,
+                    reservation_id="cr-0123456789abcdef0",
+                    capacity_block=capacity_block,
+                )
+            ],
+        )
+        for number, capacity_block in ((1, True), (2, False))
+    ]
+    sent: list[ApiCall] = []
+
+    def keep(params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name in _LAUNCH_OPERATIONS:
+            sent.append(ApiCall(topology.LAUNCH.construct_id, "ec2", model.name, dict(params)))
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(
+            VpcId=vpc, CidrBlock="10.0.0.0/24", AvailabilityZone=f"{REGION}a"
+        )["Subnet"]["SubnetId"]
+        template = ec2.create_launch_template(
+            LaunchTemplateName="gpufleet", LaunchTemplateData={"ImageId": "ami-12c6146b"}
+        )["LaunchTemplate"]["LaunchTemplateId"]
+        ec2.meta.events.register("provide-client-params.ec2.*", keep)
+        fleet = Ec2Fleet(ec2, template, [subnet])
+        for request in requests:
+            fleet.launch(request)
+    assert sorted(call.operation for call in sent) == ["CreateFleet", "RunInstances"]
+    return sent
+
+
+@pytest.fixture(scope="module")
+def calls_by_function(
+    calls: list[ApiCall], reservation_launches: list[ApiCall]
+) -> dict[str, list[ApiCall]]:
     by_function: dict[str, list[ApiCall]] = {}
-    for call in calls:
+    for call in [*calls, *reservation_launches]:
         if call.function is not None:
             by_function.setdefault(call.function, []).append(call)
     return by_function
@@ -263,6 +324,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
         topology.ENV_STATE_MACHINE
     ]["Ref"]
     topic = synth.function_env(topology.METRIC_ALARM.construct_id)[topology.ENV_NOTIFY_TOPIC]
+    key = synth.props(topic["Ref"]).get("KmsMasterKeyId")
+    topic_key = synth.render(key) if isinstance(key, dict) and "Fn::GetAtt" in key else None
     return Stack(
         grants=grants,
         # The embedded account names each resource gpufleet-<construct id> (emulator/account.py).
@@ -273,6 +336,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
             "states", f"stateMachine:{synth.props(state_machine)['StateMachineName']}"
         ),
         topic=synth.render(topic),
+        topic_key=topic_key,
     )
 
 
@@ -287,6 +351,9 @@ _ITEM_ACTIONS = {
 # Besides the call's own action, a launch needs these (EC2 authorizes an instant fleet's
 # RunInstances against the caller; tags given at launch need CreateTags).
 _LAUNCH_ACTIONS = {"CreateFleet": ("ec2:CreateFleet", "ec2:RunInstances")}
+_LAUNCH_OPERATIONS = ("CreateFleet", "RunInstances")
+# SNS encrypts a message for an encrypted topic with the publisher's own permissions on its key.
+_PUBLISH_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")
 
 
 def _leading_key(params: Mapping[str, Any]) -> dict[str, str]:
@@ -345,12 +412,19 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
         return [Request(call.action, _arn("cloudwatch", f"alarm:{name}")) for name in alarms]
     if call.action == "sns:Publish":
         assert params["TopicArn"] == f"arn:aws:sns:{REGION}:{ACCOUNT_ID}:gpufleet-alerts"
-        return [Request(call.action, stack.topic)]
+        return [
+            Request(call.action, stack.topic),
+            *(
+                Request(action, stack.topic_key)
+                for action in _PUBLISH_KEY_ACTIONS
+                if stack.topic_key is not None
+            ),
+        ]
     if call.action == "ec2:TerminateInstances":
         return [Request(call.action, _arn("ec2", f"instance/{i}")) for i in params["InstanceIds"]]
     if call.action == "ec2:DeletePlacementGroup":
         return [Request(call.action, _arn("ec2", f"placement-group/{params['GroupName']}"))]
-    if call.action in ("ec2:CreateFleet", "ec2:RunInstances", "ec2:CreatePlacementGroup"):
+    if call.service == "ec2" and call.operation in (*_LAUNCH_OPERATIONS, "CreatePlacementGroup"):
         return _created_with_tags(call)
     if call.service == "ec2" and call.operation.startswith("Describe"):
         return [Request(call.action, "*")]  # EC2 has no resource-level permission for these
@@ -374,6 +448,7 @@ def _created_with_tags(call: ApiCall) -> list[Request]:
         # spot requests, passes the instance role to EC2 and, the first time in an account,
         # creates EC2's service-linked role.
         found += [Request(action, None) for action in actions]
+        found += [Request(action, r) for r in _reservations(call.params) for action in actions]
         found.append(Request("iam:PassRole", None, {"iam:PassedToService": "ec2.amazonaws.com"}))
         found.append(
             Request(
@@ -383,6 +458,19 @@ def _created_with_tags(call: ApiCall) -> list[Request]:
             )
         )
     return found
+
+
+def _reservations(params: Mapping[str, Any]) -> list[str]:
+    """The capacity reservations a launch may run in, on which EC2 authorizes it as well: the
+    one the request targets (a Capacity Block, a targeted ODCR), or any open one that matches
+    for an on-demand fleet that uses reservations first."""
+    target = params.get("CapacityReservationSpecification", {}).get("CapacityReservationTarget")
+    if target and "CapacityReservationId" in target:
+        return [_arn("ec2", f"capacity-reservation/{target['CapacityReservationId']}")]
+    options = params.get("OnDemandOptions", {}).get("CapacityReservationOptions", {})
+    if options.get("UsageStrategy") == "use-capacity-reservations-first":
+        return [_arn("ec2", "capacity-reservation/*")]
+    return []
 
 
 # -- the checks --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from gpufleet.cli import (
     chaos,
     cost,
     demo,
+    doctor,
     emulator,
     jobs,
     logs,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         demo,
         chaos,
         emulator,
+        doctor,
     ):
         module.register(commands)
     return parser

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gpufleet.cli.table import add_raw_argument, printable, render, render_fields
-from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
+from gpufleet.cli.target import Connection, TargetError, add_target_arguments, connect, fail
 from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
 from gpufleet.domain.spec import SpecError, format_for, parse_spec
 from gpufleet.services.intake import ERROR_SUFFIX, ErrorReport, key_refusal
@@ -109,9 +109,7 @@ def run_submit(args: argparse.Namespace) -> int:
         connection = connect(args)
     except TargetError as exc:
         return fail(str(exc))
-    s3 = connection.client("s3")
-    upload = _upload(s3, connection.settings.intake_bucket, key, raw)
-    job_id, job, report = _await_intake(connection.jobs, s3, upload, args.wait)
+    upload, job_id, job, report = submit_spec(connection, key, raw, args.wait)
     if report is not None:
         # Refused by the control plane (e.g. a template its config does not define).
         return _refused(args, key, report)
@@ -155,8 +153,20 @@ def _refused(args: argparse.Namespace, key: str, error: dict[str, Any]) -> int:
     return 2
 
 
+def submit_spec(
+    connection: Connection, key: str, raw: bytes, wait_seconds: float
+) -> tuple[Upload, str, Job | None, dict[str, Any] | None]:
+    """Upload a spec where `aws s3 cp` puts it and wait for intake to take it: the one submit
+    path (`gpufleet submit`, `gpufleet doctor --smoke`). The upload, the job id, the job (None
+    if not recorded yet) and intake's error report (if it refused the spec)."""
+    s3 = connection.client("s3")
+    upload = _upload(s3, connection.settings.intake_bucket, key, raw)
+    job_id, job, report = _await_intake(connection.jobs, s3, upload, wait_seconds)
+    return upload, job_id, job, report
+
+
 @dataclass(frozen=True)
-class _Upload:
+class Upload:
     bucket: str
     key: str
     version_id: str | None
@@ -171,17 +181,17 @@ class _Upload:
         return [job_id_for_delivery(s3_delivery_key(self.bucket, self.key, m)) for m in markers]
 
 
-def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> _Upload:
+def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> Upload:
     response = s3.put_object(Bucket=bucket, Key=key, Body=raw)
     version_id = response.get("VersionId")
     head = s3.head_object(
         Bucket=bucket, Key=key, **({"VersionId": version_id} if version_id else {})
     )
-    return _Upload(bucket, key, version_id, str(response["ETag"]).strip('"'), head["LastModified"])
+    return Upload(bucket, key, version_id, str(response["ETag"]).strip('"'), head["LastModified"])
 
 
 def _await_intake(
-    jobs: JobStore, s3: Any, upload: _Upload, wait_seconds: float
+    jobs: JobStore, s3: Any, upload: Upload, wait_seconds: float
 ) -> tuple[str, Job | None, dict[str, Any] | None]:
     """(job id, the job or None if not recorded yet, the error report if refused)."""
     candidates = upload.job_ids()
@@ -201,7 +211,7 @@ def _await_intake(
         time.sleep(0.5)
 
 
-def _error_report(s3: Any, upload: _Upload, read: set[str]) -> dict[str, Any] | None:
+def _error_report(s3: Any, upload: Upload, read: set[str]) -> dict[str, Any] | None:
     """The error report intake wrote for this upload, if it refused it: the version of
     `<key>.error.json` that names this upload's version (another upload of the same key, even in
     the same second, has its own). `read` holds the report versions already read."""

@@ -55,13 +55,15 @@ def fail(message: str) -> int:
 
 def _stack_environment(stack: str, region: str | None) -> dict[str, str]:
     import boto3
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     cloudformation = boto3.session.Session(region_name=region).client("cloudformation")
     try:
         described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
     except ClientError as exc:
         raise TargetError(f"stack {stack}: {exc.response['Error']['Message']}") from None
+    except BotoCoreError as exc:  # no credentials, no region, no endpoint
+        raise TargetError(f"stack {stack}: {exc}") from None
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
     return {env: outputs[key] for key, env in topology.STACK_OUTPUTS.items() if key in outputs}
 

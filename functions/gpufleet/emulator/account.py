@@ -25,6 +25,7 @@ import boto3
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
+from gpufleet.emulator import account_baseline
 from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
 
 REGION = "us-east-1"
@@ -154,6 +155,7 @@ def embedded_account(
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
     mock.start()
     patches = install(recorder, _write_log)
+    undo_baseline = account_baseline.install()
     try:
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config())
@@ -163,6 +165,7 @@ def embedded_account(
         with acting_as(EMULATOR):
             _stop_executions(account)
     finally:
+        undo_baseline()
         patches.remove()
         mock.stop()
         _forget_cold_starts()
@@ -192,6 +195,7 @@ def _forget_cold_starts() -> None:
         del sys.modules[name]
     for cached in (
         common.settings,
+        common.ports,
         common.intake,
         common.lifecycle,
         common.dispatcher,
@@ -311,6 +315,7 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
             ]
         },
     )
+    account_baseline.populate(account, AMI_ID)
     return account
 
 

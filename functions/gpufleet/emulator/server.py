@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig
+from gpufleet.emulator import account_baseline
 from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, NodeScenario, NodeSimulator
@@ -102,7 +103,8 @@ def serve(
 
 
 def _publish_stack(account: Account, deployment: dict[str, str]) -> None:
-    """A stack whose outputs name the emulator's resources, as the deployed stack's do."""
+    """A stack whose outputs name the emulator's resources, as the deployed stack's do, and
+    whose parameters read the public SSM parameters the deployed stack reads."""
     outputs = {
         key: {"Value": deployment[var]}
         for key, var in topology.STACK_OUTPUTS.items()
@@ -110,6 +112,7 @@ def _publish_stack(account: Account, deployment: dict[str, str]) -> None:
     }
     # CloudFormation wants a resource; this one creates nothing (moto warns it cannot).
     template = {
+        "Parameters": account_baseline.stack_parameters(),
         "Resources": {"Outputs": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
         "Outputs": outputs,
     }

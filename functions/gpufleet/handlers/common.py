@@ -1,10 +1,16 @@
-"""What every handler shares: Powertools utilities and the services, built once per cold start."""
+"""What every handler shares: Powertools utilities and the services, built once per cold start.
+
+Each handler builds only the services it calls, on its first event, over one set of ports
+(`ports`) whose boto3 clients are built when first used. The service modules are imported by
+the builders, not here: a function imports the code it runs and no other handler's.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from functools import cache
+from typing import TYPE_CHECKING
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
@@ -14,23 +20,20 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 
 from gpufleet import telemetry
-from gpufleet.adapters.aws.runtime import aws_ports
-from gpufleet.services.actions import MetricActions
-from gpufleet.services.dispatcher import DispatcherService
-from gpufleet.services.factory import (
-    build_actions,
-    build_dispatcher,
-    build_intake,
-    build_lifecycle,
-    build_reconciler,
-)
-from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import LifecycleService
-from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.settings import Settings
 
+if TYPE_CHECKING:
+    from gpufleet.ports import Ports
+    from gpufleet.services.actions import MetricActions
+    from gpufleet.services.dispatcher import DispatcherService
+    from gpufleet.services.intake import IntakeService
+    from gpufleet.services.lifecycle import LifecycleService
+    from gpufleet.services.reconciler import ReconcilerService
+
 logger = Logger(service=telemetry.SERVICE)
-tracer = Tracer(service=telemetry.SERVICE)
+# Only the AWS SDK's calls are traced: patching every library X-Ray supports imports them all
+# (requests, httplib, ...) at every cold start, for calls the functions never make.
+tracer = Tracer(service=telemetry.SERVICE, patch_modules=("botocore",))
 metrics = Metrics(namespace=telemetry.NAMESPACE, service=telemetry.SERVICE)
 
 
@@ -56,28 +59,46 @@ def settings() -> Settings:
 
 
 @cache
+def ports() -> Ports:
+    """The one set of ports of this process, shared by every service it builds."""
+    from gpufleet.adapters.aws.runtime import aws_ports
+
+    return aws_ports(settings())
+
+
+@cache
 def intake() -> IntakeService:
-    return build_intake(aws_ports(settings()), settings(), lifecycle())
+    from gpufleet.services.factory import build_intake
+
+    return build_intake(ports(), settings(), lifecycle())
 
 
 @cache
 def lifecycle() -> LifecycleService:
-    return build_lifecycle(aws_ports(settings()), settings())
+    from gpufleet.services.factory import build_lifecycle
+
+    return build_lifecycle(ports(), settings())
 
 
 @cache
 def dispatcher() -> DispatcherService:
-    return build_dispatcher(aws_ports(settings()), settings(), lifecycle())
+    from gpufleet.services.factory import build_dispatcher
+
+    return build_dispatcher(ports(), settings(), lifecycle())
 
 
 @cache
 def actions() -> MetricActions:
-    return build_actions(aws_ports(settings()), settings(), lifecycle())
+    from gpufleet.services.factory import build_actions
+
+    return build_actions(ports(), settings(), lifecycle())
 
 
 @cache
 def reconciler() -> ReconcilerService:
-    return build_reconciler(aws_ports(settings()), settings())
+    from gpufleet.services.factory import build_reconciler
+
+    return build_reconciler(ports(), settings())
 
 
 @cache

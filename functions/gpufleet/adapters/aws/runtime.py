@@ -31,16 +31,44 @@ def client(service: str, region: str) -> Any:
     return boto3.session.Session().client(service, region_name=region, config=_CLIENT_CONFIG)
 
 
-def ec2_fleet(settings: Settings) -> Ec2Fleet:
-    region = settings.region
+class Clients:
+    """The boto3 clients of one set of ports: one per service, each built the first time an
+    adapter calls it. A client costs tens of milliseconds to build, and most handlers use two or
+    three of the services the ports cover: the others are never built in that process."""
+
+    def __init__(self, region: str) -> None:
+        self._region = region
+        self._built: dict[str, Any] = {}
+
+    def built(self, service: str) -> Any:
+        if service not in self._built:
+            self._built[service] = client(service, self._region)
+        return self._built[service]
+
+    def __call__(self, service: str) -> Any:
+        return _LazyClient(self, service)
+
+
+class _LazyClient:
+    """Stands for a service's client until it is first called."""
+
+    __slots__ = ("_clients", "_service")
+
+    def __init__(self, clients: Clients, service: str) -> None:
+        self._clients = clients
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._clients.built(self._service), name)
+
+
+def ec2_fleet(settings: Settings, clients: Clients) -> Ec2Fleet:
     pool = settings.config.warm_pool
     warm_pool = None
     if pool is not None:
-        warm_pool = DynamoWarmPool(
-            client("dynamodb", region), settings.queue_table, pool, SystemClock()
-        )
+        warm_pool = DynamoWarmPool(clients("dynamodb"), settings.queue_table, pool, SystemClock())
     return Ec2Fleet(
-        client("ec2", region),
+        clients("ec2"),
         settings.launch_template_id,
         settings.subnet_ids,
         efa_launch_template_id=settings.efa_launch_template_id,
@@ -50,21 +78,21 @@ def ec2_fleet(settings: Settings) -> Ec2Fleet:
 
 
 def aws_ports(settings: Settings) -> Ports:
-    region = settings.region
-    jobs = DynamoJobStore(client("dynamodb", region), settings.jobs_table)
+    """Every port on AWS, sharing one lazily built client per service."""
+    clients = Clients(settings.region)
     return Ports(
         clock=SystemClock(),
-        jobs=jobs,
-        events=EventBridgePublisher(client("events", region), settings.event_bus_name),
-        objects=S3ObjectStore(client("s3", region), settings.intake_bucket),
-        workflow=StepFunctionsWorkflow(
-            client("stepfunctions", region), settings.job_state_machine_arn
+        jobs=DynamoJobStore(clients("dynamodb"), settings.jobs_table),
+        events=EventBridgePublisher(clients("events"), settings.event_bus_name),
+        objects=S3ObjectStore(clients("s3"), settings.intake_bucket),
+        workflow=StepFunctionsWorkflow(clients("stepfunctions"), settings.job_state_machine_arn),
+        fleet=ec2_fleet(settings, clients),
+        capacity=DynamoCapacityMemory(
+            clients("dynamodb"), settings.capacity_table, settings.region
         ),
-        fleet=ec2_fleet(settings),
-        capacity=DynamoCapacityMemory(client("dynamodb", region), settings.capacity_table, region),
         queue=DynamoJobQueue(
-            client("dynamodb", region), settings.queue_table, jobs_table=settings.jobs_table
+            clients("dynamodb"), settings.queue_table, jobs_table=settings.jobs_table
         ),
-        alarms=CloudWatchAlarms(client("cloudwatch", region)),
-        notifier=SnsNotifier(client("sns", region), settings.notify_topic_arn),
+        alarms=CloudWatchAlarms(clients("cloudwatch")),
+        notifier=SnsNotifier(clients("sns"), settings.notify_topic_arn),
     )

@@ -1,0 +1,184 @@
+"""What a real account holds before gpufleet's first job, and moto's does not.
+
+- The public SSM parameter of the GPU AMI, as the stack resolves it at deploy time: moto serves
+  only a few `/aws/service/` trees, and refuses, as SSM does, a PutParameter under `/aws`; the
+  parameter is put in the backend, as AWS publishes it. And CDK's bootstrap version parameter,
+  which `cdk bootstrap` leaves and every deploy checks.
+- EC2's service-linked roles under their real names (moto names spot's `AWSServiceRoleForspot`),
+  with spot's created, as in an account that has launched spot before.
+- EC2 vCPU quotas in Service Quotas: moto serves only VPC quotas. The values are an account's
+  that asked for GPU quota (AWS's defaults are 0 for the GPU families, 5 for Standard): enough
+  for the repository's gpufleet.yaml. `set_vcpu_quota` changes one, as an approved request
+  would. The answer comes from moto's backend, so calls over HTTP (`gpufleet emulator`) get it
+  too, not only the in-process ones.
+- A way out of the default VPC: AWS's default VPC has an internet gateway and a 0.0.0.0/0 route
+  to it in its main route table (and its default subnets give public IPs); moto's has neither.
+- A confirmed subscriber on the alerts topic: an SQS queue of the same account, which SNS
+  confirms at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.domain.readiness import DEFAULT_ROUTE, VCPU_QUOTAS
+
+if TYPE_CHECKING:
+    from gpufleet.emulator.account import Account
+
+# The stack's default (infra/config.py; tests/infrastructure/test_doctor_template.py compares).
+AMI_SSM_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+# What `cdk bootstrap` leaves (default qualifier), which every CDK template checks at deploy.
+CDK_BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
+CDK_BOOTSTRAP_VERSION = "28"
+# botocore's service name -> the role name part AWS uses (AWSServiceRoleFor<part>).
+_SERVICE_LINKED_ROLE_NAMES = {
+    "spot": "EC2Spot",
+    "spotfleet": "EC2SpotFleet",
+    "ec2fleet": "EC2Fleet",
+}
+EC2_VCPU_QUOTAS: dict[str, float] = {
+    "L-DB2E81BA": 768,  # Running On-Demand G and VT instances
+    "L-3819A6DF": 768,  # All G and VT Spot Instance Requests
+    "L-417A185B": 768,  # Running On-Demand P instances
+    "L-7212CCBC": 768,  # All P4, P3 and P2 Spot Instance Requests
+    "L-C4BD4855": 768,  # All P5 Spot Instance Requests
+    "L-1216C47A": 1152,  # Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances
+    "L-34B43A08": 1152,  # All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests
+}
+ALERTS_INBOX = "gpufleet-alerts-inbox"
+_QUOTAS_ATTRIBUTE = "gpufleet_ec2_vcpu_quotas"
+
+
+def install() -> Callable[[], None]:
+    """Patch moto's IAM role names and Service Quotas answers; returns the undo."""
+    from moto.iam import models as iam_models
+    from moto.servicequotas.models import ServiceQuotasBackend
+
+    saved = {k: iam_models.SERVICE_NAME_CONVERSION.get(k) for k in _SERVICE_LINKED_ROLE_NAMES}
+    iam_models.SERVICE_NAME_CONVERSION.update(_SERVICE_LINKED_ROLE_NAMES)
+    original = ServiceQuotasBackend.get_service_quota
+
+    def get_service_quota(self: Any, service_code: str, quota_code: str) -> dict[str, Any]:
+        quotas: dict[str, float] = getattr(self, _QUOTAS_ATTRIBUTE, EC2_VCPU_QUOTAS)
+        if service_code != "ec2" or quota_code not in quotas:
+            result: dict[str, Any] = original(self, service_code, quota_code)
+            return result
+        return _quota(self.region_name, quota_code, quotas[quota_code])
+
+    ServiceQuotasBackend.get_service_quota = get_service_quota  # type: ignore[method-assign]
+
+    def undo() -> None:
+        ServiceQuotasBackend.get_service_quota = original  # type: ignore[method-assign]
+        for key, value in saved.items():
+            if value is None:
+                iam_models.SERVICE_NAME_CONVERSION.pop(key, None)
+            else:
+                iam_models.SERVICE_NAME_CONVERSION[key] = value
+
+    return undo
+
+
+def _quota(region: str, code: str, value: float) -> dict[str, Any]:
+    """GetServiceQuota's `Quota`, as AWS answers for an EC2 vCPU quota."""
+    name = next(q.name for q in VCPU_QUOTAS if q.code == code)
+    return {
+        "ServiceCode": "ec2",
+        "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+        "QuotaArn": f"arn:aws:servicequotas:{region}::ec2/{code}",
+        "QuotaCode": code,
+        "QuotaName": name,
+        "Value": float(value),
+        "Unit": "None",
+        "Adjustable": True,
+        "GlobalQuota": False,
+    }
+
+
+def set_vcpu_quota(account: Account, code: str, value: float) -> None:
+    """Give the account another value of an EC2 vCPU quota."""
+    from moto.servicequotas.models import servicequotas_backends
+
+    from gpufleet.emulator.account import ACCOUNT_ID
+
+    backend = servicequotas_backends[ACCOUNT_ID][account.region]
+    quotas = dict(getattr(backend, _QUOTAS_ATTRIBUTE, EC2_VCPU_QUOTAS))
+    quotas[code] = value
+    setattr(backend, _QUOTAS_ATTRIBUTE, quotas)
+
+
+def populate(account: Account, ami_id: str) -> None:
+    """Create what the account holds before the first job (see the module's docstring)."""
+    _publish_ami_parameter(account, ami_id)
+    account.client("ssm").put_parameter(
+        Name=CDK_BOOTSTRAP_VERSION_PARAMETER, Value=CDK_BOOTSTRAP_VERSION, Type="String"
+    )
+    account.client("iam").create_service_linked_role(AWSServiceName="spot.amazonaws.com")
+    _open_the_default_vpc(account)
+    _subscribe_an_operator(account)
+
+
+def _publish_ami_parameter(account: Account, ami_id: str) -> None:
+    from moto.ssm.models import Parameter, ssm_backends
+
+    from gpufleet.emulator.account import ACCOUNT_ID
+
+    backend = ssm_backends[ACCOUNT_ID][account.region]
+    backend._parameters[AMI_SSM_PARAMETER].append(
+        Parameter(  # type: ignore[abstract]  # as moto builds its own public parameters
+            account_id=ACCOUNT_ID,
+            name=AMI_SSM_PARAMETER,
+            value=ami_id,
+            parameter_type="String",
+            description=None,
+            allowed_pattern=None,
+            keyid=None,
+            last_modified_date=datetime.datetime.now(datetime.UTC),
+            version=1,
+            data_type="aws:ec2:image",
+        )
+    )
+
+
+def _open_the_default_vpc(account: Account) -> None:
+    ec2 = account.client("ec2")
+    [vpc] = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=vpc["VpcId"])
+    [main] = ec2.describe_route_tables(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpc["VpcId"]]},
+            {"Name": "association.main", "Values": ["true"]},
+        ]
+    )["RouteTables"]
+    ec2.create_route(
+        RouteTableId=main["RouteTableId"], DestinationCidrBlock=DEFAULT_ROUTE, GatewayId=gateway
+    )
+
+
+def _subscribe_an_operator(account: Account) -> None:
+    sqs = account.client("sqs")
+    queue_url = sqs.create_queue(QueueName=ALERTS_INBOX)["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    account.client("sns").subscribe(
+        TopicArn=account.notify_topic_arn, Protocol="sqs", Endpoint=queue_arn
+    )
+
+
+def stack_parameters() -> dict[str, Any]:
+    """The SSM-typed parameters of the deployed stack's template: the AMI and CDK's bootstrap
+    version."""
+    return {
+        "AmiParameter": {"Type": AMI_PARAMETER_TYPE, "Default": AMI_SSM_PARAMETER},
+        "BootstrapVersion": {
+            "Type": "AWS::SSM::Parameter::Value<String>",
+            "Default": CDK_BOOTSTRAP_VERSION_PARAMETER,
+        },
+    }
