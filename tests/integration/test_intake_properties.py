@@ -45,11 +45,7 @@ EXAMPLES = settings(
     max_examples=10,
     derandomize=True,
     deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 _numbers = itertools.count()
 
