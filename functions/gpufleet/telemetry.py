@@ -23,6 +23,8 @@ CAPACITY_TYPE = "CapacityType"  # spot | on-demand | reserved
 ERROR_CATEGORY = "Category"  # capacity | quota | configuration | unknown
 # The Category of a launch that failed without an EC2 error code to classify.
 UNKNOWN_ERROR_CATEGORY = "unknown"
+# Why a node report was dropped: a DroppedReport value (unknown-job | unknown-instance | invalid).
+REPORT_PROBLEM = "Problem"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ BUDGET_BREACHES = Metric("BudgetBreaches", "Count", (), "jobs stopped or held fo
 IDLE_JOBS = Metric("IdleJobs", "Count", (), "jobs flagged for low GPU utilization")
 OVERHEATED_JOBS = Metric("OverheatedJobs", "Count", (), "jobs moved off a hot GPU")
 ORPHANS_TERMINATED = Metric("OrphansTerminated", "Count", (), "instances the reconciler ended")
+NODE_REPORTS_DROPPED = Metric(
+    "NodeReportsDropped",
+    "Count",
+    (REPORT_PROBLEM,),
+    "node reports dropped unheard: for no job, from an instance the job does not hold, malformed",
+)
 
 ALL: tuple[Metric, ...] = (
     QUEUE_DEPTH,
@@ -80,4 +88,5 @@ ALL: tuple[Metric, ...] = (
     IDLE_JOBS,
     OVERHEATED_JOBS,
     ORPHANS_TERMINATED,
+    NODE_REPORTS_DROPPED,
 )

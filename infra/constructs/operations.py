@@ -26,7 +26,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 from gpufleet import telemetry, topology
 from gpufleet.domain.config import FleetConfig
-from gpufleet.domain.job import TERMINAL_STATUSES
+from gpufleet.domain.job import TERMINAL_STATUSES, DroppedReport
 from gpufleet.domain.launch import CapacityType, ErrorCategory
 from gpufleet.domain.spec import Priority
 from infra.config import GpuFleetConfig
@@ -49,6 +49,7 @@ DIMENSION_VALUES: dict[str, tuple[str, ...]] = {
         *(c.value for c in ErrorCategory),
         telemetry.UNKNOWN_ERROR_CATEGORY,
     ),
+    telemetry.REPORT_PROBLEM: tuple(p.value for p in DroppedReport),
 }
 
 
@@ -480,6 +481,15 @@ class Operations(Construct):
                     metric(telemetry.OVERHEATED_JOBS, "Sum", label="moved off a hot GPU"),
                     metric(telemetry.IDLE_JOBS, "Sum", label="idle GPUs"),
                     metric(telemetry.ORPHANS_TERMINATED, "Sum", label="orphans terminated"),
+                    *(
+                        metric(
+                            telemetry.NODE_REPORTS_DROPPED,
+                            "Sum",
+                            dimensions={telemetry.REPORT_PROBLEM: problem.value},
+                            label=f"node reports dropped: {problem.value}",
+                        )
+                        for problem in DroppedReport
+                    ),
                 ],
                 left_y_axis=counts,
                 width=8,

@@ -131,6 +131,7 @@ REQUIRED_WIDGETS = {
     ],
     "Queue wait (seconds)": [telemetry.WAIT_SECONDS],
     "Launch failures by category": [telemetry.LAUNCH_FAILURES],
+    "Jobs flagged or stopped": [telemetry.NODE_REPORTS_DROPPED],
 }
 
 

@@ -7,10 +7,12 @@ one job that runs to SUCCEEDED serve the whole module.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -20,12 +22,14 @@ from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
 
 import gpufleet
 from gpufleet.cli import main
+from gpufleet.emulator.private import ENV_TOKEN, TOKEN_HEADER
 from gpufleet.emulator.server import STACK_NAME
 
 SPEC = """name: {name}
@@ -332,3 +336,69 @@ def test_the_stack_name_and_endpoint_flag_find_the_same_gpufleet(
         "logs", job_id, "--stack", STACK_NAME, only=(*credentials, "AWS_ENDPOINT_URL")
     )
     assert code == 0 and "training finished" in out
+
+
+# -- the emulator is private -------------------------------------------------------------------
+
+
+def _ask(
+    emulator: dict[str, str], method: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request to the emulator's loopback port, as a browser or a script makes it."""
+    endpoint = urlsplit(emulator["AWS_ENDPOINT_URL"])
+    connection = http.client.HTTPConnection(endpoint.hostname or "", endpoint.port, timeout=30)
+    try:
+        connection.request(method, path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def _cors(headers: dict[str, str]) -> list[str]:
+    return [name for name in headers if name.lower().startswith("access-control-")]
+
+
+def test_the_emulator_listens_on_loopback_and_its_env_file_is_its_owners_only(
+    emulator: dict[str, str], workdir: Path
+) -> None:
+    assert urlsplit(emulator["AWS_ENDPOINT_URL"]).hostname == "127.0.0.1"
+    mode = stat.S_IMODE((workdir / "emulator.env").stat().st_mode)
+    assert mode == 0o600  # it holds the token
+    assert len(emulator[ENV_TOKEN]) >= 32
+
+
+def test_a_web_page_can_neither_read_the_account_nor_reset_it(
+    emulator: dict[str, str], finished: dict[str, Any]
+) -> None:
+    page = {"Origin": "https://evil.example"}
+    # The cross-origin reset a page can send without asking (a "simple" request) ...
+    status, headers, _ = _ask(emulator, "POST", "/moto-api/reset", page)
+    assert status == 403 and _cors(headers) == []
+    # ... and the preflight and reads it would need, are refused without any CORS header.
+    preflight = {**page, "Access-Control-Request-Method": "POST"}
+    for method, path, extra in [("OPTIONS", "/", preflight), ("GET", "/", page)]:
+        status, headers, _ = _ask(emulator, method, path, extra)
+        assert status == 403 and _cors(headers) == []
+    # A page whose own name points at 127.0.0.1 (DNS rebinding) names its host.
+    status, _, _ = _ask(emulator, "GET", "/", {"Host": "evil.example:80"})
+    assert status == 403
+    # The account is as it was: the job is still there.
+    with exported(emulator):
+        code, job = _json_of(["status", finished["submitted"]["job_id"], "--json"])
+    assert code == 0 and job["status"] == "SUCCEEDED"
+
+
+def test_the_control_endpoints_need_the_token_from_the_env_file(
+    emulator: dict[str, str], finished: dict[str, Any]
+) -> None:
+    status, _, body = _ask(emulator, "POST", "/moto-api/reset")
+    assert status == 403 and TOKEN_HEADER.encode() in body
+    status, _, _ = _ask(emulator, "POST", "/moto-api/reset", {TOKEN_HEADER: "guessed"})
+    assert status == 403
+    # With the token (a read of moto's configuration: the module's account stays as it is).
+    status, headers, body = _ask(
+        emulator, "GET", "/moto-api/config", {TOKEN_HEADER: emulator[ENV_TOKEN]}
+    )
+    assert status == 201 and _cors(headers) == []  # moto answers its config with 201
+    assert "lambda" in json.loads(body)

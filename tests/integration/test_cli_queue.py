@@ -1,20 +1,33 @@
-"""`gpufleet queue`, `cancel` and `book` against the embedded account."""
+"""`gpufleet queue`, `cancel`, `resize` and `book` against the embedded account, and what the
+account does with forged node reports."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.cli import main
 from gpufleet.domain.config import FleetConfig
+from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.emulator.account import Account, embedded_account
-from gpufleet.topology import JOB_LIFECYCLE
+from gpufleet.topology import (
+    AGENT_SOURCE,
+    DETAIL_NODE_FINISHED,
+    DETAIL_NODE_HEARTBEAT,
+    JOB_LIFECYCLE,
+    JOBS_TABLE,
+    NODE_REPORT,
+)
 
+T = TypeVar("T")
 CONFIG = FleetConfig(
     queue=QueuePolicy(
         max_gpus=16, max_instances=8, reserve_share=0.0, teams={"vision": TeamQuota(gpus=4)}
@@ -42,32 +55,48 @@ def config_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code, out, _err = refusal(capsys, *argv)
+    return code, out
+
+
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """A command's exit code, stdout and stderr (where a refusal says why)."""
     code = main(list(argv))
-    return code, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def submit(account: Account, name: str) -> None:
-    body = f"name: {name}\nteam: vision\nimage: img\ncommand: [x]\nresources: {{gpus: 4}}\n"
+def submit(account: Account, name: str, team: str = "vision", gpus: int = 4) -> None:
+    body = f"name: {name}\nteam: {team}\nimage: img\ncommand: [x]\nresources: {{gpus: {gpus}}}\n"
     account.client("s3").put_object(Bucket=account.bucket, Key=f"jobs/{name}.yaml", Body=body)
+
+
+def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
+    """What `look` first finds, with admission passes run meanwhile (what the one-minute
+    schedule does in AWS)."""
+    deadline = time.monotonic() + 60  # generous: CI machines can be slow
+    while time.monotonic() < deadline:
+        found = look()
+        if found is not None:
+            return found
+        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never happened")
 
 
 def settled_queue(
     account: Account, capsys: pytest.CaptureFixture[str], config_file: str, count: int
 ) -> list[dict]:
     """The queue once every submission is in it and the dispatcher has had its say."""
-    deadline = time.monotonic() + 60  # generous: CI machines can be slow
-    waiting: list[dict] = []
-    while time.monotonic() < deadline:
+
+    def settled() -> list[dict] | None:
         code, out = cli(capsys, "queue", "--json", "--config", config_file)
         assert code == 0
-        waiting = json.loads(out)["waiting"]
-        if len(waiting) == count and all(w["reason"] != "next" for w in waiting):
-            return waiting
-        if any(w["reason"] == "next" for w in waiting):
-            # What the one-minute schedule does in AWS: another admission pass.
-            account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
-        time.sleep(0.2)
-    raise AssertionError(f"the queue never settled: {waiting}")
+        waiting: list[dict] = json.loads(out)["waiting"]
+        done = len(waiting) == count and all(w["reason"] != "next" for w in waiting)
+        return waiting if done else None
+
+    return with_passes(account, settled, "the queue settling")
 
 
 def test_queue_shows_waiting_jobs_with_reasons_and_cancel_takes_one_out(
@@ -91,45 +120,88 @@ def test_queue_shows_waiting_jobs_with_reasons_and_cancel_takes_one_out(
     assert cli(capsys, "cancel", victim, "--config", config_file)[0] == 2
 
 
+def _hence(hours: float) -> str:
+    """An ISO time `hours` from now (bookings are for windows that have not ended)."""
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat(timespec="minutes")
+
+
+def book(capsys: pytest.CaptureFixture[str], config_file: str, *flags: str) -> tuple[int, str, str]:
+    return refusal(capsys, "book", *flags, "--json", "--config", config_file)
+
+
+def bookings(capsys: pytest.CaptureFixture[str], config_file: str) -> list[dict]:
+    listed: list[dict] = json.loads(cli(capsys, "queue", "--json", "--config", config_file)[1])[
+        "bookings"
+    ]
+    return listed
+
+
 def test_book_then_queue_shows_the_booking(
     account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = cli(
-        capsys,
-        "book",
-        "--team",
-        "nlp",
-        "--gpus",
-        "8",
-        "--from",
-        "2026-12-01T08:00Z",
-        "--to",
-        "2026-12-01T20:00Z",
-        "--json",
-        "--config",
-        config_file,
-    )
+    window = ["--from", _hence(24), "--to", _hence(36)]
+    code, out, _ = book(capsys, config_file, "--team", "vision", "--gpus", "8", *window)
     assert code == 0
     booking = json.loads(out)
-    bookings = json.loads(cli(capsys, "queue", "--json", "--config", config_file)[1])["bookings"]
-    assert booking in bookings
-    assert (
-        cli(
-            capsys,
-            "book",
-            "--team",
-            "nlp",
-            "--gpus",
-            "8",
-            "--from",
-            "2026-12-02T00:00Z",
-            "--to",
-            "2026-12-01T00:00Z",
-            "--config",
-            config_file,
-        )[0]
-        == 2
-    )
+    assert booking in bookings(capsys, config_file)
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        # Each rule is in tests/unit/test_operator_commands.py; here, the CLI's verdict.
+        (["--team", "vision", "--gpus", "8", "--from", "{-48}", "--to", "{-40}"], "ended already"),
+        (["--team", "nlp", "--gpus", "8", "--from", "{+40}", "--to", "{+48}"], "team 'nlp'"),
+        (["--team", "vision", "--gpus", "8", "--from", "tomorrow", "--to", "{+48}"], "bad time"),
+    ],
+)
+def test_a_booking_that_cannot_be_honoured_is_refused_and_nothing_is_booked(
+    account: Account,
+    config_file: str,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    problem: str,
+) -> None:
+    before = bookings(capsys, config_file)
+    argv = [_hence(float(flag[1:-1])) if flag.startswith("{") else flag for flag in flags]
+    code, out, err = book(capsys, config_file, *argv)
+    assert (code, out) == (2, "")
+    assert problem in err
+    assert bookings(capsys, config_file) == before
+
+
+def launched(account: Account, name: str) -> Job:
+    """The job named `name`, once it is launched."""
+    store = DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
+
+    def look() -> Job | None:
+        found = [job for job in store.list_jobs() if job.spec.name == name]
+        return found[0] if found and found[0].status is JobStatus.LAUNCHING else None
+
+    return with_passes(account, look, f"the launch of {name}")
+
+
+def test_a_resize_to_a_shape_nothing_can_hold_is_refused_as_plan_refuses_it(
+    account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    submit(account, "shapely", team="ops", gpus=1)  # a team of its own: nothing waits for it
+    job = launched(account, "shapely")
+    shape = ["--gpus", "16", "--gpu-memory-gib", "200"]
+    code, _, refused = refusal(capsys, "resize", job.job_id, *shape, "--config", config_file)
+    assert code == 2
+    planned, _, said = refusal(capsys, "plan", *shape)
+    assert planned == 2 and "16 GPUs with >= 200 GiB" in said
+    assert refused.removeprefix("gpufleet: ") == said.removeprefix("gpufleet plan: ")
+    assert launched(account, "shapely") == job  # not a field changed: no checkpoint, no requeue
+
+
+@pytest.mark.parametrize("job_id", ["j-" + "0" * 20, ""])
+def test_cancel_of_a_job_that_does_not_exist_is_a_clear_refusal(
+    config_file: str, capsys: pytest.CaptureFixture[str], job_id: str
+) -> None:
+    code, out, err = refusal(capsys, "cancel", job_id, "--config", config_file)
+    assert (code, out) == (2, "")
+    assert f"job {job_id} does not exist" in err
 
 
 def test_without_a_target_the_cli_says_what_it_needs(
@@ -139,3 +211,41 @@ def test_without_a_target_the_cli_says_what_it_needs(
     code = main(["queue", "--config", str(tmp_path / "none.yaml")])
     assert code == 2
     assert "--stack" in capsys.readouterr().err
+
+
+def test_forged_node_reports_cost_one_invocation_each_and_are_counted(account: Account) -> None:
+    """Reports for jobs that do not exist, or with an exit code no process has: each is logged,
+    counted and dropped by one run of the NodeReport function, which Lambda does not retry."""
+    forged = [
+        (DETAIL_NODE_FINISHED, {"job_id": "j-" + "0" * 20, "instance_id": "i-0a", "exit_code": 0}),
+        (DETAIL_NODE_HEARTBEAT, {"job_id": "j-" + "1" * 20, "instance_id": "i-0a"}),
+        (
+            DETAIL_NODE_FINISHED,
+            {"job_id": "j-" + "2" * 20, "instance_id": "i-0a", "exit_code": 10**40},
+        ),
+    ]
+    phases = {DETAIL_NODE_FINISHED: "finished", DETAIL_NODE_HEARTBEAT: "heartbeat"}
+    function = f"gpufleet-{NODE_REPORT.construct_id}"
+    before = len(account.recorder.invocations)
+    response = account.client("events").put_events(
+        Entries=[
+            {
+                "EventBusName": account.bus,
+                "Source": AGENT_SOURCE,
+                "DetailType": detail_type,
+                "Detail": json.dumps({**detail, "phase": phases[detail_type]}),
+            }
+            for detail_type, detail in forged
+        ]
+    )
+    assert response["FailedEntryCount"] == 0
+    runs = [i for i in account.recorder.invocations[before:] if i.function_name == function]
+    assert len(runs) == len(forged)  # once each: none failed, so none was retried
+    assert not [run for run in runs if run.errored]
+    logged = account.client("logs").filter_log_events(logGroupName=f"/aws/lambda/{function}")
+    metrics = [
+        json.loads(event["message"])
+        for event in logged["events"]
+        if '"NodeReportsDropped"' in event["message"]
+    ]
+    assert sorted(m["Problem"] for m in metrics) == ["invalid", "unknown-job", "unknown-job"]

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.agent.docker import (
+    DOCKER_CLI_VARIABLES,
     ContainerLogs,
     DockerRuntime,
-    docker_argv,
+    container_environment,
+    create_argv,
+    docker_cli_environment,
+    exit_status,
     looks_like_gpu_oom,
     relay,
 )
@@ -50,25 +56,25 @@ def manifest(**overrides: Any) -> RunManifest:
 
 
 def test_docker_gets_argv_as_a_list_and_env_values_never_on_the_command_line() -> None:
-    argv = docker_argv(manifest())
-    assert argv[:2] == ["docker", "run"]
+    argv = create_argv(manifest(), Path("/run/env"))
+    assert argv[:2] == ["docker", "create"]
     assert argv[argv.index("--gpus") : argv.index("--gpus") + 2] == ["--gpus", "all"]
     # The hostile argument is one argv element, after the image and '--'.
     separator = argv.index("--")
     assert argv[separator + 1 :] == ["img:1", "python", "train.py", HOSTILE]
-    # Env values are not in argv at all: docker reads them from its own environment.
-    assert not any(HOSTILE in arg for arg in argv[:separator])
-    assert argv[argv.index("MODE") - 1 : argv.index("MODE") + 1] == ["-e", "MODE"]
+    # The env comes from the file, by path: no name or value of it is in argv.
+    assert argv[argv.index("--env-file") + 1] == "/run/env"
+    assert not any(HOSTILE in arg or "MODE" in arg for arg in argv[:separator])
 
 
 def test_the_container_output_goes_to_the_agent_log_group_one_stream_per_job_and_instance() -> None:
     logs = ContainerLogs("/gpufleet/agent", "us-east-1", "i-0abc")
-    argv = docker_argv(manifest(), logs)
+    argv = create_argv(manifest(), Path("/run/env"), logs)
     options = argv[: argv.index("--")]
     assert options[options.index("--log-driver") + 1] == "awslogs"
     assert {"awslogs-region=us-east-1", "awslogs-group=/gpufleet/agent"} <= set(options)
     assert f"awslogs-stream={agent_log_stream('j-0123456789abcdef0123', 'i-0abc')}" in options
-    assert "--log-driver" not in docker_argv(manifest())  # no log group: Docker's default
+    assert "--log-driver" not in create_argv(manifest(), Path("/run/env"))  # Docker's default
 
 
 @dataclass
@@ -189,9 +195,9 @@ def test_a_checkpoint_instruction_stops_the_run_and_is_reported() -> None:
 
 def test_a_resumed_run_is_told_where_its_checkpoint_is_by_environment_only() -> None:
     resumed = manifest(resume=True, checkpoint="s3://ckpt/job/")
-    argv = docker_argv(resumed)
-    assert "GPUFLEET_RESUME_FROM" in argv
-    assert not any("s3://ckpt" in arg for arg in argv)
+    assert container_environment(resumed)["GPUFLEET_RESUME_FROM"] == "s3://ckpt/job/"
+    assert not any("s3://ckpt" in arg for arg in create_argv(resumed, Path("/run/env")))
+    assert "GPUFLEET_RESUME_FROM" not in container_environment(manifest())
 
 
 @pytest.mark.parametrize(
@@ -329,50 +335,155 @@ def test_the_containers_stdout_is_relayed_line_by_line(capsys: pytest.CaptureFix
     assert capsys.readouterr().out == "step 1\nGPUFLEET_METRIC loss=0.5\n"
 
 
-class _Popen:
-    """Stands in for subprocess.Popen: records how docker was started; the container exits 0."""
+# -- the docker CLI, as a process ----------------------------------------------------------------
 
-    calls: list[tuple[Any, dict[str, Any]]]
+# Stands in for the docker CLI: records each call (its argv, the environment it was started
+# with, and for `create` the env file it was handed); `start` prints two lines and exits with
+# EXIT_CODE, or until `stop` signals it when told to wait.
+FAKE_DOCKER = """#!{python}
+import json, os, signal, stat, sys, time
+args = sys.argv[1:]
+record = {{"argv": sys.argv}}
+with open("/proc/self/environ", "rb") as environ:  # as started: Python sets some of its own
+    pairs = [item.split(b"=", 1) for item in environ.read().split(b"\\0") if item]
+    record["env"] = {{name.decode(): value.decode() for name, value in pairs}}
+if args[0] == "create":
+    path = args[args.index("--env-file") + 1]
+    with open(path, encoding="utf-8") as file:
+        record["env_file"] = file.read()
+    record["env_file_mode"] = stat.S_IMODE(os.stat(path).st_mode)
+    record["env_dir_mode"] = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+    record["env_file_path"] = path
+with open({log!r}, "a") as log:
+    log.write(json.dumps(record) + "\\n")
+if args[0] == "start":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with open({pid!r}, "w") as pid:
+        pid.write(str(os.getpid()))
+    print("step 1")
+    print("GPUFLEET_METRIC loss=0.5", flush=True)
+    if {wait!r}:
+        time.sleep(60)
+    sys.exit({exit_code})
+if args[0] == "stop":
+    with open({pid!r}) as pid:
+        os.kill(int(pid.read()), signal.SIGTERM)
+if args[0] == "logs":
+    print("torch.OutOfMemoryError: CUDA out of memory")
+"""
 
-    def __init__(self, args: Any, **kwargs: Any) -> None:
-        type(self).calls.append((args, kwargs))
-        self.stdout = io.StringIO("")
-        self.returncode = 0
-
-    def poll(self) -> int:
-        return self.returncode
+# The agent's environment on the instance: what docker needs, and what it must not get.
+AGENT_ONLY = {"AWS_SECRET_ACCESS_KEY": "agent-secret", "LD_PRELOAD": "", "GODEBUG": "x509=0"}
 
 
-def _start_docker(monkeypatch: pytest.MonkeyPatch, run: RunManifest) -> tuple[Any, dict[str, Any]]:
-    _Popen.calls = []
-    monkeypatch.setattr("gpufleet.agent.docker.subprocess.Popen", _Popen)
-    monkeypatch.setattr("gpufleet.agent.docker.subprocess.run", lambda *a, **k: None)
-    assert DockerRuntime().run(run, threading.Event()).exit_code == 0
-    [started] = _Popen.calls
-    return started
+@dataclass
+class FakeDocker:
+    directory: Path
+    environment: dict[str, str]
+
+    def calls(self) -> list[dict[str, Any]]:
+        log = self.directory / "calls.jsonl"
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    def run(
+        self, run: RunManifest, stop: threading.Event | None = None, **options: Any
+    ) -> RunOutcome:
+        runtime = DockerRuntime(environment=self.environment, **options)
+        return runtime.run(run, stop or threading.Event())
 
 
-def test_the_container_is_started_from_an_argv_list_never_through_a_shell(
-    monkeypatch: pytest.MonkeyPatch,
+def fake_docker(tmp_path: Path, exit_code: int = 0, wait: bool = False) -> FakeDocker:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "docker"
+    script.write_text(
+        FAKE_DOCKER.format(
+            python=sys.executable,
+            log=str(tmp_path / "calls.jsonl"),
+            pid=str(tmp_path / "start.pid"),
+            wait=wait,
+            exit_code=exit_code,
+        )
+    )
+    script.chmod(0o755)
+    environment = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "DOCKER_HOST": "unix:///var/run/docker.sock",
+        **AGENT_ONLY,
+    }
+    return FakeDocker(tmp_path, environment)
+
+
+JOB_ENV = {
+    "SECRET": "the-jobs-secret $(reboot)",  # the command's argument is HOSTILE: not this
+    "QUOTES": "'\"; $PATH `id`",
+    # Names that would steer the docker CLI (root) if it got them.
+    "PATH": "/tmp/attacker",
+    "LD_PRELOAD": "/tmp/attacker.so",
+    "DOCKER_HOST": "tcp://attacker.example:2375",
+    "EMPTY": "",
+}
+
+
+def test_the_jobs_env_reaches_only_the_container_through_a_private_file(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path)
+    run = manifest(env=JOB_ENV, resume=True, checkpoint="s3://ckpt/j/")
+    assert docker.run(run).exit_code == 0
+    calls = docker.calls()
+    assert [call["argv"][1] for call in calls] == ["create", "start", "rm"]
+    [create] = [call for call in calls if call["argv"][1] == "create"]
+    expected = {**JOB_ENV, "GPUFLEET_RESUME_FROM": "s3://ckpt/j/"}
+    assert create["env_file"] == "".join(f"{k}={v}\n" for k, v in sorted(expected.items()))
+    assert (create["env_file_mode"], create["env_dir_mode"]) == (0o600, 0o700)
+    assert not Path(create["env_file_path"]).parent.exists()  # removed once created
+    for call in calls:
+        # No value of the job's on any command line ...
+        assert not [
+            arg for arg in call["argv"] for value in expected.values() if value and value in arg
+        ]
+        # ... and the CLI's environment is the allowlist, from the agent's, nothing of the job's.
+        assert call["env"] == docker_cli_environment(docker.environment)
+        assert set(call["env"]) <= set(DOCKER_CLI_VARIABLES)
+        assert call["env"]["PATH"] == docker.environment["PATH"]
+        assert call["env"]["DOCKER_HOST"] == "unix:///var/run/docker.sock"
+
+
+def test_an_env_docker_cannot_carry_fails_the_run_before_docker_is_called(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path)
+    outcome = docker.run(manifest(env={"PEM": "-----BEGIN-----\nabc\n-----END-----"}))
+    assert outcome.exit_code is None and "line break" in outcome.reason
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_the_container_is_started_attached_and_its_output_and_exit_code_come_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = manifest(env={"SECRET_ARG": HOSTILE, "QUOTES": "'\"; $PATH `id`"})
-    args, kwargs = _start_docker(monkeypatch, run)
-    assert args == docker_argv(run)
-    assert not kwargs.get("shell", False)
-    # Shell syntax in the spec stays data: one argv element, and env values byte for byte.
-    assert args.count(HOSTILE) == 1
-    assert kwargs["env"]["SECRET_ARG"] == HOSTILE
-    assert kwargs["env"]["QUOTES"] == "'\"; $PATH `id`"
+    lines: list[str] = []
+    docker = fake_docker(tmp_path, exit_code=3)
+    outcome = docker.run(manifest(), output=lines.append)
+    assert (outcome.exit_code, outcome.oom) == (3, True)  # its log tail says so
+    assert lines == ["step 1\n", "GPUFLEET_METRIC loss=0.5\n"]
+    argvs = [call["argv"][1:] for call in docker.calls()]
+    name = "gpufleet-j-0123456789abcdef0123"
+    assert argvs[1:] == [
+        ["start", "--attach", name],
+        ["logs", "--tail", "200", name],
+        ["rm", "-f", name],
+    ]
 
 
-def test_the_jobs_env_does_not_change_how_the_agent_runs_docker(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
-    run = manifest(env={"PATH": "/tmp/attacker", "DOCKER_HOST": "tcp://attacker.example:2375"})
-    _args, kwargs = _start_docker(monkeypatch, run)
-    assert kwargs["env"].get("PATH") == "/usr/bin:/bin"
-    assert "DOCKER_HOST" not in kwargs["env"]
-    # The container still gets them, as one argv element each.
-    assert "PATH=/tmp/attacker" in _args and "DOCKER_HOST=tcp://attacker.example:2375" in _args
+def test_a_checkpoint_request_stops_the_container_with_its_grace(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path, wait=True)
+    stop = threading.Event()
+    # The request comes while the container runs (once it has printed its first line).
+    outcome = docker.run(manifest(), stop, grace_seconds=7, output=lambda _line: stop.set())
+    assert (outcome.exit_code, outcome.reason) == (143, "checkpointed on request")
+    [stopped] = [call for call in docker.calls() if call["argv"][1] == "stop"]
+    assert stopped["argv"][2:] == ["--time", "7", "gpufleet-j-0123456789abcdef0123"]
+    assert stopped["env"] == docker_cli_environment(docker.environment)
+
+
+@pytest.mark.parametrize(("returncode", "status"), [(0, 0), (137, 137), (-9, 137), (-15, 143)])
+def test_a_death_by_signal_is_reported_as_docker_reports_it(returncode: int, status: int) -> None:
+    assert exit_status(returncode) == status

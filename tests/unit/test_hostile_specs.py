@@ -137,8 +137,10 @@ def test_an_accepted_command_and_env_are_kept_byte_for_byte(
         # And through the stored form (JSON) and back.
         stored = json.loads(json.dumps(outcome.to_document()))
         assert spec_from_mapping(stored).command == outcome.command
-    else:  # only a NUL byte can make such a command or env invalid
-        assert any("\x00" in s for s in [*command, *env.values()])
+    else:  # only a NUL byte, or a line break in an env value, makes them invalid
+        assert any("\x00" in s for s in [*command, *env.values()]) or any(
+            "\n" in v or "\r" in v for v in env.values()
+        )
 
 
 def _refusal(raw: str | bytes) -> dict[str, Any]:

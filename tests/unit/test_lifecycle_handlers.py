@@ -3,7 +3,9 @@ machine (the ASL's Choices and ResultSelectors read exactly these keys)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -11,12 +13,13 @@ import pytest
 from gpufleet.adapters.local.memory import InMemoryObjects, RecordingWorkflow
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.handlers import on_release, on_requeue
+from gpufleet.handlers import on_node_report, on_release, on_requeue
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService, NodeReport
 from tests.helpers import SPEC_YAML, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings()
+EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
 
 
 @dataclass
@@ -70,3 +73,65 @@ def test_a_requeued_run_starts_again_one_launch_attempt_on(
     assert (state["launch"]["step"], state["launch"]["attempt"]) == (0, 3)
     assert LaunchPlan.model_validate(state["plan"]).steps
     assert ports.jobs.get(job_id).status is JobStatus.QUEUED
+
+
+# -- node reports ------------------------------------------------------------------------------
+
+
+def node_event(**detail: Any) -> dict[str, Any]:
+    """A `Node ...` event as EventBridge delivers it, with `detail` laid over a real one."""
+    event: dict[str, Any] = json.loads((EVENTS / "node-finished.json").read_text())
+    event["detail"] = {**event["detail"], **detail}
+    return event
+
+
+def dropped_metrics(output: str) -> list[str]:
+    """The Problem of every NodeReportsDropped the handler published (embedded metric format)."""
+    problems = []
+    for line in output.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            document = json.loads(line)
+            if "NodeReportsDropped" in document:
+                problems.append(document["Problem"])
+    return problems
+
+
+@pytest.mark.parametrize(
+    ("detail", "problem"),
+    [
+        ({"job_id": "j-" + "0" * 20}, "unknown-job"),
+        ({"instance_id": "i-not-its-own"}, "unknown-instance"),
+        ({"exit_code": 256}, "invalid"),
+        ({"exit_code": 10**40}, "invalid"),
+        ({"exit_code": -9}, "invalid"),
+        ({"job_id": "../../etc/passwd"}, "invalid"),
+        ({"phase": "exploded"}, "invalid"),
+    ],
+)
+def test_a_report_that_cannot_be_heard_is_dropped_once_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    detail: dict[str, Any],
+    problem: str,
+) -> None:
+    service, ports, job_id, _run = finished_run(exit_code=0)
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]
+    before = ports.jobs.get(job_id)
+    monkeypatch.setattr(on_node_report, "lifecycle", lambda: service)
+    capsys.readouterr()
+    event = node_event(**{"job_id": job_id, "instance_id": instance, **detail})
+    # It returns: Lambda does not retry a report that can never be heard.
+    assert on_node_report.handler(event, Context()) == {"dropped": problem}
+    assert ports.jobs.get(job_id) == before
+    assert dropped_metrics(capsys.readouterr().out) == [problem]
+    [logged] = [r for r in caplog.records if r.getMessage() == "node report dropped"]
+    assert logged.problem == problem  # type: ignore[attr-defined]
+    assert "etc/passwd" not in repr(logged.__dict__)  # where it is wrong, not what it says
+
+
+def test_an_event_that_is_no_report_at_all_is_dropped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert on_node_report.handler({"detail": "nonsense"}, Context()) == {"dropped": "invalid"}
+    assert dropped_metrics(capsys.readouterr().out) == ["invalid"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 
 from gpufleet.adapters.local.memory import (
     FakeFleet,
@@ -20,7 +21,7 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.cost import storage_usd_per_hour
-from gpufleet.domain.job import IllegalTransition, JobStatus
+from gpufleet.domain.job import DroppedReport, IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.scaling import AlarmKind
@@ -286,13 +287,51 @@ def test_heartbeats_reach_the_waiting_task_and_stop_once_it_completed() -> None:
     assert workflow.heartbeats == ["token"]
 
 
-def test_reports_from_instances_the_job_does_not_hold_are_ignored() -> None:
+def test_reports_from_instances_the_job_does_not_hold_are_dropped() -> None:
     service, ports, job_id = lifecycle_with_job()
     run_to_launch(service, ports, job_id)
-    service.node_report(finished(job_id, "i-someone-else"))
+    forged = [
+        finished(job_id, "i-someone-else"),
+        started(job_id, "i-someone-else"),
+        NodeReport(job_id=job_id, instance_id="i-someone-else", phase="heartbeat"),
+    ]
+    for report in forged:
+        assert service.node_report(report) is DroppedReport.UNKNOWN_INSTANCE
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING and job.run_result is None
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert workflow.completed == {} and workflow.heartbeats == []
+
+
+def test_a_report_for_a_job_that_does_not_exist_is_dropped_not_raised() -> None:
+    service, ports, job_id = lifecycle_with_job()
+    run_to_launch(service, ports, job_id)
+    before = ports.jobs.get(job_id)
+    nobody = "j-" + "0" * 20
+    for phase in ("started", "heartbeat", "finished"):
+        report = NodeReport(job_id=nobody, instance_id="i-0abc", phase=phase)
+        assert service.node_report(report) is DroppedReport.UNKNOWN_JOB
+        staged = NodeReport(job_id=nobody, instance_id="i-0abc", phase=phase, stage="prep")
+        assert service.node_report(staged) is DroppedReport.UNKNOWN_JOB
+    assert ports.jobs.get(job_id) == before
     assert cast(RecordingWorkflow, ports.workflow).completed == {}
+
+
+@pytest.mark.parametrize("exit_code", [-1, 256, 10**40, True, 1.5, "0"])
+def test_an_exit_code_no_process_can_have_is_refused(exit_code: object) -> None:
+    # 0-255, as Linux and docker report them (128 + n for a death by signal n).
+    with pytest.raises(ValidationError):
+        NodeReport.model_validate(
+            {
+                "job_id": "j-" + "0" * 20,
+                "instance_id": "i-0",
+                "phase": "finished",
+                "exit_code": exit_code,
+            }
+        )
+    for valid in (0, 137, 255):
+        report = {"job_id": "j-" + "0" * 20, "instance_id": "i-0", "phase": "finished"}
+        assert NodeReport.model_validate({**report, "exit_code": valid}).exit_code == valid
 
 
 def test_spot_capacity_errors_fall_back_to_on_demand() -> None:

@@ -84,6 +84,13 @@ def test_yaml_is_read_as_json_and_duplicates_are_refused(raw: str, message: str)
     assert message in refusal(raw).message
 
 
+@pytest.mark.parametrize("value", ["a\nb", "a\r", "\x00"])
+def test_an_env_value_the_container_cannot_get_is_refused(value: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from_mapping({**VALID, "env": {"A": value}})
+    assert [f.field for f in caught.value.fields] == ["env.A"]
+
+
 def test_plain_scalars_json_would_not_read_as_values_are_strings() -> None:
     spec = parse_spec(HEAD.replace("command: [x]", "command: [yes, 010, 1:30, 2024-01-01, .inf]"))
     assert spec.command == ["yes", "010", "1:30", "2024-01-01", ".inf"]

@@ -1,4 +1,7 @@
-"""The real container runtime on the instance: `docker run` with every GPU, no shell.
+"""The real container runtime on the instance: `docker create` then `docker start`, with every
+GPU, no shell. The docker CLI gets an allowlist of the agent's environment and nothing of the
+job's; the job's env reaches only the container, through a file only root can read, removed as
+soon as the container exists (never a command line: `ps` shows those to every user).
 
 The container's stdout passes through the agent line by line (on to the agent's own stdout, the
 journal), so that the lines the job prints for gpufleet (`GPUFLEET_METRIC ...`) reach `output`.
@@ -10,13 +13,18 @@ Docker keeps a local copy too (dual logging), which `docker logs` reads after an
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO
+from pathlib import Path
+from typing import IO, Any
 
 from gpufleet.agent.node import RunManifest, RunOutcome
 from gpufleet.topology import agent_log_stream
@@ -40,15 +48,74 @@ def container_name(manifest: RunManifest) -> str:
     return f"gpufleet-{manifest.job_id}"
 
 
-# Variables that would change how the docker CLI itself runs (as root) if it inherited them:
-# which binaries it finds, which libraries it loads, which daemon and credentials it uses.
-_CLI_VARIABLES = frozenset(
-    {"PATH", "HOME", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy"}
+# What the docker CLI, which runs as root, gets of the agent's environment: where its binaries
+# are, its configuration (registry credentials), which daemon it drives and how. Nothing else:
+# not the agent's own variables (its credentials), and none of the job's, which would steer it
+# (PATH, LD_PRELOAD, DOCKER_HOST, GODEBUG, proxies ...). The job's reach only the container.
+DOCKER_CLI_VARIABLES = (
+    "PATH",
+    "HOME",
+    "DOCKER_CONFIG",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
 )
 
 
-def changes_the_docker_cli(name: str) -> bool:
-    return name in _CLI_VARIABLES or name.startswith(("DOCKER_", "LD_", "BUILDKIT_"))
+def docker_cli_environment(agent: Mapping[str, str]) -> dict[str, str]:
+    """The docker CLI's whole environment, from the agent's."""
+    return {name: agent[name] for name in DOCKER_CLI_VARIABLES if name in agent}
+
+
+def container_environment(manifest: RunManifest) -> dict[str, str]:
+    """What the job's container gets: the job's env, and where to resume from."""
+    env = dict(manifest.env)
+    if manifest.resume and manifest.checkpoint:
+        # The job resumes from its checkpoint: its code reads where from the environment.
+        env[RESUME_VARIABLE] = manifest.checkpoint
+    return env
+
+
+# A name docker's env file takes as one: without '=', whitespace or anything else.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """`env` as docker's `--env-file` reads it: one NAME=value a line, taken as it is (no
+    quotes, no escapes), in UTF-8. Raises ValueError for what such a file cannot carry: a line
+    break in a value (it would end the line), a name that is not one."""
+    lines = []
+    for name, value in sorted(env.items()):
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a variable name")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise ValueError(f"the value of {name} holds a line break or NUL")
+        lines.append(f"{name}={value}\n")
+    text = "".join(lines)
+    text.encode("utf-8")  # UnicodeEncodeError (a ValueError) for what is no text
+    return text
+
+
+@contextmanager
+def private_env_file(text: str) -> Iterator[Path]:
+    """`text` in a file only its owner (root) can read, in a directory only it can enter,
+    removed with the directory when the block ends."""
+    directory = Path(tempfile.mkdtemp(prefix="gpufleet-env-"))  # mode 0700
+    try:
+        path = directory / "env"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as Linux and docker report it (0-255): Python gives a death by
+    signal n as -n, the shell convention (and docker's) is 128 + n."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 @dataclass(frozen=True)
@@ -73,23 +140,25 @@ class ContainerLogs:
         ]
 
 
-def docker_argv(manifest: RunManifest, logs: ContainerLogs | None = None) -> list[str]:
-    """The argv for `docker run`. Environment values are not on the command line: `-e NAME`
-    makes docker read NAME from its own environment, which `run` sets; the few names that would
-    change how the docker CLI itself runs are given as `-e NAME=VALUE` instead (still one argv
-    element, never through a shell), so the CLI never inherits them."""
+def create_argv(
+    manifest: RunManifest, env_file: Path, logs: ContainerLogs | None = None
+) -> list[str]:
+    """The argv for `docker create`: with every GPU, on the host network, the job's env read
+    from `env_file` (no value is ever on a command line: `ps` shows command lines), the image
+    and the command as one argv element each, after `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
-    argv = ["docker", "run", "--name", container_name(manifest), "--gpus", "all"]
+    argv = ["docker", "create", "--name", container_name(manifest), "--gpus", "all"]
     argv += ["--network", "host", "--ipc", "host"]
     if logs is not None:
         argv += logs.options(manifest.job_id)
-    if manifest.resume and manifest.checkpoint:
-        # The job resumes from its checkpoint: its code reads where from the environment.
-        argv += ["-e", RESUME_VARIABLE]
-    for name, value in sorted(manifest.env.items()):
-        argv += ["-e", f"{name}={value}" if changes_the_docker_cli(name) else name]
-    argv += ["--", manifest.image, *manifest.command]
+    argv += ["--env-file", str(env_file), "--", manifest.image, *manifest.command]
     return argv
+
+
+def start_argv(manifest: RunManifest) -> list[str]:
+    """The argv that runs the created container, attached: its stdout comes to the agent, and
+    the CLI exits with the container's exit status."""
+    return ["docker", "start", "--attach", container_name(manifest)]
 
 
 def relay(stream: IO[str], output: Callable[[str], None]) -> None:
@@ -100,68 +169,142 @@ def relay(stream: IO[str], output: Callable[[str], None]) -> None:
     sys.stdout.flush()
 
 
+# How often a wait for docker looks at the stop event and the deadline.
+_POLL_SECONDS = 1.0
+
+
 class DockerRuntime:
+    """Runs a manifest's container: `docker create` with the job's env in a private file,
+    removed once the container exists, then `docker start --attach`. Every docker CLI call
+    gets only DOCKER_CLI_VARIABLES of the agent's environment (`environment`, default: the
+    agent's own)."""
+
     def __init__(
         self,
         grace_seconds: int = 110,
         output: Callable[[str], None] = lambda _line: None,
         logs: ContainerLogs | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
+        self._cli_env = docker_cli_environment(os.environ if environment is None else environment)
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
-        job_env = {k: v for k, v in manifest.env.items() if not changes_the_docker_cli(k)}
-        env = {**os.environ, **job_env}
-        if manifest.resume and manifest.checkpoint:
-            env[RESUME_VARIABLE] = manifest.checkpoint
+        deadline = time.monotonic() + manifest.timeout_seconds
         try:
-            process = subprocess.Popen(  # noqa: S603 - argv list
-                docker_argv(manifest, self._logs),
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                errors="replace",
+            env_text = env_file_text(container_environment(manifest))
+        except ValueError as exc:
+            return RunOutcome(exit_code=None, reason=f"the job's env cannot reach docker: {exc}")
+        with private_env_file(env_text) as env_file:
+            not_created = self._create(manifest, env_file, stop, deadline)
+        # The file is gone: docker read it before it created the container.
+        if not_created is not None:
+            return not_created
+        try:
+            process = self._popen(
+                start_argv(manifest), stdout=subprocess.PIPE, text=True, errors="replace"
             )
         except OSError as exc:
+            self._remove(manifest)
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
         assert process.stdout is not None
         relaying = threading.Thread(target=relay, args=(process.stdout, self._output), daemon=True)
         relaying.start()
         try:
-            return self._supervise(manifest, process, stop)
+            return self._supervise(manifest, process, stop, deadline)
         finally:
             relaying.join(timeout=10)
 
+    def _create(
+        self, manifest: RunManifest, env_file: Path, stop: threading.Event, deadline: float
+    ) -> RunOutcome | None:
+        """Create the container (pulling its image, which can take minutes); None when it
+        exists, else how the run ended."""
+        try:
+            process = self._popen(
+                create_argv(manifest, env_file, self._logs), stdout=subprocess.DEVNULL
+            )
+        except OSError as exc:
+            return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
+        interrupted = _wait(process, stop, deadline)
+        if interrupted is not None:
+            process.kill()
+            process.wait()
+            self._remove(manifest)  # it may have got as far as creating it
+            if interrupted == _STOPPED:
+                interrupted = "stopped before the container started"
+            return RunOutcome(exit_code=None, reason=interrupted)
+        if process.returncode != 0:
+            return RunOutcome(
+                exit_code=exit_status(process.returncode),
+                reason="docker could not create the container",
+            )
+        return None
+
     def _supervise(
-        self, manifest: RunManifest, process: subprocess.Popen[str], stop: threading.Event
+        self,
+        manifest: RunManifest,
+        process: subprocess.Popen[str],
+        stop: threading.Event,
+        deadline: float,
     ) -> RunOutcome:
-        deadline = time.monotonic() + manifest.timeout_seconds
-        while process.poll() is None:
-            if stop.wait(1.0):
-                # SIGTERM: the job writes its checkpoint and exits; SIGKILL after the grace.
-                stop_argv = ["docker", "stop", "--time", str(self._grace_seconds)]
-                stop_argv.append(container_name(manifest))
-                subprocess.run(stop_argv, check=False)  # noqa: S603 - fixed argv
-                process.wait()
-                return RunOutcome(exit_code=process.returncode, reason="checkpointed on request")
-            if time.monotonic() > deadline:
-                process.kill()
-                process.wait()
-                return RunOutcome(exit_code=None, reason="the run exceeded its timeout")
-        return self._finished(manifest, process.returncode)
+        interrupted = _wait(process, stop, deadline)
+        if interrupted == _STOPPED:
+            # SIGTERM: the job writes its checkpoint and exits; SIGKILL after the grace.
+            self._docker("stop", "--time", str(self._grace_seconds), container_name(manifest))
+            process.wait()
+            return RunOutcome(
+                exit_code=exit_status(process.returncode), reason="checkpointed on request"
+            )
+        if interrupted is not None:
+            process.kill()  # the CLI; the container runs on until it is removed
+            process.wait()
+            self._remove(manifest)
+            return RunOutcome(exit_code=None, reason=interrupted)
+        return self._finished(manifest, exit_status(process.returncode))
 
     def _finished(self, manifest: RunManifest, exit_code: int) -> RunOutcome:
-        name = container_name(manifest)
         oom = False
         if exit_code != 0:
-            logs = subprocess.run(  # noqa: S603 - fixed argv, no shell
-                ["docker", "logs", "--tail", "200", name],  # noqa: S607
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            logs = self._docker("logs", "--tail", "200", container_name(manifest))
             oom = looks_like_gpu_oom(logs.stdout + logs.stderr)
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)  # noqa: S603, S607
+        self._remove(manifest)
         return RunOutcome(exit_code=exit_code, reason="GPU out of memory" if oom else "", oom=oom)
+
+    def _remove(self, manifest: RunManifest) -> None:
+        self._docker("rm", "-f", container_name(manifest))
+
+    def _popen(self, argv: list[str], **options: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, env=self._cli_env, **options)  # noqa: S603 - argv list
+
+    def _docker(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A docker CLI call with a fixed argv, its output captured."""
+        return subprocess.run(  # noqa: S603 - argv list, no shell
+            ["docker", *args],  # noqa: S607 - found on the CLI's PATH
+            env=self._cli_env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            check=False,
+        )
+
+
+_STOPPED = "checkpointed on request"
+_TIMED_OUT = "the run exceeded its timeout"
+
+
+def _wait(process: subprocess.Popen[Any], stop: threading.Event, deadline: float) -> str | None:
+    """Wait for `process` to exit: None once it has; the reason, with it still running, when
+    the agent is told to stop (_STOPPED) or the run's time is up (_TIMED_OUT)."""
+    while True:
+        try:
+            process.wait(timeout=_POLL_SECONDS)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.is_set():
+            return _STOPPED
+        if time.monotonic() > deadline:
+            return _TIMED_OUT

@@ -1,10 +1,13 @@
 """`gpufleet emulator`: the embedded AWS account as a local endpoint, until Ctrl-C.
 
-    gpufleet emulator [--port 5000] [--env-file PATH] [--config gpufleet.yaml]
+    gpufleet emulator [--port 5000] [--env-file PATH] [--config gpufleet.yaml] [--cors ORIGIN]
 
 It prints the variables to export (endpoint, credentials, table names, bucket, bus, state
-machine, agent log group); `--env-file` also writes them to a file (`NAME=value` lines). Every
-`gpufleet` command, the AWS CLI and boto3 then talk to it.
+machine, agent log group, and this start's token for moto's control endpoints); `--env-file`
+also writes them to a file (`NAME=value` lines) only its owner can read. Every `gpufleet`
+command, the AWS CLI and boto3 then talk to it. It listens on 127.0.0.1 unless told otherwise,
+answers no web page unless `--cors` names its origin, and refuses `/moto-api/...` (reset,
+configuration) without the token.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ def register(commands: Any) -> None:
         "emulator", help="serve the embedded AWS account on a local endpoint, until Ctrl-C"
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (%(default)s; it has no auth)"
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (%(default)s; its AWS APIs take any credentials)",
     )
     parser.add_argument("--port", type=int, default=5000, help="0: any free port (%(default)s)")
     parser.add_argument("--env-file", metavar="PATH", help="also write the variables here")
@@ -35,6 +40,12 @@ def register(commands: Any) -> None:
         "--config",
         default="gpufleet.yaml",
         help="policy file (%(default)s; the repository's when it does not exist)",
+    )
+    parser.add_argument(
+        "--cors",
+        metavar="ORIGIN",
+        help="the one web origin (e.g. http://localhost:3000) that may call it from a browser; "
+        "by default none may",
     )
     parser.set_defaults(run=run)
 
@@ -46,8 +57,11 @@ def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 def run(args: argparse.Namespace) -> int:
     # Imported here: the emulator pulls in moto, which the other commands do not need.
     from gpufleet.domain.config import ConfigFileError, config_from_yaml
+    from gpufleet.emulator.private import is_origin
     from gpufleet.emulator.server import STACK_NAME, serve
 
+    if args.cors is not None and not is_origin(args.cors):
+        return fail(f"--cors takes one origin, scheme://host[:port]: not {args.cors!r}")
     config_path = Path(args.config)
     try:
         config = (
@@ -59,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"{args.config}: {exc}")
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        with serve(args.host, args.port, config) as emulator:
+        with serve(args.host, args.port, config, cors_origin=args.cors) as emulator:
             variables = emulator.environment()
             if args.env_file:
                 _write_atomically(
@@ -80,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Whoever waits for the file never reads half of it."""
+    """Whoever waits for the file never reads half of it, and only its owner can read it (it
+    holds the emulator's token)."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        os.fchmod(file.fileno(), 0o600)  # an older partial file may have had other bits
+        file.write(text)
     os.replace(partial, path)

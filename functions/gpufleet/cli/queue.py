@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import uuid
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -108,20 +107,20 @@ def _parse_time(text: str) -> float:
 
 
 def run_book(args: argparse.Namespace) -> int:
-    from gpufleet.domain.queueing import Booking
+    from gpufleet.domain.queueing import BookingRefused
+    from gpufleet.services.bookings import book
 
     try:
         start, end = _parse_time(args.start), _parse_time(args.end)
     except ValueError as exc:
         return fail(f"bad time: {exc}")
-    if end <= start or args.gpus < 1:
-        return fail("a booking needs --gpus >= 1 and --to after --from")
     try:
-        ports = connect(args).ports
-    except TargetError as exc:
+        connection = connect(args)
+        booking = book(
+            connection.ports, connection.settings.config.queue, args.team, args.gpus, start, end
+        )
+    except (TargetError, BookingRefused) as exc:
         return fail(str(exc))
-    booking = Booking(f"b-{uuid.uuid4().hex[:12]}", args.team, args.gpus, start, end)
-    ports.queue.book(booking)
     print(json.dumps(asdict(booking)) if args.json else f"booked {booking.booking_id}")
     return 0
 
@@ -130,6 +129,7 @@ def run_resize(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from gpufleet.domain.job import JobNotFound
+    from gpufleet.domain.selection import NoFeasibleOffering
     from gpufleet.services.lifecycle import JobAlreadyEnded
 
     changes = {
@@ -144,14 +144,12 @@ def run_resize(args: argparse.Namespace) -> int:
     if not changes:
         return fail("give at least one of --gpus, --nodes, --gpu-memory-gib")
     try:
-        connection = connect(args)
-        job = connection.jobs.get(args.job_id)
-        current = job.effective_spec.resources
-        resources = type(current).model_validate({**current.model_dump(), **changes})
-        summary = connection.lifecycle.resize(args.job_id, resources)
+        summary = connect(args).lifecycle.resize(args.job_id, changes)
     except ValidationError as exc:
-        return fail(f"invalid shape: {exc.errors(include_url=False)[0]['msg']}")
-    except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        return fail(f"invalid shape: {where + ': ' if where else ''}{error['msg']}")
+    except (TargetError, JobNotFound, JobAlreadyEnded, NoFeasibleOffering) as exc:
         return fail(str(exc))
     print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: resized")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -71,10 +72,28 @@ class JobNotFound(Exception):
         self.job_id = job_id
 
 
+class DroppedReport(StrEnum):
+    """Why a node's report about a job was dropped unheard (the `Problem` of the
+    NodeReportsDropped metric). A report of the job's own instance that comes late (after the
+    job ended, or about a stage it moved past) is harmless and is not one of these."""
+
+    UNKNOWN_JOB = "unknown-job"
+    UNKNOWN_INSTANCE = "unknown-instance"  # not one the job holds: stale, or forged
+    INVALID = "invalid"  # NodeReport refuses it (an exit code out of range, a bad job id...)
+
+
 def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
     """Names one upload of a spec: its object and a marker of that upload (the object version,
     S3's sequencer or the ETag)."""
     return f"s3://{bucket}/{key}#{marker}"
+
+
+# What `job_id_for_delivery` makes: anything else names no job.
+JOB_ID_PATTERN = r"^j-[0-9a-f]{20}$"
+
+
+def is_job_id(text: str) -> bool:
+    return re.fullmatch(JOB_ID_PATTERN, text) is not None
 
 
 def job_id_for_delivery(delivery_key: str) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
 
@@ -157,6 +158,53 @@ class Booking:
 
     def active_at(self, epoch_seconds: float) -> bool:
         return self.start <= epoch_seconds < self.end
+
+
+class BookingRefused(ValueError):
+    """A booking the fleet could never honour: nothing is booked. The message says why, with
+    the numbers."""
+
+
+def check_booking(
+    booking: Booking, booked: Iterable[Booking], now: float, policy: QueuePolicy
+) -> None:
+    """Raise BookingRefused for a booking of no GPUs, over an empty or inverted window or one
+    that has ended, for a team the config does not name, or of more GPUs than the fleet can
+    hold for bookings (its cap outside the reserve, which is for urgent work) at some moment
+    of the window, with the bookings already made. A window that has begun holds from now."""
+    if booking.gpus < 1:
+        raise BookingRefused(f"a booking needs at least 1 GPU (got {booking.gpus})")
+    if booking.end <= booking.start:
+        raise BookingRefused(
+            f"the window must end after it starts (from {_utc(booking.start)} "
+            f"to {_utc(booking.end)})"
+        )
+    if booking.end <= now:
+        raise BookingRefused(f"the window ended already, at {_utc(booking.end)}")
+    if booking.team not in policy.teams:
+        named = ", ".join(sorted(policy.teams)) or "none"
+        raise BookingRefused(f"team {booking.team!r} is not in the config (queue.teams: {named})")
+    bookable = policy.max_gpus - policy.reserve_gpus
+    if booking.gpus > bookable:
+        raise BookingRefused(
+            f"{booking.gpus} GPUs can never be held: the fleet holds {bookable} GPUs outside "
+            f"the reserve (max_gpus {policy.max_gpus}, reserve {policy.reserve_gpus})"
+        )
+    start = max(booking.start, now)
+    overlapping = [b for b in booked if b.start < booking.end and start < b.end]
+    # The booked total only rises where a booking starts: the window's start and the starts
+    # of the bookings that begin inside it are the moments to look at.
+    for moment in sorted({start, *(b.start for b in overlapping if b.start > start)}):
+        taken = sum(b.gpus for b in overlapping if b.active_at(moment))
+        if taken + booking.gpus > bookable:
+            raise BookingRefused(
+                f"{taken} of the {bookable} GPUs outside the reserve are booked at "
+                f"{_utc(moment)}: at most {max(0, bookable - taken)} more can be booked then"
+            )
+
+
+def _utc(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="minutes")
 
 
 class WaitReason(StrEnum):

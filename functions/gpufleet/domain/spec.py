@@ -81,8 +81,22 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _one_line(value: str) -> str:
+    # The node hands the environment to docker as an env file, one NAME=value a line: a line
+    # break cannot reach the container (the agent would fail the run on it).
+    if "\n" in value or "\r" in value:
+        raise ValueError("an environment value is one line (no line break)")
+    return value
+
+
 Arg = Annotated[str, Strict(), StringConstraints(max_length=8192), AfterValidator(_no_nul)]
-EnvValue = Annotated[str, Strict(), StringConstraints(max_length=8192), AfterValidator(_no_nul)]
+EnvValue = Annotated[
+    str,
+    Strict(),
+    StringConstraints(max_length=8192),
+    AfterValidator(_no_nul),
+    AfterValidator(_one_line),
+]
 
 
 class Priority(StrEnum):

@@ -8,6 +8,13 @@ the end. Any AWS client pointed at the endpoint (`gpufleet`, the AWS CLI, boto3)
 
 The emulator also publishes a CloudFormation stack named like the deployed one, with the same
 outputs, so `gpufleet ... --stack GpuFleetStack` resolves against it just as against AWS.
+
+It is private to the developer who started it (`PrivateEndpoint`). moto's server answers any
+web page with CORS headers and lets anyone reset the account; here a request that carries
+another site's `Origin`, or names a host other than this machine (DNS rebinding), is refused,
+no CORS header is sent unless one origin is allowed (`cors_origin`), and moto's control
+endpoints (`/moto-api/...`: reset, configuration, the data dump) need the token made at each
+start, which only the environment it hands out holds (`GPUFLEET_EMULATOR_TOKEN`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +36,7 @@ from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.private import ENV_TOKEN, PrivateEndpoint
 from gpufleet.emulator.scheduler import ScheduleRunner
 
 # The name `cdk deploy` gives the stack, so that `--stack` reads the same against both.
@@ -39,6 +49,7 @@ _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testin
 class RunningEmulator:
     account: Account
     endpoint_url: str
+    token: str
 
     def deployment(self) -> dict[str, str]:
         """The deployment variables a deployed stack's outputs would give."""
@@ -55,7 +66,43 @@ class RunningEmulator:
             "AWS_REGION": self.account.region,
             "AWS_DEFAULT_REGION": self.account.region,
             **_CREDENTIALS,
+            ENV_TOKEN: self.token,
         }
+
+
+class _Server:
+    """moto's server application, behind PrivateEndpoint, on a thread (as moto's
+    ThreadedMotoServer runs it, with the middleware it has no place for)."""
+
+    def __init__(self, host: str, port: int, token: str, cors_origin: str | None) -> None:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        app = PrivateEndpoint(
+            DomainDispatcherApplication(create_backend_app), token, host, cors_origin
+        )
+        # Binds now: a port in use fails here, before anything else starts.
+        self._server = make_server(
+            host, port, app, threaded=True, request_handler=MotoRequestHandler
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint_url(self) -> str:
+        host = self._server.host  # as asked for; the port as bound (0: the one it got)
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{self._server.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
 
 
 @contextmanager
@@ -64,10 +111,11 @@ def serve(
     port: int = 5000,
     config: FleetConfig | None = None,
     nodes: NodeScenario | None = None,
+    cors_origin: str | None = None,
 ) -> Iterator[RunningEmulator]:
-    """Run the emulator on `host:port` (port 0: any free one) until the block ends."""
-    from moto.server import ThreadedMotoServer
-
+    """Run the emulator on `host:port` (port 0: any free one) until the block ends, private
+    to whoever holds the environment it hands out (PrivateEndpoint); `cors_origin` is the one
+    web origin that may call it from a browser."""
     # The emulator's own calls (handlers, nodes) go to the in-process backends, even if this
     # shell still exports the endpoint of an earlier emulator.
     saved = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
@@ -77,10 +125,10 @@ def serve(
     try:
         with embedded_account(config=config) as account:
             account.recorder.keeps_log = False
-            server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+            token = secrets.token_urlsafe(32)
+            server = _Server(host, port, token, cors_origin)
             server.start()
-            bound_host, bound_port = server.get_host_and_port()
-            emulator = RunningEmulator(account, f"http://{bound_host}:{bound_port}")
+            emulator = RunningEmulator(account, server.endpoint_url, token)
             with acting_as(EMULATOR):
                 _publish_stack(account, emulator.deployment())
                 simulator = NodeSimulator(account, nodes or NodeScenario())

@@ -24,7 +24,16 @@ from gpufleet.domain.cost import (
     storage_usd_per_hour,
 )
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
-from gpufleet.domain.job import IllegalTransition, Job, JobStatus, Placement
+from gpufleet.domain.job import (
+    JOB_ID_PATTERN,
+    DroppedReport,
+    IllegalTransition,
+    Job,
+    JobNotFound,
+    JobStatus,
+    Placement,
+    is_job_id,
+)
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
@@ -100,15 +109,21 @@ class JobAlreadyEnded(Exception):
         super().__init__(f"job {job_id} already ended: {status.value}")
 
 
+# A process's exit status as Linux reports it, and docker with it: 0 to 255, a death by signal
+# n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
+# is not even one DynamoDB can store (38 digits at most).
+MAX_EXIT_CODE = 255
+
+
 class NodeReport(BaseModel):
     """What a node agent says about its job (the `detail` of its event)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
     instance_id: str = Field(max_length=64)
     phase: Literal["started", "heartbeat", "finished"]
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=0, le=MAX_EXIT_CODE, strict=True)
     reason: str = Field(default="", max_length=2000)
     # The node saw its own spot interruption notice (IMDS) and checkpointed.
     interrupted: bool = False
@@ -308,12 +323,17 @@ class LifecycleService:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel a waiting or running job. A running job's instances are terminated now, not
-        when its workflow gets round to it; the workflow then records the cost."""
-        job = self._ports.jobs.get(job_id)
-        if job.status.terminal:
-            raise JobAlreadyEnded(job_id, job.status)
+        when its workflow gets round to it; the workflow then records the cost. Raises
+        JobNotFound or JobAlreadyEnded, with nothing changed, for a job it cannot cancel (one
+        that ends while it is being cancelled included)."""
+        job = self._operated_job(job_id)
         entry = self._ports.queue.remove(job_id)
-        job = self._move(job, JobStatus.CANCELLED, {"failure_reason": "cancelled"})
+        try:
+            job = self._move(job, JobStatus.CANCELLED, {"failure_reason": "cancelled"})
+        except IllegalTransition as exc:
+            if exc.current is not None and exc.current.terminal:
+                raise JobAlreadyEnded(job_id, exc.current) from None
+            raise
         if entry is not None:
             self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
             return job.summary()
@@ -330,12 +350,29 @@ class LifecycleService:
             )
         return job.summary()
 
-    def resize(self, job_id: str, resources: Resources) -> dict[str, Any]:
-        """Give a job a new shape. A waiting job waits with it; a running one checkpoints and
-        resumes on the new shape without being resubmitted."""
-        job = self._ports.jobs.get(job_id)
-        if job.status.terminal:
-            raise JobAlreadyEnded(job_id, job.status)
+    def resize(self, job_id: str, shape: Resources | Mapping[str, Any]) -> dict[str, Any]:
+        """Give a job a new shape: `shape` is the whole of it, or new values of some fields of
+        its current one (`{"gpus": 8}`). A waiting job waits with it; a running one
+        checkpoints and resumes on the new shape without being resubmitted. A shape the job
+        already has changes nothing.
+
+        Judged as a submission is, before anything changes: raises JobNotFound or
+        JobAlreadyEnded for a job it cannot resize, pydantic's ValidationError when the shape,
+        or the job's spec with it, breaks a rule of the spec (a cap, the elastic range), and
+        NoFeasibleOffering (what `gpufleet plan` says of the shape) when nothing in the
+        catalog can hold it."""
+        job = self._operated_job(job_id)
+        current = job.effective_spec.resources
+        resources = (
+            shape
+            if isinstance(shape, Resources)
+            else Resources.model_validate({**current.model_dump(), **shape})
+        )
+        if resources == current:
+            return job.summary()
+        resized = job.model_copy(update={"resources_override": resources})
+        JobSpec.model_validate(resized.effective_spec.to_document())
+        self._plan(resized)
         job = self._ports.jobs.update(job_id, self._now(), {"resources_override": resources})
         entry = self._ports.queue.remove(job_id)
         if entry is not None:
@@ -349,6 +386,15 @@ class LifecycleService:
         elif job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             self.drain(job_id, RESIZED)
         return job.summary()
+
+    def _operated_job(self, job_id: str) -> Job:
+        """The job an operator's command names, which must exist and not have ended."""
+        if not is_job_id(job_id):
+            raise JobNotFound(job_id)  # no store holds it, and a malformed key may not be read
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            raise JobAlreadyEnded(job_id, job.status)
+        return job
 
     def instance_interrupted(self, instance_id: str) -> str | None:
         """A spot interruption warning or rebalance recommendation for one of our instances:
@@ -564,22 +610,27 @@ class LifecycleService:
                 changes["first_admitted_at"] = float(admitted_at)
         return changes
 
-    def node_report(self, report: NodeReport) -> None:
-        """A node's start, heartbeat or finish. Reports from instances the job does not hold
-        (stale, or forged), or about a stage the job has moved past, are ignored."""
-        if report.phase == "heartbeat" or report.stage is not None:
-            job = self._ports.jobs.get(report.job_id)
-        else:
-            found = self._report_in_one_write(report)
-            if found is None:
-                return
-            job = found
+    def node_report(self, report: NodeReport) -> DroppedReport | None:
+        """A node's start, heartbeat or finish. A report for a job that does not exist, or from
+        an instance the job does not hold (stale, or forged), changes nothing and is dropped:
+        the answer says which (None: the report was heard). One about a stage the job has
+        moved past, or delivered again after the job ended, is ignored."""
+        try:
+            if report.phase == "heartbeat" or report.stage is not None:
+                job = self._ports.jobs.get(report.job_id)
+            else:
+                found = self._report_in_one_write(report)
+                if found is None:
+                    return None
+                job = found
+        except JobNotFound:
+            return DroppedReport.UNKNOWN_JOB
         if job.placement is None or report.instance_id not in job.placement.instance_ids:
-            return
+            return DroppedReport.UNKNOWN_INSTANCE
         if job.status.terminal:
-            return  # a report delivered again after the job ended
+            return None  # a report delivered again after the job ended
         if report.stage is not None and report.stage != job.stage_name:
-            return
+            return None
         if report.phase == "started":
             self._move(job, JobStatus.RUNNING)
         elif report.phase == "heartbeat":
@@ -587,6 +638,7 @@ class LifecycleService:
                 self._ports.workflow.heartbeat(job.task_token)
         else:
             self._node_finished(job, report)
+        return None
 
     def _report_in_one_write(self, report: NodeReport) -> Job | None:
         """The usual report, a start of a launching job or the finish of a running one, in the
