@@ -253,8 +253,9 @@ class EventPublisher(Protocol):
 class ObjectStore(Protocol):
     def put_json(self, key: str, document: Mapping[str, Any]) -> None: ...
 
-    def get_bytes(self, key: str, max_bytes: int) -> bytes:
-        """The object's bytes; raise ObjectTooLarge past `max_bytes`."""
+    def get_bytes(self, key: str, max_bytes: int, version_id: str | None = None) -> bytes:
+        """The object's bytes (of that version, when given; none for an empty object); raise
+        ObjectTooLarge past `max_bytes`, ObjectMissing when it (or that version) is gone."""
         ...
 
 
@@ -327,6 +328,12 @@ class ObjectTooLarge(Exception):
         super().__init__(f"{key} is {size} bytes; the limit is {limit}")
         self.size = size
         self.limit = limit
+
+
+class ObjectMissing(Exception):
+    def __init__(self, key: str, version_id: str | None) -> None:
+        super().__init__(f"{key} (version {version_id}) does not exist")
+        self.version_id = version_id
 
 
 @dataclass

@@ -363,7 +363,9 @@ class Functions(Construct):
             role.add_to_policy(
                 iam.PolicyStatement(
                     sid="IntakeObjects",
-                    actions=["s3:GetObject", "s3:PutObject"],
+                    # Intake reads the version its notification names (the bucket is
+                    # versioned): GetObject with a VersionId is judged as GetObjectVersion.
+                    actions=["s3:GetObjectVersion", "s3:PutObject"],
                     resources=[objects],
                 )
             )

@@ -455,8 +455,10 @@ EXCLUSIVE_ACTIONS = {
     "cloudwatch:PutMetricAlarm": {"Launch"},
     "cloudwatch:DeleteAlarms": {"Release"},
     "sns:Publish": {"Dispatch", "MetricAlarm"},
-    # Only the S3 path reads a spec object; a spec in an event is refused in an event.
-    "s3:GetObject": {"IntakeFromS3"},
+    # Only the S3 path reads a spec object (the notified version); a spec in an event is
+    # refused in an event. No function reads whatever version of an object is latest.
+    "s3:GetObjectVersion": {"IntakeFromS3"},
+    "s3:GetObject": set(),
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},

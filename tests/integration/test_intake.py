@@ -1,18 +1,23 @@
-"""Both intake paths on the embedded account: acceptance, duplicates, and rejection."""
+"""Both intake paths on the embedded account: acceptance, duplicates, and rejection; the
+notified version read; and `gpufleet submit` (run in this process against the account) reporting
+the verdict of its own upload, with what submitters wrote printed escaped."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.cli import main
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.account import Account
 from gpufleet.topology import INTAKE_FROM_EVENT, INTAKE_FROM_S3, JOB_LIFECYCLE, JOBS_TABLE
 from tests.helpers import SPEC_YAML, jobs_from, wait_for
+from tests.s3_delivery import held_s3_notifications
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +32,16 @@ def invoke(account: Account, function: str, event: dict[str, Any]) -> dict[str, 
     assert "FunctionError" not in response, response["Payload"].read()
     result: dict[str, Any] = json.loads(response["Payload"].read())
     return result
+
+
+def s3_notification(bucket: str, key: str, upload: dict[str, Any]) -> dict[str, Any]:
+    """The record S3 sends for an upload to the (versioned) bucket."""
+    obj = {"key": key, "eTag": upload["ETag"].strip('"'), "versionId": upload["VersionId"]}
+    return {
+        "Records": [
+            {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": bucket}, "object": obj}}
+        ]
+    }
 
 
 def executions_for(account: Account, job_id: str) -> list[dict[str, Any]]:
@@ -87,21 +102,10 @@ def test_the_same_s3_notification_delivered_twice_creates_one_job(
     account: Account, store: DynamoJobStore
 ) -> None:
     s3 = account.client("s3")
-    s3.put_object(Bucket=account.bucket, Key="jobs/twice.yaml", Body=SPEC_YAML)
-    etag = s3.head_object(Bucket=account.bucket, Key="jobs/twice.yaml")["ETag"].strip('"')
+    upload = s3.put_object(Bucket=account.bucket, Key="jobs/twice.yaml", Body=SPEC_YAML)
     source = f"s3://{account.bucket}/jobs/twice.yaml"
     wait_for(lambda: jobs_from(store, source))
-    notification = {
-        "Records": [
-            {
-                "eventName": "ObjectCreated:Put",
-                "s3": {
-                    "bucket": {"name": account.bucket},
-                    "object": {"key": "jobs/twice.yaml", "eTag": etag},
-                },
-            }
-        ]
-    }
+    notification = s3_notification(account.bucket, "jobs/twice.yaml", upload)
     first = invoke(account, INTAKE_FROM_S3.construct_id, notification)
     second = invoke(account, INTAKE_FROM_S3.construct_id, notification)
     assert first == second
@@ -186,3 +190,137 @@ def test_a_bad_event_is_refused_without_a_job(account: Account, store: DynamoJob
     assert not result["accepted"]
     assert result["error"]["fields"][0]["field"] == "command"
     assert jobs_from(store, f"event:{event['id']}") == []
+
+
+def test_two_quick_uploads_to_one_key_each_run_their_own_version(
+    account: Account, store: DynamoJobStore
+) -> None:
+    """S3 notifies late: both uploads are in the bucket when intake hears of the first. Each
+    delivery reads the version it names, so each spec runs once."""
+    s3 = account.client("s3")
+    key, source = "jobs/quick.yaml", f"s3://{account.bucket}/jobs/quick.yaml"
+    with held_s3_notifications() as held:
+        for name in ("first", "second"):
+            s3.put_object(
+                Bucket=account.bucket, Key=key, Body=SPEC_YAML.replace(b"resnet", name.encode())
+            )
+    for deliver in held:
+        deliver()
+    jobs = wait_for(lambda: (found := jobs_from(store, source)) and len(found) == 2 and found)
+    assert sorted(job.spec.name for job in jobs) == ["first", "second"]
+
+
+def test_a_refusal_names_the_version_it_refused(account: Account, store: DynamoJobStore) -> None:
+    s3 = account.client("s3")
+    upload = s3.put_object(Bucket=account.bucket, Key="jobs/versioned-bad.yaml", Body=b"name: [")
+    report = json.loads(
+        s3.get_object(Bucket=account.bucket, Key="jobs/versioned-bad.yaml.error.json")[
+            "Body"
+        ].read()
+    )
+    assert report["version_id"] == upload["VersionId"]
+    assert report["source"] == f"s3://{account.bucket}/jobs/versioned-bad.yaml"
+
+
+@pytest.mark.parametrize(
+    ("bucket", "key"),
+    [("someone-elses-bucket", "jobs/theirs.yaml"), (None, "runs/theirs.yaml")],
+    ids=["other-bucket", "outside-the-prefix"],
+)
+def test_a_record_for_another_bucket_or_prefix_is_dropped(
+    account: Account, store: DynamoJobStore, bucket: str | None, key: str
+) -> None:
+    s3 = account.client("s3")
+    # The object exists in our bucket: only the record's bucket or prefix is wrong.
+    upload = s3.put_object(Bucket=account.bucket, Key=key, Body=SPEC_YAML)
+    named = bucket or account.bucket
+    result = invoke(account, INTAKE_FROM_S3.construct_id, s3_notification(named, key, upload))
+    assert result == {"results": []}
+    assert jobs_from(store, f"s3://{named}/{key}") == []
+    listed = s3.list_objects_v2(Bucket=account.bucket, Prefix=key + ".error")
+    assert listed.get("KeyCount", 0) == 0
+
+
+# -- gpufleet submit and what it prints --------------------------------------------------------
+
+CLI_SPEC = "name: {name}\nteam: vision\nimage: img:1\ncommand: [python, train.py]\n"
+CONFIG = str(Path(__file__).resolve().parents[2] / "gpufleet.yaml")
+
+
+def gpufleet(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv, "--config", CONFIG])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def spec_file(directory: Path, file_name: str, text: str) -> str:
+    path = directory / file_name
+    path.write_text(text)
+    return str(path)
+
+
+def keys_under(account: Account, prefix: str) -> list[str]:
+    listed = account.client("s3").list_objects_v2(Bucket=account.bucket, Prefix=prefix)
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_submit_reports_the_refusal_of_its_own_upload_not_an_earlier_one(
+    account: Account, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A template the deployed config lacks: only intake can refuse it.
+    first = CLI_SPEC.format(name="first") + "template: no-such-template\n"
+    path = spec_file(tmp_path, "verdict.yaml", first)
+    code, _, err = gpufleet(capsys, "submit", path)
+    assert code == 2 and "unknown resource template" in err
+    # Uploaded again, and notified late: the earlier refusal, next to the same key and maybe
+    # in the same second, is not this upload's.
+    spec_file(tmp_path, "verdict.yaml", CLI_SPEC.format(name="second") + "template: another\n")
+    with held_s3_notifications() as held:
+        code, out, err = gpufleet(capsys, "submit", path, "--wait", "1", "--json")
+    assert code == 0, err
+    submitted: dict[str, Any] = json.loads(out)
+    assert submitted["status"] is None and "has not recorded" in err
+    for deliver in held:
+        deliver()
+    report = json.loads(
+        account.client("s3")
+        .get_object(Bucket=account.bucket, Key="jobs/verdict.yaml.error.json")["Body"]
+        .read()
+    )
+    assert report["version_id"] == submitted["version_id"]
+
+
+def test_submit_refuses_a_name_intake_keeps_for_its_reports(
+    account: Account, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    valid = {"name": "train", "team": "vision", "image": "img:1", "command": ["x"]}
+    path = spec_file(tmp_path, "train.error.json", json.dumps(valid))
+    code, _, err = gpufleet(capsys, "submit", path)
+    assert code == 2 and "error reports" in err
+    assert keys_under(account, "jobs/train.error") == []
+
+
+def test_a_duration_too_large_for_a_float_is_refused_before_upload(
+    account: Account, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = spec_file(tmp_path, "forever.yaml", CLI_SPEC.format(name="x") + "timeout: 1" + "0" * 400)
+    code, _, err = gpufleet(capsys, "submit", path)
+    assert code == 2 and "timeout:" in err and "Traceback" not in err
+    assert keys_under(account, "jobs/forever") == []
+
+
+def test_control_characters_in_a_key_are_printed_escaped_unless_raw(
+    account: Account, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "red\x1b[31m\u202e.yaml"  # an ANSI colour and a bidi override
+    path = spec_file(tmp_path, name, CLI_SPEC.format(name="red"))
+    code, out, _ = gpufleet(capsys, "submit", path)
+    assert code == 0
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "red\\x1b[31m\\u202e.yaml" in out
+    job_id = out.split()[0]
+    code, out, _ = gpufleet(capsys, "status", job_id)
+    [source] = [line for line in out.splitlines() if line.startswith("source:")]
+    assert source.endswith("jobs/red\\x1b[31m\\u202e.yaml")
+    code, out, _ = gpufleet(capsys, "status", job_id, "--raw")
+    assert f"jobs/{name}" in out

@@ -386,7 +386,9 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
         return [Request(call.action, table, _leading_key(params))]
     if call.action in ("s3:GetObject", "s3:PutObject"):
         assert params["Bucket"] == BUCKET_NAME, params
-        return [Request(call.action, f"{stack.bucket}/{params['Key']}")]
+        # IAM judges a read of one version as s3:GetObjectVersion (and not s3:GetObject).
+        action = "s3:GetObjectVersion" if params.get("VersionId") else call.action
+        return [Request(action, f"{stack.bucket}/{params['Key']}")]
     if call.action == "events:PutEvents":
         return [
             Request(

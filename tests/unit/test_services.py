@@ -26,7 +26,6 @@ from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.services.factory import build_actions, build_dispatcher, build_lifecycle
-from gpufleet.services.intake import is_error_report
 from gpufleet.services.lifecycle import (
     LaunchStepResult,
     LifecycleService,
@@ -136,8 +135,16 @@ def test_an_oversized_upload_is_rejected_without_being_parsed() -> None:
 
 
 def test_error_reports_are_recognised_so_they_never_loop_back_into_intake() -> None:
-    assert is_error_report("jobs/a.yaml.error.json")
-    assert not is_error_report("jobs/a.json")
+    ports = local_ports()
+    intake = intake_for(ports, SETTINGS)
+    objects = cast(InMemoryObjects, ports.objects).objects
+    objects["jobs/a.yaml"] = b"name: [unclosed"
+    assert intake.submit_object("jobs/a.yaml", "a#1", "s3://bucket/jobs/a.yaml").error
+    # The report's own notification comes back to intake: it is recognised, not refused.
+    report = "jobs/a.yaml.error.json"
+    outcome = intake.submit_object(report, "r#1", f"s3://bucket/{report}")
+    assert outcome.ignored == "intake's own error report"
+    assert report + ".error.json" not in objects
 
 
 def test_an_event_submission_takes_the_same_path() -> None:

@@ -14,7 +14,7 @@ import json
 from datetime import UTC, date, datetime
 from typing import Any
 
-from gpufleet.cli.table import render
+from gpufleet.cli.table import add_raw_argument, render
 from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
 
 # Every job the store holds is read: a report over all of history is the point.
@@ -33,6 +33,7 @@ def register(commands: Any) -> None:
     )
     add_target_arguments(parser)
     parser.add_argument("--json", action="store_true")
+    add_raw_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -78,5 +79,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     who = list(LINE_IDENTITY) if by is CostGrouping.JOB else [by.value, "jobs"]
     columns = [(name, name) for name in who + figures(rows)]
-    print(render([*rows, {by.value: "total", **total}], columns))
+    print(render([*rows, {by.value: "total", **total}], columns, args.raw))
     return 0

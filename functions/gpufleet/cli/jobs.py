@@ -1,11 +1,12 @@
 """`gpufleet submit FILE`, `gpufleet status [ID]`, `gpufleet list`: jobs in and out.
 
-    gpufleet submit job.yaml [--wait SECONDS] [--json]
-    gpufleet status ID [--json]
-    gpufleet list [--status S] [--team T] [--limit N] [--json]
+    gpufleet submit job.yaml [--wait SECONDS] [--json] [--raw]
+    gpufleet status ID [--json] [--raw]
+    gpufleet list [--status S] [--team T] [--limit N] [--json] [--raw]
 
 Every command takes the target arguments (`--stack`, `--endpoint-url`, ...). Exit codes: 0 ok,
-2 bad input, a refused spec, or no target (message on stderr).
+2 bad input, a refused spec, or no target (message on stderr). Names, keys and reasons are
+printed with control characters escaped (`--raw`: as they are).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.cli.table import render, render_fields
+from pydantic import ValidationError
+
+from gpufleet.cli.table import add_raw_argument, printable, render, render_fields
 from gpufleet.cli.target import Connection, TargetError, add_target_arguments, connect, fail
 from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
-from gpufleet.domain.spec import SpecError, parse_spec
+from gpufleet.domain.spec import SpecError, format_for, parse_spec
+from gpufleet.services.intake import ERROR_SUFFIX, ErrorReport, key_refusal
 from gpufleet.topology import INTAKE_PREFIX
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ def register(commands: Any) -> None:
     )
     add_target_arguments(submit)
     submit.add_argument("--json", action="store_true")
+    add_raw_argument(submit)
     submit.set_defaults(run=run_submit)
 
     status = commands.add_parser("status", help="one job in detail; without ID, like `list`")
@@ -60,12 +65,14 @@ def register(commands: Any) -> None:
     _add_list_filters(status)
     add_target_arguments(status)
     status.add_argument("--json", action="store_true")
+    add_raw_argument(status)
     status.set_defaults(run=run_status)
 
     listing = commands.add_parser("list", help="jobs, newest first")
     _add_list_filters(listing)
     add_target_arguments(listing)
     listing.add_argument("--json", action="store_true")
+    add_raw_argument(listing)
     listing.set_defaults(run=run_list)
 
 
@@ -89,10 +96,13 @@ def run_submit(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail(f"cannot read {args.file}: {exc.strerror}")
     key = f"{INTAKE_PREFIX}{path.name}"
-    # The same parse intake does, format chosen by the same rule: a spec refused here would be
-    # refused there, so it is not uploaded.
+    # The same checks intake makes, format chosen by the same rule: a spec refused here would
+    # be refused there, so it is not uploaded.
     try:
-        parse_spec(raw, "json" if key.endswith(".json") else "auto")
+        refusal = key_refusal(key)
+        if refusal is not None:
+            raise refusal
+        parse_spec(raw, format_for(key))
     except SpecError as exc:
         return _refused(args, key, exc.to_dict())
     try:
@@ -115,10 +125,12 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(document)
     else:
-        print(f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{key})")
+        print(
+            printable(f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{key})", args.raw)
+        )
     if job is not None and job.failure_reason:
         # Taken, but it will not run (e.g. nothing in the catalog fits it).
-        print(f"gpufleet: {job_id}: {job.failure_reason}", file=sys.stderr)
+        print(f"gpufleet: {job_id}: {printable(job.failure_reason, args.raw)}", file=sys.stderr)
     if job is None and args.wait > 0:
         print(
             f"gpufleet: the control plane has not recorded {job_id} yet; "
@@ -132,9 +144,12 @@ def _refused(args: argparse.Namespace, key: str, error: dict[str, Any]) -> int:
     if args.json:
         _print_json({"accepted": False, "key": key, "error": error})
     else:
-        print(f"gpufleet: {key} refused: {error.get('message')}", file=sys.stderr)
+        what = printable(f"{key} refused: {error.get('message')}", args.raw)
+        print(f"gpufleet: {what}", file=sys.stderr)
         for problem in error.get("fields", []):
-            print(f"  {problem['field']}: {problem['message']}", file=sys.stderr)
+            print(
+                printable(f"  {problem['field']}: {problem['message']}", args.raw), file=sys.stderr
+            )
     return 2
 
 
@@ -156,12 +171,12 @@ class Upload:
     key: str
     version_id: str | None
     etag: str
-    at: datetime  # S3's clock: tells this upload's error report from an older one's
+    at: datetime  # S3's clock: a report written before this upload cannot be about it
 
     def job_ids(self) -> list[str]:
         """The ids intake can give this upload. It names a delivery by the object version (the
-        stack's bucket is versioned, so S3's notification carries one) or, when the
-        notification has none (moto's), by the ETag: the first is what AWS gives."""
+        stack's bucket is versioned, so S3's notification carries one, as the emulator's do)
+        or, when the notification has none (an unversioned bucket), by the ETag."""
         markers = [m for m in (self.version_id, self.etag) if m]
         return [job_id_for_delivery(s3_delivery_key(self.bucket, self.key, m)) for m in markers]
 
@@ -181,13 +196,14 @@ def _await_intake(
     """(job id, the job or None if not recorded yet, the error report if refused)."""
     candidates = upload.job_ids()
     deadline = time.monotonic() + wait_seconds
+    reports_read: set[str] = set()
     while True:
         for job_id in candidates:
             try:
                 return job_id, jobs.get(job_id), None
             except JobNotFound:
                 continue
-        report = _error_report(s3, upload)
+        report = _error_report(s3, upload, reports_read)
         if report is not None:
             return candidates[0], None, report
         if time.monotonic() >= deadline:
@@ -195,18 +211,30 @@ def _await_intake(
         time.sleep(0.5)
 
 
-def _error_report(s3: Any, upload: Upload) -> dict[str, Any] | None:
-    """The error report intake wrote next to this upload, if it refused it."""
-    from gpufleet.services.intake import ERROR_SUFFIX
-
-    try:
-        response = s3.get_object(Bucket=upload.bucket, Key=upload.key + ERROR_SUFFIX)
-    except s3.exceptions.NoSuchKey:
-        return None
-    if response["LastModified"] < upload.at:
-        return None  # an earlier upload's
-    report: dict[str, Any] = json.loads(response["Body"].read())
-    return report
+def _error_report(s3: Any, upload: Upload, read: set[str]) -> dict[str, Any] | None:
+    """The error report intake wrote for this upload, if it refused it: the version of
+    `<key>.error.json` that names this upload's version (another upload of the same key, even in
+    the same second, has its own). `read` holds the report versions already read."""
+    if upload.version_id is None:
+        return None  # an unversioned bucket: no report can be told to be this upload's
+    report_key = upload.key + ERROR_SUFFIX
+    listing = s3.list_object_versions(Bucket=upload.bucket, Prefix=report_key)
+    for version in listing.get("Versions", []):
+        if (
+            version["Key"] != report_key
+            or version["VersionId"] in read
+            or version["LastModified"] < upload.at
+        ):
+            continue
+        read.add(version["VersionId"])
+        body = s3.get_object(Bucket=upload.bucket, Key=report_key, VersionId=version["VersionId"])
+        try:
+            report = ErrorReport.model_validate_json(body["Body"].read())
+        except ValidationError:
+            continue  # not intake's
+        if report.version_id == upload.version_id:
+            return report.model_dump(exclude_none=True)
+    return None
 
 
 # -- status and list ---------------------------------------------------------------------------
@@ -225,7 +253,7 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(detail)
     else:
-        print(render_fields(detail))
+        print(render_fields(detail, args.raw))
     return 0
 
 
@@ -244,7 +272,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(details)
     elif details:
-        print(render(details, LIST_COLUMNS))
+        print(render(details, LIST_COLUMNS, args.raw))
     else:
         print("(no jobs)")
     return 0

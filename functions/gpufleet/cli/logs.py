@@ -1,10 +1,11 @@
 """`gpufleet logs ID`: a job's container output, from the node agent's CloudWatch log group.
 
-    gpufleet logs ID [--follow] [--json]
+    gpufleet logs ID [--follow] [--json] [--raw]
 
 Each run of the job on each instance is its own stream (`<job id>/<instance id>`); the events
 of every stream come interleaved by time. `--follow` keeps reading until the job has ended.
-`--json` prints one JSON object per event and line, so that a follow can be piped.
+`--json` prints one JSON object per event and line, so that a follow can be piped. A line is the
+job's own output: control characters in it are printed escaped (`--raw`: as they are).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpufleet import topology
+from gpufleet.cli.table import add_raw_argument, printable
 from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
 from gpufleet.domain.job import JobNotFound
 
@@ -39,6 +41,7 @@ def register(commands: Any) -> None:
     )
     add_target_arguments(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_raw_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 seen.add(event["eventId"])
                 start = max(start, int(event["timestamp"]))
                 printed += 1
-                print(_line(event, args.json), flush=True)
+                print(_line(event, args.json, args.raw), flush=True)
             if not args.follow or ended:
                 break
             time.sleep(args.poll_seconds)
@@ -104,11 +107,11 @@ def _streams(logs: Any, group: str, job_id: str) -> list[str]:
     return names
 
 
-def _line(event: dict[str, Any], as_json: bool) -> str:
+def _line(event: dict[str, Any], as_json: bool, raw: bool) -> str:
     from gpufleet.services.reports import utc_time
 
     instance = str(event["logStreamName"]).rpartition("/")[2]
     when = utc_time(int(event["timestamp"]) / 1000)
     if as_json:
         return json.dumps({"time": when, "instance_id": instance, "message": event["message"]})
-    return f"{when}  {instance}  {event['message'].rstrip()}"
+    return printable(f"{when}  {instance}  {event['message'].rstrip()}", raw)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from gpufleet.cli.table import add_raw_argument, printable
 from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
 
 
@@ -17,6 +18,7 @@ def register(commands: Any) -> None:
     )
     add_target_arguments(queue)
     queue.add_argument("--json", action="store_true")
+    add_raw_argument(queue)
     queue.set_defaults(run=run_queue)
 
     cancel = commands.add_parser("cancel", help="cancel a waiting or running job")
@@ -72,15 +74,19 @@ def run_queue(args: argparse.Namespace) -> int:
     print(header)
     for row in rows:
         print(
-            f"{row.position:>3}  {row.job_id:<24}{names[row.job_id]:<20}{row.team:<12}"
-            f"{row.priority:<10}{row.gpus:>5}  {row.waited_seconds:>7.0f}s  {row.reason}"
+            printable(
+                f"{row.position:>3}  {row.job_id:<24}{names[row.job_id]:<20}{row.team:<12}"
+                f"{row.priority:<10}{row.gpus:>5}  {row.waited_seconds:>7.0f}s  {row.reason}",
+                args.raw,
+            )
         )
     if not rows:
         print("  (no job is waiting)")
     for booking in bookings:
         start = datetime.fromtimestamp(booking.start, UTC).isoformat(timespec="minutes")
         end = datetime.fromtimestamp(booking.end, UTC).isoformat(timespec="minutes")
-        print(f"booked: {booking.team} {booking.gpus} GPUs {start} .. {end} ({booking.booking_id})")
+        line = f"booked: {booking.team} {booking.gpus} GPUs {start} .. {end} ({booking.booking_id})"
+        print(printable(line, args.raw))
     return 0
 
 

@@ -2,6 +2,12 @@
 
 A spec arrives as YAML or JSON (an S3 object, an EventBridge event's detail, or the CLI). It is
 validated here and nowhere else; everything downstream works with a `JobSpec` it can trust.
+
+Parsing is as strict as the schema: a spec means one thing wherever it is read. YAML is read as
+a notation of JSON (strings, decimal numbers, `true`/`false`, `null`, lists, mappings with
+string keys, no duplicate keys, no aliases, merge keys or other tags), so that a YAML spec and
+the JSON it is stored as are the same document; a number is never taken from a string, a count
+never from a fraction or a boolean.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -16,26 +24,52 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-# Upper bound on a spec document. Real specs are a few KiB; anything near this is abuse.
+# Upper bound on a spec document, as uploaded and as stored (its canonical JSON, which can be
+# longer than the YAML it came from). Real specs are a few KiB; anything near this is abuse.
 MAX_SPEC_BYTES = 256 * 1024
+# Environment variables of one run: the job's, or a stage's laid over the job's.
+MAX_ENV = 256
+# A run's wall-clock limit, and the longest expected duration a spec may state.
+MAX_RUN_SECONDS = 14 * 86400
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# A number of seconds, or of minutes, hours or days (the JSON Schema states the same pattern).
+DURATION_PATTERN = r"^([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhd]?)$"
+_DURATION_RE = re.compile(DURATION_PATTERN)
+_DURATION_FORM = "a duration is a whole number of seconds or a string like '90m', '4h', '1.5d'"
 
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+# Scalars are taken as they are written: no "3" for 3, no 1.0 or true for a count.
+Count = Annotated[int, Strict()]
+Number = Annotated[float, Strict()]  # an integer is a number too
+Flag = Annotated[bool, Strict()]
+
+Name = Annotated[str, Strict(), StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+EnvName = Annotated[str, Strict(), StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 # An OCI image reference: registry/repo[:tag][@digest]; no whitespace, no shell syntax.
 ImageRef = Annotated[
     str,
+    Strict(),
     StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"),
+]
+ExitCode = Annotated[int, Strict(), Field(ge=1, le=255)]
+GpuModel = Annotated[str, Strict(), StringConstraints(pattern=r"^[A-Za-z0-9 ._-]{1,40}$")]
+# No whitespace or control characters: the URI is printed and passed on as it is.
+CheckpointUri = Annotated[
+    str,
+    Strict(),
+    StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s\x00-\x1f\x7f]*)?$"),
 ]
 
 
@@ -47,8 +81,22 @@ def _no_nul(value: str) -> str:
     return value
 
 
-Arg = Annotated[str, StringConstraints(max_length=8192), AfterValidator(_no_nul)]
-EnvValue = Annotated[str, StringConstraints(max_length=8192), AfterValidator(_no_nul)]
+def _one_line(value: str) -> str:
+    # The node hands the environment to docker as an env file, one NAME=value a line: a line
+    # break cannot reach the container (the agent would fail the run on it).
+    if "\n" in value or "\r" in value:
+        raise ValueError("an environment value is one line (no line break)")
+    return value
+
+
+Arg = Annotated[str, Strict(), StringConstraints(max_length=8192), AfterValidator(_no_nul)]
+EnvValue = Annotated[
+    str,
+    Strict(),
+    StringConstraints(max_length=8192),
+    AfterValidator(_no_nul),
+    AfterValidator(_one_line),
+]
 
 
 class Priority(StrEnum):
@@ -72,23 +120,60 @@ class Architecture(StrEnum):
 
 
 def parse_duration(value: object) -> int:
-    """Seconds from `3600`, `"90m"`, `"4h"`, `"1.5d"`; raise ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like '90m' or '4h'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _DURATION_RE.match(value)
+    """Seconds from `3600`, `"90m"`, `"4h"`, `"1.5d"`; raise ValueError otherwise.
+
+    Exact (decimal) arithmetic: a number too large for a float is a duration too long, not a
+    crash, and `"0.5s"` is refused rather than rounded to nothing."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(_DURATION_FORM)
+    if isinstance(value, str):
+        match = _DURATION_RE.fullmatch(value)
         if match is None:
-            raise ValueError("a duration is a number of seconds or a string like '90m' or '4h'")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
-    else:
-        raise ValueError("a duration is a number of seconds or a string like '90m' or '4h'")
-    if not math.isfinite(seconds):
+            raise ValueError(_DURATION_FORM)
+        number, unit = match.groups()
+        seconds = Decimal(number) * _DURATION_UNITS[unit or "s"]
+    elif isinstance(value, float) and not math.isfinite(value):
         raise ValueError("a duration must be a finite number")
+    else:
+        seconds = Decimal(value)
+    if seconds != seconds.to_integral_value():
+        raise ValueError(_DURATION_FORM)
     if seconds <= 0:
         raise ValueError("a duration must be positive")
-    return round(seconds)
+    return int(seconds)
+
+
+def _duration_schema(minimum: int) -> WithJsonSchema:
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": minimum, "maximum": MAX_RUN_SECONDS},
+                {"type": "string", "pattern": DURATION_PATTERN},
+            ]
+        }
+    )
+
+
+# Seconds, or a number with a unit (s, m, h, d); stored as whole seconds.
+RunTimeout = Annotated[
+    int,
+    BeforeValidator(parse_duration),
+    Field(ge=60, le=MAX_RUN_SECONDS),
+    _duration_schema(60),
+]
+ExpectedDuration = Annotated[
+    int,
+    BeforeValidator(parse_duration),
+    Field(ge=1, le=MAX_RUN_SECONDS),
+    _duration_schema(1),
+]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text of `value` as the job store keeps a spec: sorted keys, no spaces, UTF-8
+    characters as they are (escaped, a non-ASCII character would cost up to six times its
+    bytes)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 class _Strict(BaseModel):
@@ -103,8 +188,8 @@ class Elastic(_Strict):
     metric) add nodes, idle ones remove them; each change is a checkpoint and a resume on the
     new shape (docs/fleet.md, "Elastic jobs")."""
 
-    min_nodes: int = Field(default=1, ge=1, le=64, description="Fewest nodes it scales in to")
-    max_nodes: int = Field(ge=2, le=64, description="Most nodes it scales out to")
+    min_nodes: Count = Field(default=1, ge=1, le=64, description="Fewest nodes it scales in to")
+    max_nodes: Count = Field(ge=2, le=64, description="Most nodes it scales out to")
 
     @model_validator(mode="after")
     def _a_range(self) -> Elastic:
@@ -116,18 +201,18 @@ class Elastic(_Strict):
 class Resources(_Strict):
     """What one node of the job needs. `nodes` > 1 asks for that many identical nodes."""
 
-    gpus: int = Field(default=1, ge=0, le=16, description="GPUs per node")
-    gpu_memory_gib: float = Field(
+    gpus: Count = Field(default=1, ge=0, le=16, description="GPUs per node")
+    gpu_memory_gib: Number = Field(
         default=0, ge=0, le=1024, description="Minimum memory per GPU, GiB"
     )
-    gpu_models: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9 ._-]{1,40}$")]] = Field(
+    gpu_models: list[GpuModel] = Field(
         default_factory=list,
         max_length=32,
         description="Allowed GPU models (e.g. A100, H100); empty allows any",
     )
-    vcpus: int = Field(default=1, ge=1, le=1024, description="Minimum vCPUs per node")
-    memory_gib: float = Field(default=1, gt=0, le=32768, description="Minimum RAM per node, GiB")
-    nodes: int = Field(default=1, ge=1, le=64, description="Number of nodes")
+    vcpus: Count = Field(default=1, ge=1, le=1024, description="Minimum vCPUs per node")
+    memory_gib: Number = Field(default=1, gt=0, le=32768, description="Minimum RAM per node, GiB")
+    nodes: Count = Field(default=1, ge=1, le=64, description="Number of nodes")
     arch: Architecture = Field(default=Architecture.X86_64, description="CPU architecture")
     elastic: Elastic | None = Field(
         default=None, description="Scale between min_nodes and max_nodes (nodes is the start)"
@@ -157,7 +242,9 @@ class Resources(_Strict):
 
 
 # A metric the job's own code publishes through the node agent (docs/fleet.md).
-JobMetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")]
+JobMetricName = Annotated[
+    str, Strict(), StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+]
 
 
 class ScaleOn(_Strict):
@@ -165,9 +252,9 @@ class ScaleOn(_Strict):
     threshold, e.g. `{metric: samples_per_second, below: 1000, for_minutes: 10}`."""
 
     metric: JobMetricName
-    below: float | None = None
-    above: float | None = None
-    for_minutes: float = Field(default=10, gt=0, le=1440, description="How long it must hold")
+    below: Number | None = None
+    above: Number | None = None
+    for_minutes: Number = Field(default=10, gt=0, le=1440, description="How long it must hold")
 
     @model_validator(mode="after")
     def _one_threshold(self) -> ScaleOn:
@@ -182,10 +269,6 @@ def _refuse_shell_string(value: Any) -> Any:
             "command is an argv list, e.g. ['python', 'train.py']; a shell string is refused"
         )
     return value
-
-
-def _duration_or_none(value: Any) -> Any:
-    return None if value is None else parse_duration(value)
 
 
 MAX_STAGES = 10
@@ -209,17 +292,17 @@ class Stage(_Strict):
         default=None, min_length=1, max_length=1024, description="argv list, as the job's"
     )
     env: dict[EnvName, EnvValue] = Field(
-        default_factory=dict, max_length=256, description="Laid over the job's environment"
+        default_factory=dict,
+        max_length=MAX_ENV,
+        description=f"Laid over the job's environment; together at most {MAX_ENV} variables",
     )
-    max_retries: int | None = Field(default=None, ge=0, le=20)
-    retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
-        default=None, max_length=64
+    max_retries: Count | None = Field(default=None, ge=0, le=20)
+    retry_exit_codes: list[ExitCode] | None = Field(default=None, max_length=64)
+    timeout_seconds: RunTimeout | None = Field(default=None, alias="timeout")
+    expected_duration_seconds: ExpectedDuration | None = Field(
+        default=None, alias="expected_duration"
     )
-    timeout_seconds: int | None = Field(default=None, alias="timeout", ge=60, le=14 * 86400)
-    expected_duration_seconds: int | None = Field(
-        default=None, alias="expected_duration", ge=1, le=14 * 86400
-    )
-    reuse_previous: bool = Field(
+    reuse_previous: Flag = Field(
         default=False,
         description="Run on the previous stage's instances when they fit, instead of new ones",
     )
@@ -227,9 +310,6 @@ class Stage(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     _argv_not_shell = field_validator("command", mode="before")(_refuse_shell_string)
-    _duration = field_validator("timeout_seconds", "expected_duration_seconds", mode="before")(
-        _duration_or_none
-    )
 
 
 # The fields of a stage that replace the job's in `JobSpec.for_stage` (env is merged instead).
@@ -254,7 +334,7 @@ class JobSpec(_Strict):
     command: list[Arg] = Field(
         min_length=1, max_length=1024, description="argv list; never run through a shell"
     )
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256)
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
     resources: Resources = Field(default_factory=Resources)
     template: Name | None = Field(
         default=None,
@@ -262,19 +342,18 @@ class JobSpec(_Strict):
         "`resources` names override the template's. The stored job holds the resolved resources",
     )
     spot: SpotPolicy = SpotPolicy.AUTO
-    checkpoint: (
-        Annotated[str, StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")]
-        | None
-    ) = Field(default=None, description="S3 URI where the job writes and reads checkpoints")
-    max_retries: int = Field(
+    checkpoint: CheckpointUri | None = Field(
+        default=None, description="S3 URI where the job writes and reads checkpoints"
+    )
+    max_retries: Count = Field(
         default=3, ge=0, le=20, description="Retries of a failed run (exit code, lost node)"
     )
-    retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+    retry_exit_codes: list[ExitCode] = Field(
         default_factory=list,
         max_length=64,
         description="Exit codes that are retried; empty: any non-zero exit code",
     )
-    no_retry_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+    no_retry_exit_codes: list[ExitCode] = Field(
         default_factory=list,
         max_length=64,
         description="Exit codes never retried (e.g. bad arguments)",
@@ -283,25 +362,21 @@ class JobSpec(_Strict):
         default="flag",
         description="When the GPUs stay idle: flag the job, or checkpoint and release it",
     )
-    retry_oom_with_more_memory: bool = Field(
+    retry_oom_with_more_memory: Flag = Field(
         default=True,
         description="Retry a run that ran out of GPU memory on GPUs with more memory",
     )
-    timeout_seconds: int = Field(
+    timeout_seconds: RunTimeout = Field(
         default=86400,
         alias="timeout",
-        ge=60,
-        le=14 * 86400,
         description="Wall-clock limit of one run: seconds or '90m', '4h', '2d'",
     )
-    expected_duration_seconds: int | None = Field(
+    expected_duration_seconds: ExpectedDuration | None = Field(
         default=None,
         alias="expected_duration",
-        ge=1,
-        le=14 * 86400,
         description="Expected run time, used for cost estimates and selection",
     )
-    budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
+    budget_usd: Number | None = Field(default=None, gt=0, le=10_000_000)
     on_budget: Literal["checkpoint", "stop"] = Field(
         default="checkpoint",
         description="When the job's cost reaches budget_usd: checkpoint then stop, or stop now",
@@ -323,25 +398,29 @@ class JobSpec(_Strict):
     def _argv_not_shell(cls, value: Any) -> Any:
         return _refuse_shell_string(value)
 
-    @field_validator("timeout_seconds", "expected_duration_seconds", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> Any:
-        return _duration_or_none(value)
-
     @field_validator("stages")
     @classmethod
-    def _stages_are_consistent(cls, stages: list[Stage]) -> list[Stage]:
+    def _stages_are_consistent(cls, stages: list[Stage], info: ValidationInfo) -> list[Stage]:
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
             raise ValueError("stage names must be unique")
         if stages and stages[0].reuse_previous:
             raise ValueError("the first stage has no previous stage to reuse")
+        # A stage runs with its env laid over the job's (`for_stage`): the cap holds for that.
+        job_env = info.data.get("env", {})
+        for stage in stages:
+            merged = len(job_env.keys() | stage.env.keys())
+            if merged > MAX_ENV:
+                raise ValueError(
+                    f"stage {stage.name!r} runs with {merged} environment variables (its env "
+                    f"laid over the job's); the limit is {MAX_ENV}"
+                )
         return stages
 
     @model_validator(mode="after")
     def _scale_on_needs_elastic(self) -> JobSpec:
-        # Not with a template: the elastic range may be the template's. A job that ends up
-        # without one gets no scale_on alarm.
+        # Not with a template: the elastic range may be the template's (`apply_template`
+        # holds the resolved resources to this rule).
         if self.scale_on and self.resources.elastic is None and self.template is None:
             raise ValueError("scale_on scales elastic jobs: give resources.elastic")
         return self
@@ -349,6 +428,10 @@ class JobSpec(_Strict):
     def to_document(self) -> dict[str, Any]:
         """The canonical JSON-ready form, with the same field names a submitter writes."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def stored_form(self) -> str:
+        """The canonical JSON text of the spec: what the job store keeps."""
+        return canonical_json(self.to_document())
 
     def for_stage(self, index: int) -> JobSpec:
         """What stage `index` runs: this spec with the fields the stage gives in place of the
@@ -367,19 +450,43 @@ class FieldError(BaseModel):
     message: str
 
 
-# A refusal lists this many problems at most (and says how many there were): its report goes
-# into an EventBridge event, which holds 256 KB, and a hostile spec can have thousands.
+# A refusal's report goes into an S3 object, an EventBridge event (256 KiB an entry) and the
+# idempotency record of its delivery (a DynamoDB item, 400 KB): its size is bounded whatever
+# the spec holds. A hostile spec can have thousands of problems, keys as long as the document,
+# and YAML errors that quote it.
 MAX_REPORTED_FIELDS = 50
 MAX_FIELD_PATH = 200
+MAX_FIELD_MESSAGE = 500
+MAX_MESSAGE = 1000
+# The fields listed, as ASCII-escaped JSON (the largest form any store or event gives them).
+MAX_FIELDS_BYTES = 32 * 1024
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class SpecError(Exception):
-    """A submitted spec was refused. Carries the problems found, by field."""
+    """A submitted spec was refused. Carries the problems found, by field: the first ones, as
+    many as a bounded report holds (the message then says how many are listed)."""
 
-    def __init__(self, message: str, fields: list[FieldError] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.fields = fields or []
+    def __init__(self, message: str, fields: Sequence[FieldError] = ()) -> None:
+        listed: list[FieldError] = []
+        size = 0
+        for problem in fields[:MAX_REPORTED_FIELDS]:
+            clipped = FieldError(
+                field=_clipped(problem.field, MAX_FIELD_PATH),
+                message=_clipped(problem.message, MAX_FIELD_MESSAGE),
+            )
+            size += len(json.dumps(clipped.model_dump())) + 2
+            if size > MAX_FIELDS_BYTES:
+                break
+            listed.append(clipped)
+        if len(listed) < len(fields):
+            message += f"; the first {len(listed)} are listed"
+        self.message = _clipped(message, MAX_MESSAGE)
+        self.fields = listed
+        super().__init__(self.message)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -396,39 +503,179 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
             path += f"[{part}]"
         else:
             path += f".{part}" if path else str(part)
-    if len(path) > MAX_FIELD_PATH:  # a hostile key can be as long as the document
-        path = path[: MAX_FIELD_PATH - 3] + "..."
     return path or "(document)"
 
 
 def spec_from_mapping(document: object) -> JobSpec:
-    """Validate an already-parsed document; raise SpecError naming every bad field."""
+    """Validate an already-parsed document; raise SpecError naming every bad field.
+
+    Only the field names a submitter writes are accepted (`timeout`, never `timeout_seconds`),
+    and the spec must fit the job store once stored (`stored_form`)."""
     if not isinstance(document, dict):
         raise SpecError("a job spec is a mapping (YAML or JSON object)")
     try:
-        return JobSpec.model_validate(document)
+        spec = JobSpec.model_validate(document, by_alias=True, by_name=False)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        fields = [
-            FieldError(field=_field_path(tuple(err["loc"])), message=str(err["msg"]))
-            for err in errors[:MAX_REPORTED_FIELDS]
-        ]
-        message = f"{len(errors)} invalid field(s) in the job spec"
-        if len(errors) > len(fields):
-            message += f"; the first {len(fields)} are listed"
-        raise SpecError(message, fields) from None
+        raise SpecError(
+            f"{len(errors)} invalid field(s) in the job spec",
+            [FieldError(field=_field_path(tuple(e["loc"])), message=str(e["msg"])) for e in errors],
+        ) from None
+    stored = len(spec.stored_form().encode("utf-8"))
+    if stored > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"the spec is {stored} bytes as stored (canonical JSON); the limit is {MAX_SPEC_BYTES}",
+            [_largest_field(spec)],
+        )
+    return spec
 
 
-class _SafeLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, so a 'billion laughs' document cannot expand."""
+def _largest_field(spec: JobSpec) -> FieldError:
+    """The field that takes the most of a spec's stored form: the one to make smaller."""
+    sizes = {
+        name: len(canonical_json(value).encode("utf-8"))
+        for name, value in spec.to_document().items()
+    }
+    largest = max(sizes, key=lambda name: sizes[name])
+    return FieldError(field=largest, message=f"{sizes[largest]} bytes as stored")
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML read as a notation of JSON (the module doc): what it cannot say, or says otherwise
+    than JSON would (`yes`, `010`, `1:30`, `.inf`, dates, `!!binary`, sets, `<<` merges,
+    duplicate keys), is a string or an error, never a silent conversion."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        # No aliases, so a 'billion laughs' document cannot expand.
         if self.check_event(yaml.AliasEvent):
             raise SpecError("YAML aliases are not allowed in a job spec")
         return super().compose_node(parent, index)
 
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        for key_node, _ in node.value:
+            if key_node.tag in (_YAML_TAG + "merge", _YAML_TAG + "value"):
+                raise _not_json(key_node, "a YAML merge key")
 
-def parse_spec(raw: bytes | str, fmt: Literal["yaml", "json", "auto"] = "auto") -> JobSpec:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                raise _not_json(key_node, "a mapping key that is not a string")
+            if key in seen:
+                raise _not_json(key_node, f"the key {key!r} twice in one mapping")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_YAML_TAG = "tag:yaml.org,2002:"
+_JSON_INT = r"-?(?:0|[1-9][0-9]*)"
+_JSON_FLOAT = _JSON_INT + r"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+
+
+def _not_json(node: yaml.Node, what: str) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(
+        None, None, f"{what} is not allowed in a job spec", node.start_mark
+    )
+
+
+def _scalar(pattern: str, convert: Any, what: str) -> Any:
+    compiled = re.compile(pattern)
+
+    def construct(loader: _SpecLoader, node: yaml.ScalarNode) -> object:
+        value = loader.construct_scalar(node)
+        if not isinstance(value, str) or not compiled.fullmatch(value):
+            raise _not_json(node, what)
+        return convert(value)
+
+    return construct
+
+
+def _refused(what: str) -> Any:
+    def construct(_loader: _SpecLoader, node: yaml.Node) -> object:
+        raise _not_json(node, what)
+
+    return construct
+
+
+# Plain scalars resolve as JSON's literals would; anything else plain is a string.
+_SpecLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in [
+    ("bool", r"^(?:true|false)$", "tf"),
+    ("null", r"^(?:null|~|)$", ["n", "~", ""]),
+    ("int", f"^{_JSON_INT}$", "-0123456789"),
+    ("float", f"^{_JSON_INT}(?:\\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)$", "-0123456789"),
+]:
+    _SpecLoader.add_implicit_resolver(_YAML_TAG + _tag, re.compile(_pattern), list(_first))
+# Explicit tags: only the JSON types, written as JSON writes them.
+_SpecLoader.add_constructor(
+    _YAML_TAG + "bool",
+    _scalar(r"true|false", lambda v: v == "true", "a boolean other than true/false"),
+)
+_SpecLoader.add_constructor(_YAML_TAG + "int", _scalar(_JSON_INT, int, "a non-decimal integer"))
+_SpecLoader.add_constructor(
+    _YAML_TAG + "float", _scalar(_JSON_FLOAT, float, "a number JSON cannot write")
+)
+for _tag in ("timestamp", "binary", "set", "omap", "pairs"):
+    _SpecLoader.add_constructor(_YAML_TAG + _tag, _refused(f"a YAML {_tag}"))
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise SpecError(f"the spec is not valid JSON: the key {key!r} twice in one object")
+        document[key] = value
+    return document
+
+
+def _no_constant(name: str) -> object:
+    raise SpecError(f"the spec is not valid JSON: {name} is not a JSON number")
+
+
+SpecFormat = Literal["yaml", "json", "auto"]
+
+
+def format_for(key: str) -> SpecFormat:
+    """How a spec named `key` is read: `.json` is JSON, anything else YAML or JSON (JSON when it
+    starts with `{`). The CLI checks a file by the rule intake reads its upload with."""
+    return "json" if key.endswith(".json") else "auto"
+
+
+def _syntax_error(exc: Exception) -> str:
+    """What is wrong with a document, in one line: the problem and where (YAML's own message
+    spans lines and quotes the document)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        where = exc.problem_mark or exc.context_mark
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        return f"{' '.join(exc.problem.split())}{at}"
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _json(text: str) -> object:
+    return json.loads(
+        text, object_pairs_hook=_object_without_duplicates, parse_constant=_no_constant
+    )
+
+
+def _load(text: str, fmt: SpecFormat) -> object:
+    """The document `text` holds. In "auto", a document that starts with `{` is read as JSON
+    first (the fast parser), and as YAML when it is no JSON (a YAML flow mapping): both read
+    JSON's data model the same way."""
+    if fmt == "json":
+        return _json(text)
+    if fmt == "auto" and text.lstrip().startswith("{"):
+        try:
+            return _json(text)
+        except json.JSONDecodeError:
+            pass
+    return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - SafeLoader subclass
+
+
+def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
     """Parse and validate a YAML or JSON document into a JobSpec, or raise SpecError."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if len(data) > MAX_SPEC_BYTES:
@@ -437,20 +684,31 @@ def parse_spec(raw: bytes | str, fmt: Literal["yaml", "json", "auto"] = "auto") 
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"the spec is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise SpecError("the spec is empty")
     try:
-        document: object
-        if fmt == "json" or (fmt == "auto" and text.lstrip().startswith("{")):
-            document = json.loads(text)
-        else:
-            document = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - SafeLoader subclass
+        document = _load(text, fmt)
     except SpecError:
         raise
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
         kind = "JSON" if fmt == "json" else "YAML/JSON"
-        raise SpecError(f"the spec is not valid {kind}: {str(exc).splitlines()[0]}") from None
+        raise SpecError(f"the spec is not valid {kind}: {_syntax_error(exc)}") from None
     return spec_from_mapping(document)
+
+
+SCHEMA_RULES = (
+    f"A gpufleet job spec, as YAML or JSON, at most {MAX_SPEC_BYTES // 1024} KiB as uploaded "
+    "and as stored "
+    "(canonical JSON). YAML is read as a notation of JSON: plain true/false, null and decimal "
+    "numbers are those values, anything else plain is a string; aliases, merge keys, "
+    "duplicate keys, non-string keys and tags for other types are refused. Values are taken as "
+    "written: no number from a string, no integer from a fraction or a boolean. A stage's env "
+    f"laid over the job's holds at most {MAX_ENV} variables."
+)
 
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a job spec, as a submitter writes it."""
-    return JobSpec.model_json_schema(by_alias=True)
+    schema = JobSpec.model_json_schema(by_alias=True)
+    schema["description"] = SCHEMA_RULES
+    return schema

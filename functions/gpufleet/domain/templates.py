@@ -69,6 +69,18 @@ def apply_template(spec: JobSpec, templates: Templates) -> JobSpec:
     resources = spec.resources
     if spec.template is not None:
         resources = _resolve(spec.template, _written(spec.resources), templates, "", "the spec")
+        if spec.scale_on is not None and resources.elastic is None:
+            # The spec-level rule skips specs with a template: the range may be the template's.
+            raise SpecError(
+                "scale_on scales elastic jobs",
+                [
+                    FieldError(
+                        field="scale_on",
+                        message=f"template {spec.template!r} with the spec's resources gives "
+                        "no resources.elastic",
+                    )
+                ],
+            )
     # Validated again as a whole document, so every spec-level rule sees the resolved resources.
     document = {**spec.to_document(), "resources": resources.model_dump(mode="json")}
     if spec.stages:

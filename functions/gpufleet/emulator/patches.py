@@ -4,7 +4,8 @@
    function's real handler runs in-process (direct invoke, Step Functions `lambda:invoke`,
    S3 notifications and EventBridge targets all go through it).
 2. EventBridge rules deliver only to SQS and Logs: Lambda and Step Functions targets are added,
-   with Lambda's asynchronous retry behaviour (two retries).
+   with Lambda's asynchronous retry behaviour (two retries). S3 notification records of a
+   versioned bucket carry the object's version id, as S3's do.
 3. moto checks a DynamoDB condition and applies the write without a lock, so two threads can
    both pass the same condition. DynamoDB applies each conditional write atomically; the
    backend's writes are serialized to match. A transaction that fails is undone item by item:
@@ -113,6 +114,7 @@ _NAMING_PARAMS = (
     "IndexName",
     "Bucket",
     "Key",
+    "VersionId",  # a read of one version is s3:GetObjectVersion
     "stateMachineArn",
     "InstanceIds",
     "GroupName",
@@ -333,6 +335,18 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
         invoke_async(account_id, fn_arn, event_body)
 
     _replace(s3_notifications, "_invoke_awslambda", s3_invoke, undo)
+
+    # S3 names the object version in each record of a versioned bucket; moto leaves it out.
+    original_event = s3_notifications._get_s3_event
+
+    def s3_event(event_name: str, bucket: Any, key: Any, notification_id: str) -> Any:
+        event = original_event(event_name, bucket, key, notification_id)
+        if bucket.is_versioned:
+            for record in event["Records"]:
+                record["s3"]["object"]["versionId"] = key.version_id
+        return event
+
+    _replace(s3_notifications, "_get_s3_event", s3_event, undo)
 
     # 3. Conditional writes are atomic in DynamoDB.
     from moto.dynamodb.models import DynamoDBBackend

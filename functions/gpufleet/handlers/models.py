@@ -52,8 +52,10 @@ class S3Notification(_Open):
 
 
 class SubmittedEvent(EventBridgeModel):
-    """`Job Submitted`: the spec is the detail."""
+    """`Job Submitted`: the spec is the detail. The id names the job's source: EventBridge
+    gives a UUID; a direct invocation gets no unbounded one into the job's item."""
 
+    id: str = Field(min_length=1, max_length=256)
     detail: Any
 
 
@@ -63,6 +65,7 @@ class Delivery(BaseModel):
     delivery_key: str
     source: str
     object_key: str | None = None
+    version_id: str | None = None  # the uploaded object's version, read by intake
     document: Any = None
 
 

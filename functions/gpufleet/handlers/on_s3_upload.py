@@ -9,9 +9,18 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpufleet.domain.job import s3_delivery_key
-from gpufleet.handlers.common import IDEMPOTENCY, idempotency_store, intake, logger, metrics, tracer
+from gpufleet.handlers.common import (
+    IDEMPOTENCY,
+    idempotency_store,
+    intake,
+    logger,
+    metrics,
+    settings,
+    tracer,
+)
 from gpufleet.handlers.models import Delivery, S3Notification
-from gpufleet.services.intake import describe, is_error_report
+from gpufleet.services.intake import describe
+from gpufleet.topology import INTAKE_PREFIX
 
 
 @idempotent_function(  # type: ignore[untyped-decorator]
@@ -21,10 +30,13 @@ from gpufleet.services.intake import describe, is_error_report
 )
 def submit(delivery: Delivery) -> dict[str, Any]:
     assert delivery.object_key is not None
-    outcome = intake().submit_object(delivery.object_key, delivery.delivery_key, delivery.source)
-    metrics.add_metric(
-        name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
+    outcome = intake().submit_object(
+        delivery.object_key, delivery.delivery_key, delivery.source, delivery.version_id
     )
+    if outcome.ignored is None:
+        metrics.add_metric(
+            name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
+        )
     return dict(describe(outcome))
 
 
@@ -38,7 +50,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     for record in notification.Records:
         bucket, obj = record.s3.bucket.name, record.s3.object
         key = obj.decoded_key
-        if is_error_report(key):
+        # Only our bucket's intake prefix: a record naming anything else (a misrouted or
+        # forged notification) is no upload of ours to read or to answer.
+        if bucket != settings().intake_bucket or not key.startswith(INTAKE_PREFIX):
+            logger.warning("record outside the intake prefix dropped", bucket=bucket, key=key)
             continue
         # A version id (versioned bucket) or sequencer names one upload; the ETag is the
         # fallback, so re-uploading identical bytes to the same key counts as the same delivery.
@@ -47,6 +62,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             delivery_key=s3_delivery_key(bucket, key, marker),
             source=f"s3://{bucket}/{key}",
             object_key=key,
+            version_id=obj.versionId,
         )
         logger.append_keys(delivery=delivery.delivery_key)
         results.append(submit(delivery=delivery))

@@ -1,15 +1,33 @@
-"""Intake: turn a submitted document into a stored job and a started lifecycle, or refuse it."""
+"""Intake: turn a submitted document into a stored job and a started lifecycle, or refuse it.
+
+Every upload under jobs/ and every event gets a verdict: a job, or a refusal (an error report
+next to the upload, `<key>.error.json`, and a `Job Rejected` event, both bounded in size). Two
+kinds of object are not submissions and are only logged: intake's own error reports (written
+under jobs/ too, so their notifications come back here) and the empty folder markers the S3
+console's "Create folder" leaves. A spec uploaded under a key ending in `.error.json` is not
+taken for a report: it is refused, its report next to it as for any other key.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
-from gpufleet.domain.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, spec_from_mapping
+from gpufleet.domain.spec import (
+    MAX_SPEC_BYTES,
+    FieldError,
+    JobSpec,
+    SpecError,
+    format_for,
+    parse_spec,
+    spec_from_mapping,
+)
 from gpufleet.domain.templates import Templates, apply_template
-from gpufleet.ports import ObjectTooLarge, Ports
+from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 
 ERROR_SUFFIX = ".error.json"
@@ -18,10 +36,23 @@ ERROR_SUFFIX = ".error.json"
 MAX_KEY_BYTES = 1024
 
 
+class ErrorReport(BaseModel):
+    """A refusal as intake writes it next to an upload and publishes it (`Job Rejected`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    error: Literal["InvalidJobSpec"]
+    message: str
+    fields: list[FieldError]
+    source: str  # the refused delivery: s3://bucket/key, or event:<id>
+    version_id: str | None = None  # the refused upload's object version
+
+
 @dataclass(frozen=True)
 class IntakeOutcome:
     job_id: str | None
     error: dict[str, Any] | None = None
+    ignored: str | None = None  # why an object under jobs/ is no submission
 
     @property
     def accepted(self) -> bool:
@@ -42,20 +73,30 @@ class IntakeService:
         # The fleet config's resource templates: a spec naming one is stored resolved.
         self._templates: Templates = templates or {}
 
-    def submit_object(self, key: str, delivery_key: str, source: str) -> IntakeOutcome:
-        """A spec uploaded to the intake bucket; its error report goes next to it."""
+    def submit_object(
+        self, key: str, delivery_key: str, source: str, version_id: str | None = None
+    ) -> IntakeOutcome:
+        """A spec uploaded to the intake bucket: the version the notification names (the
+        latest without one); its error report goes next to it and names that version."""
+        reject_as = {"error_key": key + ERROR_SUFFIX, "version_id": version_id}
         try:
-            raw = self._ports.objects.get_bytes(key, MAX_SPEC_BYTES)
-            spec = parse_spec(raw, "json" if key.endswith(".json") else "auto")
-            spec = apply_template(spec, self._templates)
+            raw = self._ports.objects.get_bytes(key, MAX_SPEC_BYTES, version_id)
         except ObjectTooLarge as exc:
-            return self._reject(
-                SpecError(f"the spec is {exc.size} bytes; the limit is {exc.limit}"),
-                source,
-                error_key=key + ERROR_SUFFIX,
-            )
+            error = SpecError(f"the spec is {exc.size} bytes; the limit is {exc.limit}")
+            return self._reject(error, source, **reject_as)
+        except ObjectMissing:
+            error = SpecError("the upload was deleted before intake could read it")
+            return self._reject(error, source, **reject_as)
+        ignored = _not_a_submission(key, raw, source)
+        if ignored is not None:
+            return IntakeOutcome(job_id=None, ignored=ignored)
+        try:
+            refusal = key_refusal(key)
+            if refusal is not None:
+                raise refusal
+            spec = apply_template(parse_spec(raw, format_for(key)), self._templates)
         except SpecError as exc:
-            return self._reject(exc, source, error_key=key + ERROR_SUFFIX)
+            return self._reject(exc, source, **reject_as)
         return self._accept(spec, delivery_key, source)
 
     def submit_document(self, document: object, delivery_key: str, source: str) -> IntakeOutcome:
@@ -63,7 +104,7 @@ class IntakeService:
         try:
             spec = apply_template(spec_from_mapping(document), self._templates)
         except SpecError as exc:
-            return self._reject(exc, source, error_key=None)
+            return self._reject(exc, source)
         return self._accept(spec, delivery_key, source)
 
     def _accept(self, spec: JobSpec, delivery_key: str, source: str) -> IntakeOutcome:
@@ -91,20 +132,54 @@ class IntakeService:
             self._ports.workflow.start(job.job_id, workflow_input)
         return IntakeOutcome(job_id=job.job_id)
 
-    def _reject(self, error: SpecError, source: str, error_key: str | None) -> IntakeOutcome:
-        report: dict[str, Any] = {**error.to_dict(), "source": source}
+    def _reject(
+        self,
+        error: SpecError,
+        source: str,
+        error_key: str | None = None,
+        version_id: str | None = None,
+    ) -> IntakeOutcome:
+        report = ErrorReport.model_validate(
+            {**error.to_dict(), "source": source, "version_id": version_id}
+        ).model_dump(exclude_none=True)
         if error_key is not None and len(error_key.encode()) <= MAX_KEY_BYTES:
             self._ports.objects.put_json(error_key, report)
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, report)
         return IntakeOutcome(job_id=None, error=report)
 
 
-def is_error_report(key: str) -> bool:
-    """Error reports are written under jobs/ too; they are never specs."""
-    return key.endswith(ERROR_SUFFIX)
+def key_refusal(key: str) -> SpecError | None:
+    """Why no spec can be submitted under `key`, or None. The CLI checks it before uploading."""
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return SpecError(f"an S3 key is at most {MAX_KEY_BYTES} bytes (UTF-8)")
+    if key.endswith(ERROR_SUFFIX):
+        return SpecError(
+            f"a key ending in {ERROR_SUFFIX} is where intake writes its error reports: "
+            "upload the spec under another name",
+            [FieldError(field="(key)", message=f"ends in {ERROR_SUFFIX}")],
+        )
+    return None
+
+
+def _not_a_submission(key: str, raw: bytes, source: str) -> str | None:
+    """Why the object under `key` is not a submission at all, or None when it is one."""
+    if key.endswith("/") and not raw:
+        return "an empty folder marker (the S3 console's Create folder)"
+    if key.endswith(ERROR_SUFFIX) and _is_report_of(raw, source.removesuffix(ERROR_SUFFIX)):
+        return "intake's own error report"
+    return None
+
+
+def _is_report_of(raw: bytes, spec_source: str) -> bool:
+    try:
+        return ErrorReport.model_validate_json(raw).source == spec_source
+    except ValidationError:
+        return False
 
 
 def describe(outcome: IntakeOutcome) -> Mapping[str, Any]:
     if outcome.accepted:
         return {"accepted": True, "job_id": outcome.job_id}
+    if outcome.ignored is not None:
+        return {"accepted": False, "ignored": outcome.ignored}
     return {"accepted": False, "error": outcome.error}

@@ -82,7 +82,8 @@ def _encode(kind: str, value: Any) -> dict[str, str]:
     if kind == "num":
         return {"N": repr(value) if isinstance(value, float) else str(int(value))}
     if isinstance(value, JobSpec):
-        return {"S": json.dumps(value.to_document(), sort_keys=True)}
+        # The form intake sized the spec by (`spec_from_mapping`): it fits the item.
+        return {"S": value.stored_form()}
     if isinstance(value, BaseModel):
         return {"S": value.model_dump_json()}
     # Lists of models too (a multi-stage job's stage records).

@@ -21,6 +21,7 @@ from gpufleet.ports import (
     Clock,
     Freed,
     ManagedInstance,
+    ObjectMissing,
     ObjectTooLarge,
     Ports,
     QueueEntry,
@@ -139,13 +140,25 @@ class RecordingPublisher:
 
 @dataclass
 class InMemoryObjects:
+    """The latest body of each key in `objects`; every version `upload` made in `versions`."""
+
     objects: dict[str, bytes] = field(default_factory=dict)
+    versions: dict[tuple[str, str], bytes] = field(default_factory=dict)
+
+    def upload(self, key: str, body: bytes) -> str:
+        """Store a new version of `key`, as a versioned bucket does; its version id."""
+        version_id = f"v{len(self.versions) + 1}"
+        self.versions[key, version_id] = self.objects[key] = body
+        return version_id
 
     def put_json(self, key: str, document: Mapping[str, Any]) -> None:
         self.objects[key] = json.dumps(document, sort_keys=True).encode()
 
-    def get_bytes(self, key: str, max_bytes: int) -> bytes:
-        body = self.objects[key]
+    def get_bytes(self, key: str, max_bytes: int, version_id: str | None = None) -> bytes:
+        try:
+            body = self.objects[key] if version_id is None else self.versions[key, version_id]
+        except KeyError:
+            raise ObjectMissing(key, version_id) from None
         if len(body) > max_bytes:
             raise ObjectTooLarge(key, len(body), max_bytes)
         return body
