@@ -125,7 +125,10 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
     topology.REQUEUE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
     topology.LAUNCH.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
-    topology.METRIC_ALARM.construct_id: frozenset({"GetItem", "UpdateItem", "ConditionCheckItem"}),
+    # An elastic resize is judged by planning the new shape, as `gpufleet resize` is.
+    topology.METRIC_ALARM.construct_id: frozenset(
+        {"GetItem", "UpdateItem", "ConditionCheckItem", _PLANS}
+    ),
     topology.NODE_REPORT.construct_id: frozenset({"GetItem", "UpdateItem"}),
     # A stage's run on the previous stage's instances is planned here.
     topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
