@@ -56,8 +56,9 @@ from gpufleet.ports import (
 from gpufleet.topology import QUEUE_STATE_PARTITION
 
 # A stream's first page is small (most passes take a job or two of a stream, or find its head
-# blocked); later pages are larger.
-FIRST_PAGE = 5
+# blocked); each later page is twice as large, up to PAGE: what a pass reads past what it takes
+# stays below what it takes, in few queries.
+FIRST_PAGE = 2
 PAGE = 25
 _STATE = QUEUE_STATE_PARTITION
 _RUNNING = "running#"
@@ -91,6 +92,15 @@ def _queue_partition(team: str) -> str:
 
 def _locator(job_id: str) -> dict[str, dict[str, str]]:
     return {"pk": _s(f"waiting#{job_id}"), "sk": _s(_LOCATOR_SK)}
+
+
+def _locator_item(entry_item: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Where the entry is, found from its job id alone (to take it out of the queue)."""
+    return {
+        **_locator(entry_item["job_id"]["S"]),
+        "entry_pk": entry_item["pk"],
+        "entry_sk": entry_item["sk"],
+    }
 
 
 def order_key(job: QueuedJob) -> str:
@@ -232,16 +242,7 @@ class DynamoJobQueue:
                 "ConditionExpression": "attribute_not_exists(pk)",
             }
         }
-        locator = {
-            "Put": {
-                "TableName": self._table,
-                "Item": {
-                    **_locator(entry.job.job_id),
-                    "entry_pk": item["pk"],
-                    "entry_sk": item["sk"],
-                },
-            }
-        }
+        locator = {"Put": {"TableName": self._table, "Item": _locator_item(item)}}
         counts = self._count_waiting(entry.job, +1)
         still_queued = self._still_queued(entry.job.job_id)
         items = [{"Put": put}, not_admitted, *counts, locator, *still_queued]
@@ -364,7 +365,9 @@ class DynamoJobQueue:
             yield from (_entry(item) for item in items)
             if "LastEvaluatedKey" not in page:
                 return
-            kwargs.update(ExclusiveStartKey=page["LastEvaluatedKey"], Limit=PAGE)
+            kwargs.update(
+                ExclusiveStartKey=page["LastEvaluatedKey"], Limit=min(PAGE, 2 * kwargs["Limit"])
+            )
 
     def waiting_entry(self, job: QueuedJob) -> QueueEntry | None:
         item = self._client.get_item(
