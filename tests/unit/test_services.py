@@ -731,3 +731,12 @@ def test_a_job_no_cap_of_the_fleet_can_ever_hold_is_refused_at_intake_with_the_n
     clock = cast(ManualClock, ports.clock)
     ports.queue.book(Booking("b-1", "vision", 8, clock.now() + 86400, clock.now() + 90000))
     assert verdict("booked", 8, 3) == (JobStatus.QUEUED, None)
+    # A later stage no cap can hold is refused before the first runs.
+    staged = SPEC_YAML + b"stages:\n  - {name: prep}\n  - {name: train, resources: {nodes: 17}}\n"
+    key = "jobs/staged.yaml"
+    cast(InMemoryObjects, ports.objects).objects[key] = staged.replace(b"resnet", b"staged")
+    job = ports.jobs.get(intake_for(ports, settings).submit_object(key, key, key).job_id)
+    assert (job.status, job.failure_reason) == (
+        JobStatus.FAILED,
+        "stage 'train': asks for 17 instances; the fleet's cap is 16",
+    )

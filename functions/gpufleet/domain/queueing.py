@@ -15,6 +15,11 @@ to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
 critical work, or for the classes a time window opens it to.
 
+Reading. The waiting jobs of one team and class form a stream already in admission order; a
+pass merges the streams lazily and stops reading one when its shapes show that nothing of it
+could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait), so jobs
+that wait, however many, never hide a job of another team that fits.
+
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
 when it is critical). Victims are borrowers of other teams, or lower-class jobs of its own team
 (any team, for critical work); never jobs younger than `min_runtime_seconds`. They are chosen
@@ -224,7 +229,8 @@ class Stream:
     """The waiting jobs of one team and one class, in admission order: waiting raises every
     job of a class alike, so within a class the order is FIFO. `shapes` are the (GPUs,
     instances) its jobs ask for, as the queue's counters know them: from them alone a pass
-    judges whether the stream could admit or preempt anything, before it reads a job of it."""
+    judges whether the stream could admit or preempt anything, before it reads a job of it
+    (none known: the stream is read)."""
 
     team: str
     priority: Priority
@@ -295,6 +301,9 @@ class _Pass:
     spend: dict[str, float]  # this month, of the teams with a budget (admissions included)
     usage: _Usage = field(default_factory=_Usage)
     changes: int = 0  # admissions and preemptions made so far in the pass
+    # (team, class) -> shapes a job of that kind, never preempted, found no victims for: a
+    # later job of the kind at least as large finds none either (the pass only makes it harder).
+    no_victims: dict[tuple[str, Priority], list[Shape]] = field(default_factory=dict)
 
     def entitlement(self, team: str) -> int:
         return self.policy.quota(team).gpus + self.booked.get(team, 0)
@@ -380,10 +389,22 @@ class _Pass:
         for gpus, instances in _smallest(stream.shapes):
             probe = QueuedJob("", stream.team, stream.priority, gpus, instances, self.now)
             reason, _, _ = self.fit(probe)
-            if reason is None or (self.policy.preemption and _choose_victims(self, probe)):
+            if reason is None or (self.policy.preemption and self.victims_for(probe)):
                 return None
             reasons.append(reason)
         return reasons[0] if reasons else None
+
+    def victims_for(self, job: QueuedJob) -> list[RunningJob] | None:
+        """`_choose_victims`, skipped for a job no smaller (in GPUs and instances) than one
+        of its kind that found none in this pass."""
+        kind = (job.team, job.priority)
+        found_none = self.no_victims.setdefault(kind, [])
+        if any(job.gpus >= gpus and job.instances >= n for gpus, n in found_none):
+            return None
+        victims = _choose_victims(self, job)
+        if not victims and job.preemptions == 0:  # a job once preempted may not borrow
+            found_none.append((job.gpus, job.instances))
+        return victims
 
 
 def _smallest(shapes: Iterable[Shape]) -> list[Shape]:
@@ -542,9 +563,6 @@ def decide_streams(
         if j.preempted_for not in nominee_ids
     ]
     nominated_ids = decision.nominated = {j.job_id for j in nominated}
-    # (team, class) -> the fewest GPUs a job of that kind could not find victims for: a later job
-    # of the same kind that needs as many cannot either, so the search is skipped.
-    no_victims: dict[tuple[str, Priority], int] = {}
 
     def consider(job: QueuedJob) -> bool:
         """Admit the job, or say why it waits (making room for it when it may preempt)."""
@@ -565,13 +583,8 @@ def decide_streams(
             WaitReason.CAPACITY,
             WaitReason.WINDOW,
         ):
-            kind = (job.team, job.priority)
-            victims = (
-                None if job.gpus >= no_victims.get(kind, math.inf) else _choose_victims(state, job)
-            )
-            if not victims:
-                no_victims[kind] = min(job.gpus, no_victims.get(kind, job.gpus))
-            else:
+            victims = state.victims_for(job)
+            if victims:
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))
                     state.running[victim.job_id] = replace(victim, draining_for=job.job_id)
