@@ -6,15 +6,15 @@ implements them in memory (unit tests and the simulator). One contract suite run
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
-from gpufleet.domain.queueing import Booking, QueuedJob, QueuePolicy, RunningJob
+from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.spec import JobSpec, Priority
 
 
@@ -133,6 +133,10 @@ class QueueState:
     # admission passes it on, so that a launch reads the capacity memory only when it may
     # hold something.
     shortages_until: float = 0.0
+    # (team, class) -> the shapes (GPUs, instances) of its waiting jobs: the streams to read.
+    streams: Mapping[tuple[str, Priority], frozenset[Shape]] = field(default_factory=dict)
+    # Waiting jobs that preempted others: a pass considers them first.
+    nominees: Sequence[QueuedJob] = ()
 
 
 @dataclass(frozen=True)
@@ -153,19 +157,19 @@ class JobQueue(Protocol):
         the job store no longer has the job QUEUED: it ended (was cancelled) meanwhile."""
         ...
 
-    def candidates(
-        self,
-        now: float,
-        policy: QueuePolicy,
-        limit: int,
-        classes: Collection[Priority] | None = None,
-    ) -> list[QueueEntry]:
-        """The `limit` waiting jobs with the highest effective priority, best first; only
-        those of `classes` when given (the classes the state says are not empty)."""
+    def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
+        """The team's waiting jobs of that class, in admission order (oldest first), read
+        lazily: a page at a time, as the iterator is advanced."""
+        ...
+
+    def waiting_entry(self, job: QueuedJob) -> QueueEntry | None:
+        """The entry of a waiting job (a nominee: the state knows the job, not its token);
+        None when it no longer waits."""
         ...
 
     def state(self) -> QueueState:
-        """Running jobs, bookings, GPUs held and how many jobs wait per class."""
+        """Running jobs, bookings, GPUs held, how many jobs wait per class, the shapes that
+        wait per team and class, and the nominees."""
         ...
 
     def waiting(self) -> list[QueueEntry]:
@@ -211,12 +215,18 @@ class JobQueue(Protocol):
         """Record that a running job was asked to make room; False if it already was."""
         ...
 
+    def preempt(self, victim_id: str, for_job: QueuedJob) -> bool:
+        """`mark_draining` for a waiting job, which becomes a nominee (in the state until it
+        is admitted or leaves the queue), in one write; False (and no change) if the victim
+        is not running or already draining, or the job no longer waits."""
+        ...
+
     def release(self, job_id: str) -> bool:
         """Give back a running job's share; False if it was not running (already released)."""
         ...
 
     def remove(self, job_id: str) -> QueueEntry | None:
-        """Take a waiting job out of the queue (cancel); None if it was not waiting."""
+        """Take a waiting job out of the queue (cancel, resize); None if it was not waiting."""
         ...
 
     def book(self, booking: Booking) -> None: ...

@@ -141,21 +141,26 @@ QUEUE_ACCESS: dict[str, frozenset[str]] = {
     topology.ENQUEUE.construct_id: frozenset(
         {"Query", "PutItem", "UpdateItem", "ConditionCheckItem"}
     ),
-    # Reads the state and the candidates; admits (a transaction of Delete, Put and Updates);
-    # marks victims draining; frees the share of a job that ended; notes a notice once.
+    # Reads the state and the streams; admits (a transaction of Deletes, Put and Updates);
+    # marks victims draining and nominates their preemptor (if it still waits: a condition
+    # check); frees the share of a job that ended; notes a notice once.
     topology.DISPATCH.construct_id: frozenset(
-        {"GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"}
+        {"GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
     ),
-    # A resized job waiting in the queue is taken out and enqueued again.
+    # A resized job waiting in the queue is found (its locator, its entry), taken out and
+    # enqueued again.
     topology.METRIC_ALARM.construct_id: frozenset(
-        {"Query", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
+        {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
     ),
     # Frees the job's share: its running entry, then a transaction of Delete and Updates.
     topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", "DeleteItem"}),
 }
-# Launch notes the launch's cost on the job's running entry, in the queue's state partition.
+# Launch notes the launch's cost on the job's running entry, in the queue's state partition;
+# intake reads the bookings there for a job larger than its team's quota can hold.
 QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
     topology.LAUNCH.construct_id: frozenset({"UpdateItem"}),
+    topology.INTAKE_FROM_S3.construct_id: frozenset({"Query"}),
+    topology.INTAKE_FROM_EVENT.construct_id: frozenset({"Query"}),
 }
 # Permissions that are one action each, in a statement they share with others.
 _ACTION_OF = {

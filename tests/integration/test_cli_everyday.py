@@ -38,7 +38,8 @@ image: public.ecr.aws/pytorch/pytorch:2.4.0
 command: [python, train.py]
 resources: {{gpus: 1, gpu_memory_gib: 16}}
 """
-# Team "parked" is guaranteed no GPUs and may borrow none: its jobs wait, so one can be
+# Team "parked" is guaranteed no GPUs and may borrow none: its jobs wait (for a booking far
+# ahead: without one intake would refuse them, as nothing could ever run them), so one can be
 # cancelled while it waits, whatever the timing.
 CONFIG = """
 queue:
@@ -306,6 +307,8 @@ def test_cost_adds_up_by_team_job_and_day(cli: Cli, finished: dict[str, Any]) ->
 
 
 def test_queue_shows_a_waiting_job_and_cancel_takes_it_out(cli: Cli, workdir: Path) -> None:
+    window = ("--from", "2099-01-01T00:00Z", "--to", "2099-01-01T01:00Z")
+    assert cli("book", "--team", "parked", "--gpus", "1", *window)[0] == 0
     code, out, _ = cli("submit", str(write_spec(workdir, "parked-job", "parked")), "--json")
     assert code == 0
     job_id = json.loads(out)["job_id"]

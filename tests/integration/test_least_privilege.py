@@ -72,10 +72,15 @@ _IDEMPOTENCY = {
 }
 _BUDGET_ALERTS = "budgets reached (none in the demos' config)"
 _NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
+_BOOKINGS = {
+    "QueueState dynamodb:Query": "a job larger than its team's quota can hold: intake reads "
+    "the team's bookings (the demos' jobs fit their quotas)",
+}
 NOT_REACHED: dict[str, dict[str, str]] = {
-    topology.INTAKE_FROM_S3.construct_id: _IDEMPOTENCY,
+    topology.INTAKE_FROM_S3.construct_id: {**_IDEMPOTENCY, **_BOOKINGS},
     topology.INTAKE_FROM_EVENT.construct_id: {
         **_IDEMPOTENCY,
+        **_BOOKINGS,
         "Jobs dynamodb:Query": "the sample event's spec gives expected_duration, so no past "
         "runs are read; " + _NO_RESERVATIONS,
     },

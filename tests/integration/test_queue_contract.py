@@ -16,9 +16,7 @@ from gpufleet.adapters.local.memory import InMemoryJobQueue
 from gpufleet.domain.queueing import (
     Booking,
     QueuedJob,
-    QueuePolicy,
     RunningJob,
-    admission_order,
 )
 from gpufleet.domain.spec import Priority
 from gpufleet.emulator.account import Account
@@ -26,7 +24,6 @@ from gpufleet.ports import AdmissionLimits, JobQueue, QueueEntry, QueueState
 from gpufleet.topology import QUEUE_TABLE
 
 NOW = 1_767_225_600.0
-POLICY = QueuePolicy(aging_per_hour=0.5)
 UNBOUNDED = AdmissionLimits(max_gpus=10_000, max_instances=10_000, team_gpus=None)
 
 
@@ -62,9 +59,12 @@ def entry(
     gpus: int = 1,
     team: str = "t",
     waited: float = 0.0,
+    instances: int = 1,
 ) -> QueueEntry:
     return QueueEntry(
-        QueuedJob(job_id, team, priority, gpus, 1, NOW - waited), f"token-{job_id}", queued_at=NOW
+        QueuedJob(job_id, team, priority, gpus, instances, NOW - waited),
+        f"token-{job_id}",
+        queued_at=NOW,
     )
 
 
@@ -73,18 +73,45 @@ def running(item: QueueEntry) -> RunningJob:
     return RunningJob(job.job_id, job.team, job.priority, job.gpus, job.instances, NOW)
 
 
-def test_candidates_come_best_first_across_shards_and_classes(queue: JobQueue) -> None:
+def test_each_team_and_class_is_a_fifo_stream_whose_shapes_the_state_knows(
+    queue: JobQueue,
+) -> None:
     rng = random.Random(7)
     entries = [
-        entry(f"j{i:03d}", rng.choice(list(Priority)), waited=rng.uniform(0, 8 * 3600))
+        entry(
+            f"j{i:03d}",
+            rng.choice(list(Priority)),
+            gpus=rng.choice([0, 1, 4, 8]),
+            team=rng.choice(["vision", "nlp", "audio"]),
+            waited=rng.uniform(0, 8 * 3600),
+            instances=rng.choice([1, 2]),
+        )
         for i in range(60)
     ]
     for item in entries:
         queue.enqueue(item)
-    expected = [j.job_id for j in admission_order([e.job for e in entries], NOW, POLICY)]
-    got = [c.job.job_id for c in queue.candidates(NOW, POLICY, limit=15)]
-    assert got == expected[:15]
+    streams: dict[tuple[str, Priority], list[QueueEntry]] = {}
+    for item in entries:
+        streams.setdefault((item.job.team, item.job.priority), []).append(item)
+    state = queue.state()
+    assert state.streams == {
+        key: frozenset((e.job.gpus, e.job.instances) for e in members)
+        for key, members in streams.items()
+    }
+    for (team, priority), members in streams.items():
+        fifo = sorted(members, key=lambda e: e.job.enqueued_at)
+        assert list(queue.stream(team, priority)) == fifo
     assert {w.job.job_id for w in queue.waiting()} == {e.job.job_id for e in entries}
+    assert list(queue.stream("nobody", Priority.NORMAL)) == []
+
+
+def test_a_stream_is_read_lazily(queue: JobQueue) -> None:
+    for i in range(40):
+        queue.enqueue(entry(f"j{i:03d}", waited=40 - i))
+    before = queue.items_read()
+    head = next(queue.stream("t", Priority.NORMAL))
+    assert head.job.job_id == "j000"
+    assert queue.items_read() - before <= 5  # the first page, not the stream
 
 
 def test_admission_moves_a_job_once_and_release_gives_its_share_back(queue: JobQueue) -> None:
@@ -191,9 +218,14 @@ def test_the_state_counts_waiting_jobs_by_class_through_enqueue_admit_and_remove
     assert queue.remove("j-l1") is None  # removed once, counted once
     counts.update({Priority.HIGH: 1, Priority.LOW: 0})
     assert waiting_by_class(queue.state()) == counts
+    assert set(queue.state().streams) == {("t", Priority.HIGH), ("t", Priority.NORMAL)}
 
     queue.enqueue(items[3])  # back again (a requeue)
     assert waiting_by_class(queue.state())[Priority.LOW] == 1
+    # Resized while it waits: out with its old shape, in with the new one.
+    assert queue.remove("j-n1") is not None
+    queue.enqueue(entry("j-n1", Priority.NORMAL, gpus=4, instances=2))
+    assert queue.state().streams[("t", Priority.NORMAL)] == frozenset({(4, 2)})
 
 
 def test_a_job_enqueued_again_while_it_waits_is_counted_once(queue: JobQueue) -> None:
@@ -223,7 +255,7 @@ def test_a_job_enqueued_again_after_its_admission_hands_the_admission_to_the_new
     [admitted] = state.running
     assert (admitted.task_token, admitted.notified) == ("token-retry", False)
     assert sum(waiting_by_class(state).values()) == 0
-    assert queue.candidates(NOW, POLICY, 10) == []
+    assert state.streams == {} and list(queue.stream("t", Priority.NORMAL)) == []
     assert queue.release("j1") and queue.state().running == []
 
 
@@ -234,22 +266,36 @@ def test_a_notice_is_first_only_once_per_key(queue: JobQueue) -> None:
     assert queue.state().running == [] and queue.waiting() == []  # kept apart from the queue
 
 
-def test_candidates_of_given_classes_come_only_from_those_classes(queue: JobQueue) -> None:
-    rng = random.Random(11)
-    entries = [
-        entry(f"j{i:03d}", rng.choice(list(Priority)), waited=rng.uniform(0, 8 * 3600))
-        for i in range(40)
-    ]
-    for item in entries:
+def test_a_preemptor_is_a_nominee_until_it_is_admitted_or_leaves_the_queue(
+    queue: JobQueue,
+) -> None:
+    victim, other = entry("j-victim", Priority.LOW, team="a"), entry("j-other", team="a")
+    for item in (victim, other):
         queue.enqueue(item)
-    classes = {Priority.HIGH, Priority.LOW}
-    wanted = [e.job for e in entries if e.job.priority in classes]
-    expected = [j.job_id for j in admission_order(wanted, NOW, POLICY)]
-    got = queue.candidates(NOW, POLICY, limit=10, classes=classes)
-    assert [c.job.job_id for c in got] == expected[:10]
-    assert queue.candidates(NOW, POLICY, limit=10, classes=[]) == []
-    everything = [j.job_id for j in admission_order([e.job for e in entries], NOW, POLICY)]
-    assert [c.job.job_id for c in queue.candidates(NOW, POLICY, limit=10)] == everything[:10]
+        assert queue.admit(item, running(item), UNBOUNDED)
+    preemptor, gone = entry("j-high", Priority.HIGH, gpus=2), entry("j-gone", Priority.HIGH)
+    queue.enqueue(preemptor)
+    assert queue.preempt("j-victim", preemptor.job)
+    assert not queue.preempt("j-victim", preemptor.job)  # already draining
+    state = queue.state()
+    assert state.nominees == [preemptor.job]
+    assert {r.job.job_id: r.job.draining_for for r in state.running} == {
+        "j-victim": "j-high",
+        "j-other": None,
+    }
+    # The state knows the nominee, not its token: the entry is read when it is admitted.
+    assert queue.waiting_entry(preemptor.job) == preemptor
+    assert queue.admit(preemptor, running(preemptor), UNBOUNDED)
+    assert queue.state().nominees == [] and queue.waiting_entry(preemptor.job) is None
+    # A job that no longer waits makes no room: the victim is left alone.
+    assert not queue.preempt("j-other", gone.job)
+    assert queue.state().running[1].job.draining_for is None
+    # A nominee that is cancelled leaves with its entry.
+    queue.enqueue(gone)
+    assert queue.preempt("j-other", gone.job) and queue.state().nominees == [gone.job]
+    assert queue.remove("j-gone") == gone
+    state = queue.state()
+    assert state.nominees == [] and state.streams == {}
 
 
 def test_gpus_held_follow_admissions_and_releases(queue: JobQueue) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, cast
 
@@ -12,6 +12,7 @@ import pytest
 from gpufleet.adapters.local.memory import (
     FakeFleet,
     InMemoryJobQueue,
+    InMemoryJobStore,
     InMemoryObjects,
     ManualClock,
     RecordingPublisher,
@@ -66,9 +67,9 @@ class World:
     def workflow(self) -> RecordingWorkflow:
         return cast(RecordingWorkflow, self.ports.workflow)
 
-    def submit(self, name: str, priority: str, gpus: int = 4) -> str:
+    def submit(self, name: str, priority: str, gpus: int = 4, team: str = "research") -> str:
         body = (
-            f"name: {name}\nteam: research\npriority: {priority}\nimage: img\ncommand: [x]\n"
+            f"name: {name}\nteam: {team}\npriority: {priority}\nimage: img\ncommand: [x]\n"
             f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n"
         ).encode()
         key = f"jobs/{name}-{self.clock.now()}.yaml"
@@ -117,7 +118,8 @@ def test_admission_completes_the_parked_task_within_the_quota() -> None:
     before = world.ports.jobs.get(first)
     result = world.dispatcher.run_pass()
     assert result.admitted == [first]
-    assert result.waiting == {second: "quota"}
+    # The pass reads no further: the team's quota is full for every job it has waiting.
+    assert result.waiting == {} and result.blocked == {"research/normal": "quota"}
     assert result.waited_seconds == [30.0]
     # What the workflow hands to Launch, which notes the wait on the job.
     assert world.workflow.completed[tokens[0]] == {
@@ -154,39 +156,39 @@ def test_a_pass_reports_the_queue_state_it_began_from() -> None:
 
 
 class CountingQueue(InMemoryJobQueue):
-    """Remembers which classes each `candidates` call asked for."""
+    """Remembers which streams (team, class) a pass began to read."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked: list[Collection[Priority] | None] = []
+    def __init__(self, jobs: InMemoryJobStore) -> None:
+        super().__init__(jobs)
+        self.asked: list[tuple[str, Priority]] = []
 
-    def candidates(
-        self,
-        now: float,
-        policy: QueuePolicy,
-        limit: int,
-        classes: Collection[Priority] | None = None,
-    ) -> list[QueueEntry]:
-        self.asked.append(None if classes is None else set(classes))
-        return super().candidates(now, policy, limit, classes)
+    def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
+        self.asked.append((team, priority))  # read from here on (the first page)
+        yield from super().stream(team, priority)
 
 
-def test_an_event_woken_pass_reads_only_the_classes_that_have_jobs() -> None:
+def test_a_pass_reads_only_the_streams_that_have_jobs_and_may_admit_one() -> None:
     world = World()
-    queue = CountingQueue()
+    queue = CountingQueue(cast(InMemoryJobStore, world.ports.jobs))
     world.ports = replace(world.ports, queue=queue)
     world.lifecycle = build_lifecycle(world.ports, SETTINGS)
     world.dispatcher = build_dispatcher(world.ports, SETTINGS, world.lifecycle)
     world.intake = build_intake(world.ports, SETTINGS, world.lifecycle)
 
     assert world.dispatcher.run_pass(full=False).admitted == []
-    assert queue.asked == []  # nothing waits: no class is read at all
+    assert world.dispatcher.run_pass().admitted == []
+    assert queue.asked == []  # nothing waits: no stream is read at all
     low = world.submit("low", "low")
     world.enqueue(low)
     assert world.dispatcher.run_pass(full=False).admitted == [low]
-    assert queue.asked == [{Priority.LOW}]
-    assert world.dispatcher.run_pass().admitted == []  # the schedule's pass reads them all
-    assert queue.asked[-1] is None
+    assert queue.asked == [("research", Priority.LOW)]
+    world.start(low)
+    # The team's quota is full: its waiting jobs are not read, whatever their number.
+    for index in range(3):
+        world.enqueue(world.submit(f"more-{index}", "normal"))
+    result = world.dispatcher.run_pass()
+    assert result.admitted == [] and result.blocked == {"research/normal": "quota"}
+    assert queue.asked == [("research", Priority.LOW)] and result.items_read == 0
 
 
 def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -> None:
@@ -213,9 +215,10 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
     world.enqueue(low)
 
     # The preemptor gets the GPUs; the victim yields until it runs.
+    rows, _ = queue_listing(world.ports, POLICY)
+    assert {row.job_id: row.reason for row in rows} == {high: "next", low: "yielding"}
     result = world.dispatcher.run_pass()
     assert result.admitted == [high]
-    assert result.waiting == {low: "yielding"}
     high_instance = world.start(high)
     world.clock.advance(600)
     run = world.finish(high, high_instance)
@@ -276,7 +279,7 @@ def test_an_admission_whose_notification_was_lost_is_sent_again() -> None:
     world = World()
     job_id = world.submit("a", "normal")
     token = world.enqueue(job_id)
-    entry = world.ports.queue.candidates(world.clock.now(), POLICY, 1)[0]
+    entry = next(world.ports.queue.stream("research", Priority.NORMAL))
     world.ports.queue.admit(
         entry,
         RunningJob(job_id, "research", entry.job.priority, 4, 1, world.clock.now()),
@@ -378,3 +381,21 @@ def test_a_job_cancelled_before_it_arrives_is_neither_admitted_nor_queued() -> N
     assert world.workflow.completed[token] == {"cancelled": True}
     state = world.ports.queue.state()
     assert state.running == [] and world.ports.queue.waiting() == []
+
+
+def test_jobs_blocked_ahead_in_any_number_do_not_hide_a_job_of_another_team_that_fits() -> None:
+    world = World()
+    held = world.submit("held", "critical")
+    world.enqueue(held)
+    assert world.dispatcher.run_pass().admitted == [held]  # research's 4 GPUs are taken
+    # More than a pass once considered, older and of the same class: each over research's quota,
+    # with nothing of a lower class to preempt.
+    blocked = [world.submit(f"blocked-{i}", "critical") for i in range(250)]
+    for job_id in blocked:
+        world.enqueue(job_id)
+    urgent = world.submit("urgent", "critical", gpus=1, team="ops")
+    world.enqueue(urgent)
+    result = world.dispatcher.run_pass()
+    assert result.admitted == [urgent]
+    # The research stream is not read at all: its shapes show that nothing of it fits.
+    assert result.blocked == {"research/critical": "quota"} and result.items_read == 1

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.domain.queueing import (
+    LOOKAHEAD,
     Booking,
     QueuedJob,
     QueuePolicy,
     RunningJob,
+    Stream,
     TeamQuota,
     TimeWindow,
+    WaitingJobs,
     WaitReason,
     admission_order,
     decide,
+    decide_streams,
+    most_booked,
+    never_admissible,
+    nominees_of,
+    streams_of,
 )
 from gpufleet.domain.spec import Priority
 
@@ -292,3 +302,193 @@ def test_a_team_over_its_monthly_budget_waits_with_reason_budget() -> None:
     # Teams without a budget are not limited by spend.
     unbudgeted = decide([dear], [], [], NOW, POLICY, team_spend_usd={"vision": 1e9})
     assert ids(unbudgeted.admitted) == ["dear"]
+
+
+# -- a pass reads each stream only as far as it needs --------------------------------------------
+
+
+def counted(jobs: list[QueuedJob], reads: Counter[str], key: str) -> Iterator[QueuedJob]:
+    for job in jobs:
+        reads[key] += 1
+        yield job
+
+
+def test_a_stream_whose_shapes_cannot_be_admitted_is_not_read_however_long() -> None:
+    # vision holds its quota and all it may borrow; 10,000 of its jobs wait, older and of a
+    # higher class than one job of nlp, and none of them may preempt (nothing of a lower class).
+    held = [running("v-held", priority=Priority.HIGH, gpus=12, borrowed=True)]
+    blocked = [
+        queued(f"v{i}", priority=Priority.HIGH, gpus=2, waited=HOUR + i) for i in range(10_000)
+    ]
+    nlp = queued("n1", team="nlp", gpus=1)
+    reads: Counter[str] = Counter()
+    waiting = WaitingJobs(
+        [
+            Stream("vision", Priority.HIGH, frozenset({(2, 1)}), counted(blocked, reads, "vision")),
+            Stream("nlp", Priority.NORMAL, frozenset({(1, 1)}), counted([nlp], reads, "nlp")),
+        ]
+    )
+    decision = decide_streams(waiting, held, [], NOW, POLICY)
+    assert ids(decision.admitted) == ["n1"]
+    assert reads == {"nlp": 1}  # not one of vision's 10,000 jobs
+    assert decision.blocked_streams == {("vision", Priority.HIGH): WaitReason.QUOTA}
+
+
+def test_a_stream_of_jobs_that_wait_is_read_no_further_than_the_lookahead() -> None:
+    # Each of vision's jobs costs more than is left of its budget: the pass cannot tell from the
+    # shapes, reads a page past the first, and stops there. A cheap job within the page runs.
+    budgeted = POLICY.model_copy(
+        update={"teams": {**POLICY.teams, "vision": TeamQuota(gpus=8, monthly_budget_usd=100.0)}}
+    )
+    dear = [
+        replace(queued(f"v{i:05d}", gpus=1, waited=HOUR + 10_000 - i), estimated_cost_usd=20.0)
+        for i in range(10_000)
+    ]
+    dear[5] = replace(dear[5], estimated_cost_usd=1.0)  # within the lookahead: admitted
+    dear[LOOKAHEAD + 50] = replace(dear[LOOKAHEAD + 50], estimated_cost_usd=1.0)  # behind it
+    nlp = queued("n1", team="nlp", gpus=1)
+    reads: Counter[str] = Counter()
+    waiting = WaitingJobs(
+        [
+            Stream("vision", Priority.NORMAL, frozenset({(1, 1)}), counted(dear, reads, "vision")),
+            Stream("nlp", Priority.NORMAL, frozenset({(1, 1)}), counted([nlp], reads, "nlp")),
+        ]
+    )
+    decision = decide_streams(waiting, [], [], NOW, budgeted, team_spend_usd={"vision": 90.0})
+    assert ids(decision.admitted) == [dear[5].job_id, "n1"]
+    assert reads["vision"] == 6 + LOOKAHEAD  # the count starts again after an admission
+    assert decision.blocked_streams == {("vision", Priority.NORMAL): WaitReason.BEHIND}
+
+
+streams_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(["vision", "nlp", "guest"]),
+        st.sampled_from(list(Priority)),
+        st.integers(min_value=0, max_value=10),
+        st.integers(min_value=1, max_value=3),
+        st.floats(min_value=0, max_value=10 * HOUR),
+        st.booleans(),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams_strategy, streams_strategy, st.sampled_from([NOW, NOW - 13 * HOUR]))
+def test_judging_streams_by_their_shapes_never_changes_what_a_pass_does(
+    waiting_specs: list[tuple[str, Priority, int, int, float, bool]],
+    running_specs: list[tuple[str, Priority, int, int, float, bool]],
+    now: float,
+) -> None:
+    # Exactness: a stream the shapes close holds nothing the pass would have admitted or
+    # preempted for. Streams with no shapes known are read to the end: the reference.
+    night = POLICY.model_copy(
+        update={
+            "windows": [
+                TimeWindow(name="night", start="22:00", end="06:00", reserve_open_to=[Priority.LOW])
+            ]
+        }
+    )
+    jobs = [
+        QueuedJob(f"q{i}", team, prio, gpus, nodes, now - waited, preemptions=int(again))
+        for i, (team, prio, gpus, nodes, waited, again) in enumerate(waiting_specs)
+    ]
+    held = [
+        RunningJob(f"r{i}", team, prio, gpus, nodes, now - waited, borrowed=borrowed)
+        for i, (team, prio, gpus, nodes, waited, borrowed) in enumerate(running_specs)
+    ]
+    judged = decide_streams(WaitingJobs.of(jobs), held, [], now, night, lookahead=None)
+    unknown = [replace(s, shapes=frozenset()) for s in streams_of(jobs)]
+    read_all = decide_streams(
+        WaitingJobs(unknown, nominees_of(jobs)), held, [], now, night, lookahead=None
+    )
+    assert judged.admitted == read_all.admitted
+    assert judged.preemptions == read_all.preemptions
+    assert read_all.blocked_streams == {}
+
+
+# -- what no state of the fleet could ever admit ---------------------------------------------------
+
+
+def test_a_job_no_cap_can_hold_is_named_with_the_numbers() -> None:
+    def why(job: QueuedJob, policy: QueuePolicy = POLICY, booked: int = 0) -> str | None:
+        return never_admissible(job, policy, booked)
+
+    too_many_nodes = QueuedJob("n", "vision", Priority.NORMAL, 8, 11, NOW)
+    assert why(too_many_nodes) == "asks for 11 instances; the fleet's cap is 10"
+    assert why(queued("big", gpus=24)) == "asks for 24 GPUs; the fleet's cap is 20"
+    # vision may hold its quota 8 plus 4 borrowed from nlp's idle quota: 12, not 13.
+    assert why(queued("v12", gpus=12)) is None
+    assert why(queued("v13", gpus=13)) == (
+        "asks for 13 GPUs; team vision may hold 12 (its quota 8 + 4 borrowed)"
+    )
+    # Borrowing needs another team's idle quota: alone in the fleet, vision cannot borrow.
+    alone = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=4)}})
+    assert why(queued("v9", gpus=9), alone) == (
+        "asks for 9 GPUs; team vision may hold 8 (its quota 8 + 0 borrowed)"
+    )
+    # Critical work may run in the reserve (2 GPUs) outside its team's quota.
+    assert why(queued("g2", team="guest", priority=Priority.CRITICAL, gpus=2)) is None
+    assert why(queued("g3", team="guest", priority=Priority.CRITICAL, gpus=3)) == (
+        "asks for 3 GPUs; team guest may hold 2 (its quota 0 + 2 borrowed), or 2 in the reserve"
+    )
+    # The top 2 GPUs are the reserve: the whole fleet is for critical work (and what a window
+    # opens the reserve to) only.
+    everything = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=20)}})
+    assert why(queued("all", gpus=20), everything) == (
+        "asks for 20 GPUs; normal work may use 18 of the fleet's 20 (the other 2 are the "
+        "reserve, for critical work and the classes a time window opens it to)"
+    )
+    assert why(queued("all", priority=Priority.CRITICAL, gpus=20), everything) is None
+    night = everything.model_copy(
+        update={
+            "windows": [
+                TimeWindow(name="n", start="22:00", end="06:00", reserve_open_to=[Priority.NORMAL])
+            ]
+        }
+    )
+    assert why(queued("all", gpus=20), night) is None
+    # A booking raises what the team may hold.
+    assert why(queued("v16", gpus=16), POLICY, booked=4) is None
+    # An estimate above the team's monthly budget can never be admitted either.
+    budgeted = POLICY.model_copy(
+        update={"teams": {"vision": TeamQuota(gpus=8, monthly_budget_usd=50.0)}}
+    )
+    assert why(replace(queued("dear"), estimated_cost_usd=60.0), budgeted) == (
+        "its estimated cost $60.00 exceeds team vision's monthly budget $50.00"
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["vision", "nlp", "guest"]),
+    st.sampled_from(list(Priority)),
+    st.integers(min_value=0, max_value=24),
+    st.integers(min_value=1, max_value=12),
+    st.sampled_from([[], [Priority.LOW], [Priority.NORMAL, Priority.HIGH]]),
+)
+def test_a_job_is_refused_exactly_when_no_pass_at_any_hour_admits_it_into_an_idle_fleet(
+    team: str, priority: Priority, gpus: int, nodes: int, opened: list[Priority]
+) -> None:
+    policy = POLICY.model_copy(
+        update={
+            "windows": [TimeWindow(name="w", start="22:00", end="06:00", reserve_open_to=opened)]
+        }
+    )
+    job = QueuedJob("j", team, priority, gpus, nodes, NOW)
+    hours = [NOW + h * HOUR for h in range(24)]
+    admitted = any(decide([job], [], [], at, policy).admitted for at in hours)
+    assert (never_admissible(job, policy) is None) == admitted
+
+
+def test_most_booked_is_the_most_a_teams_bookings_hold_at_once() -> None:
+    bookings = [
+        Booking("a", "nlp", 4, NOW, NOW + 2 * HOUR),
+        Booking("b", "nlp", 6, NOW + HOUR, NOW + 3 * HOUR),  # overlaps a: 10
+        Booking("c", "nlp", 8, NOW + 2 * HOUR, NOW + 4 * HOUR),  # starts as a ends: 14 with b
+        Booking("d", "vision", 50, NOW, NOW + HOUR),
+        Booking("e", "nlp", 40, NOW - 2 * HOUR, NOW - HOUR),  # over already
+    ]
+    assert most_booked("nlp", bookings, NOW) == 14
+    assert most_booked("nlp", bookings, NOW + 3 * HOUR) == 8
+    assert most_booked("audio", bookings, NOW) == 0

@@ -24,6 +24,7 @@ from gpufleet.domain.cost import storage_usd_per_hour
 from gpufleet.domain.job import DroppedReport, IllegalTransition, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.queueing import Booking, QueuePolicy, TeamQuota
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.services.factory import build_actions, build_dispatcher, build_lifecycle
 from gpufleet.services.lifecycle import (
@@ -732,3 +733,56 @@ def test_a_large_job_is_not_handed_to_the_workflow_and_release_reads_its_record(
     released = service.release(job_id, {"run": run})
     assert released["outcome"]["status"] == "SUCCEEDED" == ports.jobs.get(job_id).status.value
     assert ports.queue.state().running == []
+
+
+def test_a_job_no_cap_of_the_fleet_can_ever_hold_is_refused_at_intake_with_the_numbers() -> None:
+    queue = QueuePolicy(
+        max_gpus=32,
+        max_instances=16,
+        teams={"vision": TeamQuota(gpus=8, borrow=8), "nlp": TeamQuota(gpus=16)},
+    )
+    settings = make_settings(config=FleetConfig(queue=queue))
+    ports = local_ports()
+
+    def verdict(name: str, gpus: int, nodes: int) -> tuple[JobStatus, str | None]:
+        body = SPEC_YAML.replace(b"name: resnet", f"name: {name}".encode()).replace(
+            b"resources: {gpus: 1, gpu_memory_gib: 16}",
+            f"resources: {{gpus: {gpus}, gpu_memory_gib: 16, nodes: {nodes}}}".encode(),
+        )
+        key = f"jobs/{name}.yaml"
+        cast(InMemoryObjects, ports.objects).objects[key] = body
+        outcome = intake_for(ports, settings).submit_object(key, f"s3://b/{key}#1", key)
+        job = ports.jobs.get(outcome.job_id)
+        return job.status, job.failure_reason
+
+    assert verdict("whole", 8, 8) == (
+        JobStatus.FAILED,
+        "asks for 64 GPUs; the fleet's cap is 32",
+    )
+    # 16 GPUs: vision's quota of 8 and 8 borrowed from nlp's idle quota. Never refused.
+    assert verdict("borrows", 8, 2) == (JobStatus.QUEUED, None)
+    assert verdict("over", 8, 3) == (
+        JobStatus.FAILED,
+        "asks for 24 GPUs; team vision may hold 16 (its quota 8 + 8 borrowed)",
+    )
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    assert len(workflow.started) == 1  # only the job that can run has a lifecycle
+    refused = [
+        e
+        for e in cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_STATUS_CHANGED)
+        if e["status"] == "FAILED"
+    ]
+    assert [e["name"] for e in refused] == ["whole", "over"]
+    # Once vision has 8 GPUs booked (from tomorrow), the same shape can run then.
+    clock = cast(ManualClock, ports.clock)
+    ports.queue.book(Booking("b-1", "vision", 8, clock.now() + 86400, clock.now() + 90000))
+    assert verdict("booked", 8, 3) == (JobStatus.QUEUED, None)
+    # A later stage no cap can hold is refused before the first runs.
+    staged = SPEC_YAML + b"stages:\n  - {name: prep}\n  - {name: train, resources: {nodes: 17}}\n"
+    key = "jobs/staged.yaml"
+    cast(InMemoryObjects, ports.objects).objects[key] = staged.replace(b"resnet", b"staged")
+    job = ports.jobs.get(intake_for(ports, settings).submit_object(key, key, key).job_id)
+    assert (job.status, job.failure_reason) == (
+        JobStatus.FAILED,
+        "stage 'train': asks for 17 instances; the fleet's cap is 16",
+    )

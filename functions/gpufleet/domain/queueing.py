@@ -15,6 +15,11 @@ to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
 critical work, or for the classes a time window opens it to.
 
+Reading. The waiting jobs of one team and class form a stream already in admission order; a
+pass merges the streams lazily and stops reading one when its shapes show that nothing of it
+could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait), so jobs
+that wait, however many, never hide a job of another team that fits.
+
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
 when it is critical). Victims are borrowers of other teams, or lower-class jobs of its own team
 (any team, for critical work); never jobs younger than `min_runtime_seconds`. They are chosen
@@ -26,6 +31,7 @@ cannot loop.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -215,6 +221,8 @@ class WaitReason(StrEnum):
     BUDGET = "budget"  # the team's spend this month plus this job's estimate exceeds its budget
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room
     YIELDING = "yielding"  # it was preempted; the job it made room for goes first
+    # A page of jobs of its team and class ahead of it wait: the pass looks no further.
+    BEHIND = "behind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +245,10 @@ class Decision:
     waiting: dict[str, WaitReason] = field(default_factory=dict)
     # Running jobs that entered the reserve through a window that has closed.
     reclaims: list[str] = field(default_factory=list)
+    # Streams (team, class) the pass stopped reading, and why: none of their jobs it did not
+    # consider could have been admitted or have preempted (or, `behind`, a page of them waited).
+    blocked_streams: dict[tuple[str, Priority], WaitReason] = field(default_factory=dict)
+    nominated: set[str] = field(default_factory=set)  # considered first; their victims yield
 
 
 def effective_priority(job: QueuedJob, now: float, policy: QueuePolicy) -> float:
@@ -250,6 +262,66 @@ def admission_order(
     return sorted(
         queued, key=lambda j: (-effective_priority(j, now, policy), j.enqueued_at, j.job_id)
     )
+
+
+# How many waiting jobs of one team and class in a row a pass considers without admitting one
+# before it reads no further in that stream: a backlog can hold back only its own team's work
+# of its class, never another team's.
+LOOKAHEAD = 25
+
+Shape = tuple[int, int]  # what a waiting job asks for: (GPUs, instances)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The waiting jobs of one team and one class, in admission order: waiting raises every
+    job of a class alike, so within a class the order is FIFO. `shapes` are the (GPUs,
+    instances) its jobs ask for, as the queue's counters know them: from them alone a pass
+    judges whether the stream could admit or preempt anything, before it reads a job of it
+    (none known: the stream is read)."""
+
+    team: str
+    priority: Priority
+    shapes: frozenset[Shape]
+    jobs: Iterable[QueuedJob]  # read lazily, in order
+
+
+@dataclass(frozen=True)
+class WaitingJobs:
+    """What a pass reads: the streams, and the nominated jobs (preemptors whose victims may be
+    back in the queue: they are considered first, and their victims wait for them)."""
+
+    streams: Sequence[Stream]
+    nominated: Sequence[QueuedJob] = ()
+
+    @classmethod
+    def of(cls, jobs: Iterable[QueuedJob]) -> WaitingJobs:
+        """Waiting jobs at hand, all of them: their streams, and as nominated the jobs that a
+        waiting job was preempted for."""
+        everyone = list(jobs)
+        return cls(streams_of(everyone), nominees_of(everyone))
+
+
+def streams_of(jobs: Iterable[QueuedJob]) -> list[Stream]:
+    by_stream: dict[tuple[str, Priority], list[QueuedJob]] = {}
+    for job in jobs:
+        by_stream.setdefault((job.team, job.priority), []).append(job)
+    return [
+        Stream(
+            team,
+            priority,
+            frozenset((j.gpus, j.instances) for j in members),
+            sorted(members, key=lambda j: (j.enqueued_at, j.job_id)),
+        )
+        for (team, priority), members in sorted(by_stream.items(), key=lambda item: item[0])
+    ]
+
+
+def nominees_of(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
+    """The waiting jobs that a waiting job was preempted for."""
+    everyone = list(jobs)
+    preemptors = {j.preempted_for for j in everyone if j.preempted_for}
+    return [j for j in everyone if j.job_id in preemptors]
 
 
 @dataclass
@@ -272,12 +344,17 @@ class _Pass:
     policy: QueuePolicy
     now: float
     running: dict[str, RunningJob]
-    bookings: list[Booking]
+    booked: dict[str, int]  # GPUs each team has booked now
+    reserve_open_to: frozenset[Priority]  # the classes that may use the reserve now
+    spend: dict[str, float]  # this month, of the teams with a budget (admissions included)
     usage: _Usage = field(default_factory=_Usage)
+    changes: int = 0  # admissions and preemptions made so far in the pass
+    # (team, class) -> shapes a job of that kind, never preempted, found no victims for: a
+    # later job of the kind at least as large finds none either (the pass only makes it harder).
+    no_victims: dict[tuple[str, Priority], list[Shape]] = field(default_factory=dict)
 
     def entitlement(self, team: str) -> int:
-        booked = sum(b.gpus for b in self.bookings if b.team == team)
-        return self.policy.quota(team).gpus + booked
+        return self.policy.quota(team).gpus + self.booked.get(team, 0)
 
     def idle_quota_of_others(self, team: str) -> int:
         teams = set(self.policy.teams) - {team}
@@ -288,20 +365,24 @@ class _Pass:
     def held_for_other_bookings(self, team: str) -> int:
         """Booked GPUs other teams have not used yet: nobody else may take them."""
         held = 0
-        for other in sorted({b.team for b in self.bookings} - {team}):
-            booked = sum(b.gpus for b in self.bookings if b.team == other)
-            unused = self.entitlement(other) - self.usage.team_gpus.get(other, 0)
-            held += max(0, min(booked, unused))
+        for other, booked in sorted(self.booked.items()):
+            if other != team:
+                unused = self.entitlement(other) - self.usage.team_gpus.get(other, 0)
+                held += max(0, min(booked, unused))
         return held
+
+    def over_budget(self, job: QueuedJob) -> bool:
+        budget = self.policy.quota(job.team).monthly_budget_usd
+        return (
+            budget is not None and self.spend.get(job.team, 0.0) + job.estimated_cost_usd > budget
+        )
 
     def fit(self, job: QueuedJob) -> tuple[WaitReason | None, bool, bool]:
         """Why the job cannot be admitted now (None if it can), and whether it would borrow
-        and whether it would sit in the reserve."""
+        and whether it would sit in the reserve. Never easier for a larger job (more GPUs or
+        instances) than for a smaller one of the same team and class."""
         policy, usage = self.policy, self.usage
-        window = policy.window_at(self.now)
-        reserve_open = job.priority is Priority.CRITICAL or (
-            window is not None and job.priority in window.reserve_open_to
-        )
+        reserve_open = job.priority in self.reserve_open_to
         if usage.instances + job.instances > policy.max_instances:
             return WaitReason.CAPACITY, False, False
         held = self.held_for_other_bookings(job.team)
@@ -340,7 +421,48 @@ class _Pass:
 
     def admit(self, job: QueuedJob, borrowed: bool, in_reserve: bool) -> Admission:
         self.usage.add(job.team, job.gpus, job.instances)
+        self.spend[job.team] = self.spend.get(job.team, 0.0) + job.estimated_cost_usd
+        self.changes += 1
         return Admission(job.job_id, borrowed, in_reserve)
+
+    def stream_blocked(self, stream: Stream) -> WaitReason | None:
+        """Why no job of the stream could be admitted now or preempt for room (None when one
+        might), from its shapes alone. Exact: a job is never easier to admit, nor finds
+        victims more easily, than a job of its shape that was never preempted and costs
+        nothing; and as a pass admits and preempts, what is left only gets harder."""
+        budget = self.policy.quota(stream.team).monthly_budget_usd
+        if budget is not None and self.spend.get(stream.team, 0.0) > budget:
+            return WaitReason.BUDGET
+        reasons = []
+        for gpus, instances in _smallest(stream.shapes):
+            probe = QueuedJob("", stream.team, stream.priority, gpus, instances, self.now)
+            reason, _, _ = self.fit(probe)
+            if reason is None or (self.policy.preemption and self.victims_for(probe)):
+                return None
+            reasons.append(reason)
+        return reasons[0] if reasons else None
+
+    def victims_for(self, job: QueuedJob) -> list[RunningJob] | None:
+        """`_choose_victims`, skipped for a job no smaller (in GPUs and instances) than one
+        of its kind that found none in this pass."""
+        kind = (job.team, job.priority)
+        found_none = self.no_victims.setdefault(kind, [])
+        if any(job.gpus >= gpus and job.instances >= n for gpus, n in found_none):
+            return None
+        victims = _choose_victims(self, job)
+        if not victims and job.preemptions == 0:  # a job once preempted may not borrow
+            found_none.append((job.gpus, job.instances))
+        return victims
+
+
+def _smallest(shapes: Iterable[Shape]) -> list[Shape]:
+    """The shapes no other shape is smaller than in both GPUs and instances: if a job of each
+    of those cannot be admitted, no job of the others can."""
+    smallest: list[Shape] = []
+    for gpus, instances in sorted(set(shapes)):
+        if not smallest or instances < smallest[-1][1]:
+            smallest.append((gpus, instances))
+    return smallest
 
 
 def _victim_order(job: RunningJob) -> tuple[bool, int, float]:
@@ -392,6 +514,19 @@ def _choose_victims(state: _Pass, job: QueuedJob) -> list[RunningJob] | None:
     return chosen
 
 
+def _booked_at(bookings: Iterable[Booking], now: float) -> dict[str, int]:
+    booked: dict[str, int] = {}
+    for booking in bookings:
+        if booking.active_at(now):
+            booked[booking.team] = booked.get(booking.team, 0) + booking.gpus
+    return booked
+
+
+def _reserve_open_at(policy: QueuePolicy, now: float) -> frozenset[Priority]:
+    window = policy.window_at(now)
+    return frozenset({Priority.CRITICAL, *(window.reserve_open_to if window else ())})
+
+
 def decide(
     queued: Iterable[QueuedJob],
     running: Iterable[RunningJob],
@@ -399,72 +534,96 @@ def decide(
     now: float,
     policy: QueuePolicy,
     *,
-    limit: int | None = None,
+    lookahead: int | None = LOOKAHEAD,
+    team_spend_usd: Mapping[str, float] | None = None,
+) -> Decision:
+    """`decide_streams` over waiting jobs at hand; a job of a stream the pass stopped reading
+    waits for the reason it stopped."""
+    jobs = list(queued)
+    decision = decide_streams(
+        WaitingJobs.of(jobs),
+        running,
+        bookings,
+        now,
+        policy,
+        lookahead=lookahead,
+        team_spend_usd=team_spend_usd,
+    )
+    admitted = {a.job_id for a in decision.admitted}
+    for job in jobs:
+        if job.job_id in admitted or job.job_id in decision.waiting:
+            continue
+        decision.waiting[job.job_id] = (
+            WaitReason.YIELDING
+            if job.preempted_for in decision.nominated
+            else decision.blocked_streams[(job.team, job.priority)]
+        )
+    return decision
+
+
+def decide_streams(
+    waiting: WaitingJobs,
+    running: Iterable[RunningJob],
+    bookings: Iterable[Booking],
+    now: float,
+    policy: QueuePolicy,
+    *,
+    lookahead: int | None = LOOKAHEAD,
     team_spend_usd: Mapping[str, float] | None = None,
 ) -> Decision:
     """One admission pass: who is admitted, who is preempted for whom, why the rest wait.
 
-    `limit` stops after that many queued jobs have been considered (the dispatcher reads the
-    queue in pages, best first). `team_spend_usd` is each team's spend so far this month, for
-    the teams that have a monthly budget.
+    Nominated jobs come first; then the streams are merged in admission order, each read only
+    as far as the pass needs. A stream is read no further once its shapes show that none of
+    its jobs could be admitted or preempt (over a cap, its team's quota, its team's budget),
+    nor after `lookahead` of its jobs in a row waited (None: no such bound). Waiting jobs,
+    however many, thus hold back only later work of their own team and class: a job of
+    another team that fits is admitted in the same pass. Jobs of a stream the pass stopped
+    reading have no entry in `waiting`; `blocked_streams` says why. `team_spend_usd` is each
+    team's spend so far this month, for the teams that have a monthly budget.
     """
-    spend = dict(team_spend_usd or {})
     state = _Pass(
         policy=policy,
         now=now,
         running={r.job_id: r for r in running},
-        bookings=[b for b in bookings if b.active_at(now)],
+        booked=_booked_at(bookings, now),
+        reserve_open_to=_reserve_open_at(policy, now),
+        spend=dict(team_spend_usd or {}),
     )
     for holder in state.running.values():
         state.usage.add(holder.team, holder.gpus, holder.instances)
     decision = Decision()
-    window = policy.window_at(now)
     decision.reclaims = sorted(
         r.job_id
         for r in state.running.values()
-        if r.in_reserve
-        and not r.draining
-        and r.priority is not Priority.CRITICAL
-        and (window is None or r.priority not in window.reserve_open_to)
+        if r.in_reserve and not r.draining and r.priority not in state.reserve_open_to
     )
     # Jobs that already have victims draining for them wait for those, and preempt no more.
     draining_for = {r.draining_for for r in state.running.values() if r.draining_for}
-    ordered = admission_order(queued, now, policy)
-    waiting_ids = {job.job_id for job in ordered}
-    # A job whose victims were requeued is nominated: it gets the GPUs they freed before
-    # anyone else, and they wait until it runs. Without this, an aged victim could take its
-    # GPUs back and the preemption would repeat forever.
-    # Only a preemptor that is not itself yielding is nominated: yielding never chains, so it
-    # can never form a cycle in which everyone waits for someone else.
-    yielding_ids = {j.job_id for j in ordered if j.preempted_for in waiting_ids}
-    nominated = {
-        j.preempted_for
-        for j in ordered
-        if j.preempted_for in waiting_ids and j.preempted_for not in yielding_ids
-    }
-    ordered = [j for j in ordered if j.job_id in nominated] + [
-        j for j in ordered if j.job_id not in nominated
+    # A nominated job gets the GPUs its victims freed before anyone else, and they wait until
+    # it runs. Without this, an aged victim could take its GPUs back and the preemption would
+    # repeat forever. Only a nominee that is not itself yielding is nominated: yielding never
+    # chains, so it can never form a cycle in which everyone waits for someone else.
+    nominee_ids = {j.job_id for j in waiting.nominated}
+    nominated = [
+        j
+        for j in admission_order(waiting.nominated, now, policy)
+        if j.preempted_for not in nominee_ids
     ]
-    # (team, class) -> the fewest GPUs a job of that kind could not find victims for: a later job
-    # of the same kind that needs as many cannot either, so the search is skipped.
-    no_victims: dict[tuple[str, Priority], int] = {}
-    considered = 0
-    for job in ordered:
-        if limit is not None and considered >= limit:
-            break
-        considered += 1
-        if job.preempted_for in nominated:
+    nominated_ids = decision.nominated = {j.job_id for j in nominated}
+
+    def consider(job: QueuedJob) -> bool:
+        """Admit the job, or say why it waits (making room for it when it may preempt)."""
+        if job.preempted_for in nominated_ids:
             decision.waiting[job.job_id] = WaitReason.YIELDING
-            continue
-        budget = policy.quota(job.team).monthly_budget_usd
-        if budget is not None and spend.get(job.team, 0.0) + job.estimated_cost_usd > budget:
+            return False
+        if state.over_budget(job):
             decision.waiting[job.job_id] = WaitReason.BUDGET
-            continue
+            return False
         reason, borrowed, in_reserve = state.fit(job)
         if reason is None:
             decision.admitted.append(state.admit(job, borrowed, in_reserve))
-            spend[job.team] = spend.get(job.team, 0.0) + job.estimated_cost_usd
-            continue
+            return True
         if job.job_id in draining_for:
             reason = WaitReason.PREEMPTING
         elif policy.preemption and reason in (
@@ -472,19 +631,113 @@ def decide(
             WaitReason.CAPACITY,
             WaitReason.WINDOW,
         ):
-            kind = (job.team, job.priority)
-            victims = (
-                None
-                if job.gpus >= no_victims.get(kind, math.inf)
-                else (_choose_victims(state, job))
-            )
-            if not victims:
-                no_victims[kind] = min(job.gpus, no_victims.get(kind, job.gpus))
+            victims = state.victims_for(job)
             if victims:
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))
                     state.running[victim.job_id] = replace(victim, draining_for=job.job_id)
                 draining_for.add(job.job_id)
+                state.changes += 1
                 reason = WaitReason.PREEMPTING
         decision.waiting[job.job_id] = reason
+        return False
+
+    for job in nominated:
+        consider(job)
+    streams = list(waiting.streams)
+    readers = [iter(s.jobs) for s in streams]
+    checked_at = [-1] * len(streams)  # `state.changes` when the stream was last judged
+    waited_in_a_row = [0] * len(streams)
+    heads: list[tuple[float, float, str, int, QueuedJob]] = []
+
+    def read_on(index: int) -> None:
+        stream = streams[index]
+        if checked_at[index] != state.changes:
+            checked_at[index] = state.changes
+            blocked = state.stream_blocked(stream)
+            if blocked is not None:
+                decision.blocked_streams[(stream.team, stream.priority)] = blocked
+                return
+        job = next(readers[index], None)
+        if job is not None:
+            rank = -effective_priority(job, now, policy)
+            heapq.heappush(heads, (rank, job.enqueued_at, job.job_id, index, job))
+
+    for index in range(len(streams)):
+        read_on(index)
+    while heads:
+        *_, index, job = heapq.heappop(heads)
+        if job.job_id not in nominated_ids:  # those were considered first
+            admitted = consider(job)
+            waited_in_a_row[index] = 0 if admitted else waited_in_a_row[index] + 1
+            if lookahead is not None and waited_in_a_row[index] >= lookahead:
+                stream = streams[index]
+                decision.blocked_streams[(stream.team, stream.priority)] = WaitReason.BEHIND
+                continue
+        read_on(index)
     return decision
+
+
+def most_booked(team: str, bookings: Iterable[Booking], now: float) -> int:
+    """The most GPUs the team's bookings that have not ended will hold at once."""
+    edges = sorted(
+        edge
+        for b in bookings
+        if b.team == team and b.end > now
+        for edge in ((max(b.start, now), b.gpus), (b.end, -b.gpus))
+    )  # at equal times an end comes before a start: a booking holds nothing at its end
+    held = most = 0
+    for _, change in edges:
+        held += change
+        most = max(most, held)
+    return most
+
+
+def never_admissible(job: QueuedJob, policy: QueuePolicy, booked_gpus: int = 0) -> str | None:
+    """Why no state of the fleet could ever admit `job`, with the numbers (None when one
+    could): such a job would wait forever. The best case is judged by the rule every pass
+    applies (`fit`): an idle fleet, the other teams' quotas idle to borrow from, the reserve
+    open if any time window opens it to the job's class, and `booked_gpus` booked for its
+    team (see `most_booked`). A job whose cost estimate alone exceeds its team's monthly
+    budget can never be admitted either."""
+    windows = [w for w in policy.windows if w.start != w.end]  # start == end: never open
+    opened = frozenset(p for w in windows for p in w.reserve_open_to)
+    best = _Pass(
+        policy=policy,
+        now=0.0,
+        running={},
+        booked={job.team: booked_gpus} if booked_gpus else {},
+        reserve_open_to=opened | {Priority.CRITICAL},
+        spend={},
+    )
+    reason, _, _ = best.fit(job)
+    quota = policy.quota(job.team)
+    if reason is WaitReason.CAPACITY and job.instances > policy.max_instances:
+        return f"asks for {job.instances} instances; the fleet's cap is {policy.max_instances}"
+    if reason is WaitReason.CAPACITY:
+        return f"asks for {job.gpus} GPUs; the fleet's cap is {policy.max_gpus}"
+    reserve = policy.reserve_gpus
+    if reason is WaitReason.WINDOW:
+        return (
+            f"asks for {job.gpus} GPUs; {job.priority.value} work may use "
+            f"{policy.max_gpus - reserve} of the fleet's {policy.max_gpus} (the other {reserve} "
+            "are the reserve, for critical work and the classes a time window opens it to)"
+        )
+    if reason is not None:
+        borrowable = min(quota.borrow, best.idle_quota_of_others(job.team))
+        booked = f" + {booked_gpus} booked" if booked_gpus else ""
+        limit = quota.gpus + booked_gpus + borrowable
+        text = (
+            f"asks for {job.gpus} GPUs; team {job.team} may hold {limit} "
+            f"(its quota {quota.gpus}{booked} + {borrowable} borrowed)"
+        )
+        if job.priority in best.reserve_open_to:
+            text += f", or {reserve} in the reserve"
+        return text
+    budget = quota.monthly_budget_usd
+    if budget is not None and job.estimated_cost_usd > budget:
+        return (
+            f"its estimated cost ${job.estimated_cost_usd:.2f} exceeds team {job.team}'s "
+            f"monthly budget ${budget:.2f}"
+        )
+    return None

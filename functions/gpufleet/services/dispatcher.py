@@ -10,6 +10,7 @@ is exceeded, whoever wins.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpufleet.domain.cost import month_start, spend_this_month_usd
@@ -21,16 +22,16 @@ from gpufleet.domain.queueing import (
     QueuedJob,
     QueuePolicy,
     RunningJob,
+    Stream,
+    WaitingJobs,
     admission_order,
     decide,
+    decide_streams,
     effective_priority,
 )
 from gpufleet.domain.retry import PREEMPTED, RECLAIMED
 from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, QueueState, RunningEntry
 from gpufleet.services.lifecycle import LifecycleService
-
-# How many of the best waiting jobs one pass considers (the queue is read lazily, best first).
-CANDIDATES_PER_PASS = 200
 
 
 @dataclass
@@ -40,7 +41,8 @@ class PassResult:
     reclaimed: list[str] = field(default_factory=list)
     forced: list[str] = field(default_factory=list)
     lost_races: int = 0
-    waiting: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)  # of the jobs the pass considered
+    blocked: dict[str, str] = field(default_factory=dict)  # "team/class" it stopped reading: why
     items_read: int = 0
     waited_seconds: list[float] = field(default_factory=list)  # of each admission
     over_budget: list[str] = field(default_factory=list)  # stopped: cost reached the budget
@@ -53,12 +55,10 @@ class DispatcherService:
         ports: Ports,
         lifecycle: LifecycleService,
         policy: QueuePolicy,
-        candidates_per_pass: int = CANDIDATES_PER_PASS,
     ) -> None:
         self._ports = ports
         self._lifecycle = lifecycle
         self._policy = policy
-        self._limit = candidates_per_pass
 
     def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> bool:
         """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
@@ -91,8 +91,9 @@ class DispatcherService:
         return self._admit(entry, decision.admitted[0], state, now, waiting=False)
 
     def run_pass(self, full: bool = True) -> PassResult:
-        """One admission pass. A `full` pass (the schedule's) reads every class of the queue;
-        a pass woken by an event reads only the classes the queue's counts say are not empty."""
+        """One admission pass. It reads the streams (team, class) the queue's counters say
+        are not empty, each lazily and only as far as `decide_streams` asks; a `full` pass
+        (the schedule's) also stops the running jobs of teams over their monthly budget."""
         ports, policy = self._ports, self._policy
         now = ports.clock.now()
         read_before = ports.queue.items_read()
@@ -112,28 +113,40 @@ class DispatcherService:
         spend = team_spend(ports, policy, now)
         if full:
             result.over_budget += self._stop_teams_over_budget(running, spend, now)
-        classes = None if full else [p for p, n in state.waiting.items() if n > 0]
-        candidates = (
-            [] if classes == [] else ports.queue.candidates(now, policy, self._limit, classes)
-        )
-        decision = decide(
-            [c.job for c in candidates],
+        read: dict[str, QueueEntry] = {}  # the entries of the jobs the pass read
+
+        def jobs_of(entries: Iterator[QueueEntry]) -> Iterator[QueuedJob]:
+            for entry in entries:
+                read[entry.job.job_id] = entry
+                yield entry.job
+
+        streams = [
+            Stream(team, priority, shapes, jobs_of(ports.queue.stream(team, priority)))
+            for (team, priority), shapes in sorted(state.streams.items())
+        ]
+        decision = decide_streams(
+            WaitingJobs(streams, state.nominees),
             [r.job for r in running],
             bookings,
             now,
             policy,
             team_spend_usd=spend,
         )
-        by_id = {c.job.job_id: c for c in candidates}
+        nominees = {job.job_id: job for job in state.nominees}
         for admission in decision.admitted:
-            entry = by_id[admission.job_id]
-            if self._admit(entry, admission, state, now):
+            # A nominee is considered before its stream is read: its entry is fetched.
+            entry = read.get(admission.job_id) or ports.queue.waiting_entry(
+                nominees[admission.job_id]
+            )
+            if entry is not None and self._admit(entry, admission, state, now):
                 result.admitted.append(admission.job_id)
                 result.waited_seconds.append(max(0.0, now - entry.queued_at))
             else:
                 result.lost_races += 1
         for preemption in decision.preemptions:
-            if ports.queue.mark_draining(preemption.victim_id, preemption.for_job_id):
+            preemptor = read.get(preemption.for_job_id)
+            for_job = preemptor.job if preemptor else nominees[preemption.for_job_id]
+            if ports.queue.preempt(preemption.victim_id, for_job):
                 self._lifecycle.drain(preemption.victim_id, PREEMPTED, preemption.for_job_id)
                 ports.jobs.update(
                     preemption.victim_id, now, {"preempted_for": preemption.for_job_id}
@@ -144,6 +157,10 @@ class DispatcherService:
                 self._lifecycle.drain(job_id, RECLAIMED)
                 result.reclaimed.append(job_id)
         result.waiting = {job_id: reason.value for job_id, reason in decision.waiting.items()}
+        result.blocked = {
+            f"{team}/{priority.value}": reason.value
+            for (team, priority), reason in decision.blocked_streams.items()
+        }
         result.items_read = ports.queue.items_read() - read_before
         return result
 

@@ -75,5 +75,6 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         metrics=settings.config.metrics,
         cost=settings.config.cost,
         root_volume_gib=settings.root_volume_gib,
+        queue=settings.config.queue,
     )
     return LifecycleService(ports, planner, policy)

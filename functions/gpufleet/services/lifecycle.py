@@ -42,7 +42,7 @@ from gpufleet.domain.launch import (
     shortage_keys,
 )
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
-from gpufleet.domain.queueing import QueuedJob
+from gpufleet.domain.queueing import QueuedJob, QueuePolicy, most_booked, never_admissible
 from gpufleet.domain.retry import (
     BUDGET,
     DEFAULT_MAX_INTERRUPTIONS,
@@ -102,6 +102,8 @@ class LifecyclePolicy:
     # and how many GPUs a stage held.
     instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None
     data_bucket: str = ""  # where stages pass data to each other (runs/<job>/stages/<stage>/)
+    # The admission policy: a job no state of the fleet could ever admit is refused at intake.
+    queue: QueuePolicy = field(default_factory=QueuePolicy)
 
 
 class JobAlreadyEnded(Exception):
@@ -172,7 +174,8 @@ class LifecycleService:
     def prepare(self, job: Job) -> tuple[Job, dict[str, Any] | None]:
         """A new job's first plan, made at intake before the job is stored: the job is QUEUED
         with its workflow's input, or FAILED (and no workflow starts) when nothing in the
-        catalog can run it."""
+        catalog can run it, when it (or any of its stages) could never be admitted, or when
+        its estimate exceeds its budget."""
         try:
             plans = self._plan_stages(job)
         except NoFeasibleOffering as exc:
@@ -180,9 +183,11 @@ class LifecycleService:
             return failed, None
         plan = plans[0]
         estimate = round(sum(self.estimate_usd(p) for p in plans), 6)
+        reason = self._never_admissible(job, self.estimate_usd(plan))
         budget = job.spec.budget_usd
-        if budget is not None and estimate > budget:
+        if reason is None and budget is not None and estimate > budget:
             reason = f"its estimated cost ${estimate:.2f} exceeds its budget ${budget:.2f}"
+        if reason is not None:
             failed = job.model_copy(
                 update={
                     "status": JobStatus.FAILED,
@@ -193,6 +198,26 @@ class LifecycleService:
             return failed, None
         queued = job.model_copy(update={"status": JobStatus.QUEUED, "estimated_cost_usd": estimate})
         return queued, self.workflow_input(queued, plan, attempt=0)
+
+    def _never_admissible(self, job: Job, first_estimate_usd: float) -> str | None:
+        """Why the admission queue could never admit the job's first run (which waits with
+        `first_estimate_usd`, judged against its team's monthly budget) or a later stage of
+        it; None when it could. The team's bookings are read only for a shape that its quota
+        cannot hold."""
+        policy = self._policy.queue
+        for index in range(len(job.spec.stages)) if job.spec.stages else [job.stage_index]:
+            queued = queued_job(job.model_copy(update={"stage_index": index}))
+            if index == job.stage_index:
+                queued = replace(queued, estimated_cost_usd=first_estimate_usd)
+            reason = never_admissible(queued, policy)
+            if reason is not None:
+                booked = most_booked(queued.team, self._ports.queue.bookings(), self._now())
+                reason = never_admissible(queued, policy, booked) if booked else reason
+            if reason is not None and job.spec.stages:
+                return f"stage {job.spec.stages[index].name!r}: {reason}"
+            if reason is not None:
+                return reason
+        return None
 
     def _plan_stages(self, job: Job) -> list[LaunchPlan]:
         """The job's first plan, and for a multi-stage job one for every stage: a stage nothing

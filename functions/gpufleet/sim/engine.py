@@ -30,9 +30,11 @@ Per job: arrival -> queued -> admitted by `decide` -> launch attempts per the pl
 Dispatch passes. A pass (one `decide` call) runs when something changed: an arrival, a
 release, a requeue. Passes are coalesced to at most one per `dispatch_interval_seconds` (a
 dispatcher's batching window); while jobs wait under a preempting policy a pass also runs every
-`recheck_seconds` (victims come of age after `min_runtime_seconds`). A pass reads the best
-`dispatch_limit` queued jobs (a dispatcher's page); when it admits something and more jobs wait
-beyond the page, the next page is read at once. No pass runs while the queue is empty.
+`recheck_seconds` (victims come of age after `min_runtime_seconds`). A pass reads each team's
+and class's jobs as the dispatcher does: in order, no further than the queue's state shows
+something could be admitted, nor past `LOOKAHEAD` of them in a row that wait. No pass runs while
+the queue is empty. A job no state of the fleet could ever admit fails on arrival, as intake
+refuses it (`never_admissible`).
 
 Simplifications (documented in sim/README.md): the simulated fleet picks the first override of a
 step that the market does not fail (cheapest first), the 2-minute interruption notice is not
@@ -58,7 +60,14 @@ from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import Placement
 from gpufleet.domain.launch import CapacityType, LaunchError, LaunchResult, shortage_keys
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
-from gpufleet.domain.queueing import Decision, QueuedJob, QueuePolicy, RunningJob, decide
+from gpufleet.domain.queueing import (
+    Decision,
+    QueuedJob,
+    QueuePolicy,
+    RunningJob,
+    decide,
+    never_admissible,
+)
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
 from gpufleet.sim.mapping import TraceMapping, to_spec
@@ -149,7 +158,6 @@ class EngineConfig:
     capacity_memory_seconds: int = 300
     dispatch_interval_seconds: float = 60.0
     recheck_seconds: float = 300.0
-    dispatch_limit: int = 128
     # Time series resolution for reports; None: the run's span / 400, at least 60 s.
     sample_seconds: float | None = None
 
@@ -457,7 +465,7 @@ class Engine:
         if not self.policy.requeue_keeps_place:
             job.enqueued_at = at
         job.preempted_for = preempted_for
-        self.queue[job.job_id] = QueuedJob(
+        queued = QueuedJob(
             job_id=job.job_id,
             team=job.team,
             priority=job.priority,
@@ -466,6 +474,10 @@ class Engine:
             enqueued_at=job.enqueued_at,
             preempted_for=preempted_for,
         )
+        if never_admissible(queued, self.policy.queue) is not None:
+            self._fail(job, "never admissible")  # intake refuses it
+            return
+        self.queue[job.job_id] = queued
         self._request_dispatch()
 
     def _request_dispatch(self, *, now: bool = False) -> None:
@@ -489,22 +501,14 @@ class Engine:
         if not self.queue:
             return
         self.last_pass = self.now
-        waiting = len(self.queue)
         started = time.perf_counter()
         decision = decide(
-            self.queue.values(),
-            self.running.values(),
-            (),
-            self.now,
-            self.policy.queue,
-            limit=self.config.dispatch_limit,
+            self.queue.values(), self.running.values(), (), self.now, self.policy.queue
         )
         self.result.decide_seconds += time.perf_counter() - started
         self.result.dispatch_passes += 1
         self._apply(decision)
-        if decision.admitted and waiting > self.config.dispatch_limit and self.queue:
-            self._request_dispatch(now=True)  # the next page
-        elif self.queue and self.running and self.policy.queue.preemption:
+        if self.queue and self.running and self.policy.queue.preemption:
             self._schedule_pass(self.now + self.config.recheck_seconds)
 
     def _apply(self, decision: Decision) -> None:

@@ -1,30 +1,34 @@
 """The admission queue on DynamoDB (one table, see docs/queues.md).
 
-    pk         sk                                     what
-    q#<shard>  <3-rank>#<enqueued, 17 digits>#<job>   a waiting job (shard = crc32(job) % 2)
-    state      running#<job>                          an admitted job and its share
-    state      usage#global | usage#team#<team>       GPUs and instances held; jobs waiting
-                                                      per class (global only)
-    state      booking#<start, 17 digits>#<booking>   GPUs a team booked for a window
-    state      shortage                               until when the latest capacity shortage
-                                                      is remembered (the capacity memory
-                                                      holds which offerings)
+    pk            sk                                     what
+    q#<team>      <3-rank>#<enqueued, 17 digits>#<job>   a waiting job
+    waiting#<job> at                                     where a waiting job's entry is
+    state         running#<job>                          an admitted job and its share
+    state         usage#global                           GPUs and instances held; jobs waiting
+                                                         per class
+    state         usage#team#<team>                      GPUs the team holds; its jobs waiting
+                                                         per class and shape
+    state         nominee#<job>                          a waiting job that preempted others
+    state         booking#<start, 17 digits>#<booking>   GPUs a team booked for a window
+    state         shortage                               until when the latest capacity
+                                                         shortage is remembered (the capacity
+                                                         memory holds which offerings)
 
-Within a shard, items sort by class (critical first) and then submission time, so every
-(shard, class) pair is a stream already ordered by effective priority: waiting longer raises
-every job of a class alike. The best waiting jobs are found by a lazy merge of those streams,
-reading only as many items as the pass needs. Sharding spreads submissions over partitions.
+Each team's waiting jobs have their own partition, sorted by class (critical first) and then
+submission time, so every (team, class) pair is a stream already ordered by effective
+priority: waiting longer raises every job of a class alike. A pass merges the streams lazily,
+reading only as many items of each as it needs, and none of a stream whose shapes cannot be
+admitted now (`decide_streams`).
 
 Everything a pass needs besides the waiting jobs lives in the one `state` partition, so a pass
-starts with a single query; the per-class waiting counts (kept in the same transactions that
-add and remove waiting jobs) let a pass skip the streams of empty classes.
+starts with a single query: the counters of waiting jobs per team, class and shape (kept in the
+same transactions that add and remove waiting jobs) say which streams there are and what they
+hold, without reading them.
 """
 
 from __future__ import annotations
 
-import heapq
-import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -36,9 +40,8 @@ from gpufleet.domain.queueing import (
     CLASS_RANK,
     Booking,
     QueuedJob,
-    QueuePolicy,
     RunningJob,
-    effective_priority,
+    Shape,
 )
 from gpufleet.domain.spec import Priority
 from gpufleet.ports import (
@@ -52,16 +55,20 @@ from gpufleet.ports import (
 )
 from gpufleet.topology import QUEUE_STATE_PARTITION
 
-# Two shards give 20x headroom over 100 submissions/s (a partition takes 1,000 writes/s) while a
-# pass costs only shards x 4 classes small queries.
-SHARDS = 2
+# A stream's first page is small (most passes take a job or two of a stream, or find its head
+# blocked); each later page is twice as large, up to PAGE: what a pass reads past what it takes
+# stays below what it takes, in few queries.
+FIRST_PAGE = 2
 PAGE = 25
 _STATE = QUEUE_STATE_PARTITION
 _RUNNING = "running#"
 _GLOBAL = "usage#global"
 _TEAM = "usage#team#"
+_NOMINEE = "nominee#"
 _BOOKING = "booking#"
 _SHORTAGE = "shortage"
+_QUEUE = "q#"
+_LOCATOR_SK = "at"
 # Notices sent once (a team over its monthly budget): apart, so passes never read them.
 _NOTICES = "notices"
 _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
@@ -71,12 +78,37 @@ def _waiting_counter(priority: Priority) -> str:
     return f"waiting_{priority.value}"
 
 
-def shard_of(job_id: str) -> str:
-    return f"q#{zlib.crc32(job_id.encode()) % SHARDS}"
+_SHAPE_COUNTER = "waiting#"
+
+
+def _shape_counter(job: QueuedJob) -> str:
+    """On the team's usage item: how many of its jobs of this class and shape wait."""
+    return f"{_SHAPE_COUNTER}{job.priority.value}#{job.gpus}#{job.instances}"
+
+
+def _queue_partition(team: str) -> str:
+    return f"{_QUEUE}{team}"
+
+
+def _locator(job_id: str) -> dict[str, dict[str, str]]:
+    return {"pk": _s(f"waiting#{job_id}"), "sk": _s(_LOCATOR_SK)}
+
+
+def _locator_item(entry_item: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Where the entry is, found from its job id alone (to take it out of the queue)."""
+    return {
+        **_locator(entry_item["job_id"]["S"]),
+        "entry_pk": entry_item["pk"],
+        "entry_sk": entry_item["sk"],
+    }
 
 
 def order_key(job: QueuedJob) -> str:
     return f"{3 - CLASS_RANK[job.priority]}#{job.enqueued_at:017.6f}#{job.job_id}"
+
+
+def _entry_key(job: QueuedJob) -> dict[str, dict[str, str]]:
+    return {"pk": _s(_queue_partition(job.team)), "sk": _s(order_key(job))}
 
 
 def _s(value: str) -> dict[str, str]:
@@ -88,18 +120,23 @@ def _n(value: float) -> dict[str, str]:
 
 
 def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
-    job = entry.job
+    return {
+        **_job_attributes(entry.job),
+        "task_token": _s(entry.task_token),
+        "queued_at": _n(entry.queued_at),
+    }
+
+
+def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
+    """A waiting job as its entry (and its nominee item) store it."""
     item = {
-        "pk": _s(shard_of(job.job_id)),
-        "sk": _s(order_key(job)),
+        **_entry_key(job),
         "job_id": _s(job.job_id),
         "team": _s(job.team),
         "priority": _s(job.priority.value),
         "gpus": _n(job.gpus),
         "instances": _n(job.instances),
         "enqueued_at": _n(job.enqueued_at),
-        "task_token": _s(entry.task_token),
-        "queued_at": _n(entry.queued_at),
         "preemptions": _n(job.preemptions),
         "estimated_cost_usd": _n(float(job.estimated_cost_usd)),
     }
@@ -109,7 +146,15 @@ def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
 
 
 def _entry(item: dict[str, Any]) -> QueueEntry:
-    job = QueuedJob(
+    return QueueEntry(
+        job=_queued_job(item),
+        task_token=item["task_token"]["S"],
+        queued_at=float(item["queued_at"]["N"]),
+    )
+
+
+def _queued_job(item: dict[str, Any]) -> QueuedJob:
+    return QueuedJob(
         job_id=item["job_id"]["S"],
         team=item["team"]["S"],
         priority=Priority(item["priority"]["S"]),
@@ -119,9 +164,6 @@ def _entry(item: dict[str, Any]) -> QueueEntry:
         preempted_for=item.get("preempted_for", {}).get("S"),
         preemptions=int(item.get("preemptions", {}).get("N", "0")),
         estimated_cost_usd=float(item.get("estimated_cost_usd", {}).get("N", "0")),
-    )
-    return QueueEntry(
-        job=job, task_token=item["task_token"]["S"], queued_at=float(item["queued_at"]["N"])
     )
 
 
@@ -200,12 +242,14 @@ class DynamoJobQueue:
                 "ConditionExpression": "attribute_not_exists(pk)",
             }
         }
-        count = self._count_waiting(entry.job.priority, +1)
+        locator = {"Put": {"TableName": self._table, "Item": _locator_item(item)}}
+        counts = self._count_waiting(entry.job, +1)
         still_queued = self._still_queued(entry.job.job_id)
-        failed = self._transact([{"Put": put}, not_admitted, count, *still_queued])
+        items = [{"Put": put}, not_admitted, *counts, locator, *still_queued]
+        failed = self._transact(items)
         if not failed:
             return True
-        if still_queued and 3 in failed:
+        if still_queued and len(items) - 1 in failed:
             return False  # the job ended meanwhile
         # A repeated step (its earlier attempt crashed after writing): only the token changes.
         if not self._hand_admission_to(entry):
@@ -234,21 +278,31 @@ class DynamoJobQueue:
         """See `transact`: the positions of the items whose condition failed."""
         return transact(self._client, items)
 
-    def _count_waiting(self, priority: Priority, change: int) -> dict[str, Any]:
-        return {
-            "Update": {
-                "TableName": self._table,
-                "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
-                "UpdateExpression": "ADD #waiting :change",
-                "ExpressionAttributeNames": {"#waiting": _waiting_counter(priority)},
-                "ExpressionAttributeValues": {":change": _n(change)},
+    def _count_waiting(self, job: QueuedJob, change: int) -> list[dict[str, Any]]:
+        """The counters of waiting jobs: of its class (global), and of its team, class and
+        shape (on the team's usage item)."""
+        return [
+            {
+                "Update": {
+                    "TableName": self._table,
+                    "Key": {"pk": _s(_STATE), "sk": _s(sk)},
+                    "UpdateExpression": "ADD #waiting :change",
+                    "ExpressionAttributeNames": {"#waiting": counter},
+                    "ExpressionAttributeValues": {":change": _n(change)},
+                }
             }
-        }
+            for sk, counter in (
+                (_GLOBAL, _waiting_counter(job.priority)),
+                (_TEAM + job.team, _shape_counter(job)),
+            )
+        ]
 
     def state(self) -> QueueState:
         running: list[RunningEntry] = []
         bookings: list[Booking] = []
         waiting: dict[Priority, int] = {}
+        streams: dict[tuple[str, Priority], set[Shape]] = {}
+        nominees: list[QueuedJob] = []
         gpus_held = 0
         shortages_until = 0.0
         for item in self._query(
@@ -257,6 +311,13 @@ class DynamoJobQueue:
             sk = item["sk"]["S"]
             if sk.startswith(_RUNNING):
                 running.append(_running(item))
+            elif sk.startswith(_TEAM):
+                team = sk.removeprefix(_TEAM)
+                for (priority, shape), count in _shape_counts(item).items():
+                    if count > 0:
+                        streams.setdefault((team, priority), set()).add(shape)
+            elif sk.startswith(_NOMINEE):
+                nominees.append(_queued_job(item))
             elif sk.startswith(_BOOKING):
                 bookings.append(_booking(item))
             elif sk == _SHORTAGE:
@@ -272,70 +333,86 @@ class DynamoJobQueue:
             waiting=waiting,
             gpus_held=gpus_held,
             shortages_until=shortages_until,
+            streams={key: frozenset(shapes) for key, shapes in streams.items()},
+            nominees=nominees,
         )
 
     def waiting(self) -> list[QueueEntry]:
+        teams = sorted({team for team, _ in self.state().streams})
         return [
             _entry(item)
-            for shard in range(SHARDS)
+            for team in teams
             for item in self._query(
                 KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": _s(f"q#{shard}")},
+                ExpressionAttributeValues={":pk": _s(_queue_partition(team))},
             )
         ]
 
-    def candidates(
-        self,
-        now: float,
-        policy: QueuePolicy,
-        limit: int,
-        classes: Collection[Priority] | None = None,
-    ) -> list[QueueEntry]:
-        ranks = sorted(3 - CLASS_RANK[p] for p in (_PRIORITIES if classes is None else classes))
-        streams: list[Iterator[dict[str, Any]]] = [
-            self._query(
-                KeyConditionExpression="pk = :pk AND begins_with(sk, :class)",
-                ExpressionAttributeValues={":pk": _s(f"q#{shard}"), ":class": _s(f"{rank}#")},
-                Limit=min(PAGE, limit),
+    def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :class)",
+            "ExpressionAttributeValues": {
+                ":pk": _s(_queue_partition(team)),
+                ":class": _s(f"{3 - CLASS_RANK[priority]}#"),
+            },
+            "Limit": FIRST_PAGE,
+        }
+        while True:
+            page = self._client.query(**kwargs)
+            items = page.get("Items", [])
+            self._items_read += len(items)
+            yield from (_entry(item) for item in items)
+            if "LastEvaluatedKey" not in page:
+                return
+            kwargs.update(
+                ExclusiveStartKey=page["LastEvaluatedKey"], Limit=min(PAGE, 2 * kwargs["Limit"])
             )
-            for shard in range(SHARDS)
-            for rank in ranks
-        ]
-        heap: list[tuple[float, float, str, int, QueueEntry]] = []
 
-        def push(index: int) -> None:
-            item = next(streams[index], None)
-            if item is not None:
-                entry = _entry(item)
-                job = entry.job
-                key = -effective_priority(job, now, policy)
-                heapq.heappush(heap, (key, job.enqueued_at, job.job_id, index, entry))
-
-        for index in range(len(streams)):
-            push(index)
-        best: list[QueueEntry] = []
-        while heap and len(best) < limit:
-            *_, index, entry = heapq.heappop(heap)
-            best.append(entry)
-            push(index)
-        return best
+    def waiting_entry(self, job: QueuedJob) -> QueueEntry | None:
+        item = self._client.get_item(
+            TableName=self._table, Key=_entry_key(job), ConsistentRead=True
+        ).get("Item")
+        self._items_read += item is not None
+        return None if item is None else _entry(item)
 
     def remove(self, job_id: str) -> QueueEntry | None:
-        for item in self._query(
-            KeyConditionExpression="pk = :pk",
-            FilterExpression="job_id = :job",
-            ExpressionAttributeValues={":pk": _s(shard_of(job_id)), ":job": _s(job_id)},
-        ):
-            entry = _entry(item)
-            delete = {
-                "TableName": self._table,
-                "Key": {"pk": item["pk"], "sk": item["sk"]},
-                "ConditionExpression": "attribute_exists(pk)",
-            }
-            if self._transact([{"Delete": delete}, self._count_waiting(entry.job.priority, -1)]):
-                return None  # admitted or removed by someone else meanwhile
-            return entry
-        return None
+        locator = self._client.get_item(
+            TableName=self._table, Key=_locator(job_id), ConsistentRead=True
+        ).get("Item")
+        if locator is None:
+            return None
+        key = {"pk": locator["entry_pk"], "sk": locator["entry_sk"]}
+        item = self._client.get_item(TableName=self._table, Key=key, ConsistentRead=True).get(
+            "Item"
+        )
+        if item is None:
+            return None  # admitted or removed meanwhile
+        entry = _entry(item)
+        delete = {
+            "TableName": self._table,
+            "Key": key,
+            "ConditionExpression": "attribute_exists(pk)",
+        }
+        leaves = [
+            {"Delete": delete},
+            *self._leaving(entry.job),
+            *self._count_waiting(entry.job, -1),
+        ]
+        if self._transact(leaves):
+            return None  # admitted or removed by someone else meanwhile
+        return entry
+
+    def _leaving(self, job: QueuedJob) -> list[dict[str, Any]]:
+        """What goes with a waiting job's entry when it leaves the queue: its locator, and its
+        nominee item if it has one."""
+        return [
+            {"Delete": {"TableName": self._table, "Key": key}}
+            for key in (
+                _locator(job.job_id),
+                {"pk": _s(_STATE), "sk": _s(_NOMINEE + job.job_id)},
+            )
+        ]
 
     # -- running jobs --------------------------------------------------------------------------
 
@@ -360,21 +437,35 @@ class DynamoJobQueue:
                 ":instance_room": _n(limits.max_instances - job.instances),
             },
         }
+        team_update: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + job.team)},
+            "UpdateExpression": "ADD gpus :gpus",
+            "ExpressionAttributeValues": {":gpus": _n(job.gpus)},
+        }
+        if limits.team_gpus is not None:
+            team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
+            team_update["ExpressionAttributeValues"][":room"] = _n(limits.team_gpus - job.gpus)
         if waiting:
             # The job leaves the queue: its entry must still be there (the proof that it still
-            # waits), and its class counts one fewer.
+            # waits), its locator and nominee item go with it, and its counters count one fewer.
             leaves = [
                 {
                     "Delete": {
                         "TableName": self._table,
-                        "Key": {"pk": _s(shard_of(queued.job_id)), "sk": _s(order_key(queued))},
+                        "Key": _entry_key(queued),
                         "ConditionExpression": "attribute_exists(pk)",
                     }
-                }
+                },
+                *self._leaving(queued),
             ]
-            usage["UpdateExpression"] += ", #waiting :less"
-            usage["ExpressionAttributeNames"] = {"#waiting": _waiting_counter(queued.priority)}
-            usage["ExpressionAttributeValues"][":less"] = _n(-1)
+            for update, counter in (
+                (usage, _waiting_counter(queued.priority)),
+                (team_update, _shape_counter(queued)),
+            ):
+                update["UpdateExpression"] += ", #waiting :less"
+                update["ExpressionAttributeNames"] = {"#waiting": counter}
+                update["ExpressionAttributeValues"][":less"] = _n(-1)
         else:
             # Admitted as it arrives, never queued: the job record must still say QUEUED.
             leaves = self._still_queued(queued.job_id)
@@ -400,17 +491,8 @@ class DynamoJobQueue:
                 }
             },
             {"Update": usage},
+            {"Update": team_update},
         ]
-        team_update: dict[str, Any] = {
-            "TableName": self._table,
-            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + job.team)},
-            "UpdateExpression": "ADD gpus :gpus",
-            "ExpressionAttributeValues": {":gpus": _n(job.gpus)},
-        }
-        if limits.team_gpus is not None:
-            team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
-            team_update["ExpressionAttributeValues"][":room"] = _n(limits.team_gpus - job.gpus)
-        items.append({"Update": team_update})
         return not self._transact(items)
 
     def _launch_note(self, job_id: str, hourly_usd: float, stop_at: float | None) -> dict[str, Any]:
@@ -458,20 +540,42 @@ class DynamoJobQueue:
                 raise
             # A later shortage is noted already.
 
+    def _draining(self, job_id: str, for_job_id: str) -> dict[str, Any]:
+        return {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
+            "UpdateExpression": "SET draining_for = :for",
+            "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(draining_for)",
+            "ExpressionAttributeValues": {":for": _s(for_job_id)},
+        }
+
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         try:
-            self._client.update_item(
-                TableName=self._table,
-                Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
-                UpdateExpression="SET draining_for = :for",
-                ConditionExpression="attribute_exists(pk) AND attribute_not_exists(draining_for)",
-                ExpressionAttributeValues={":for": _s(for_job_id)},
-            )
+            self._client.update_item(**self._draining(job_id, for_job_id))
         except ClientError as exc:
             if _code(exc) == "ConditionalCheckFailedException":
                 return False
             raise
         return True
+
+    def preempt(self, victim_id: str, for_job: QueuedJob) -> bool:
+        still_waits = {
+            "TableName": self._table,
+            "Key": _entry_key(for_job),
+            "ConditionExpression": "attribute_exists(pk)",
+        }
+        nominee = {
+            **_job_attributes(for_job),
+            "pk": _s(_STATE),
+            "sk": _s(_NOMINEE + for_job.job_id),
+        }
+        return not self._transact(
+            [
+                {"Update": self._draining(victim_id, for_job.job_id)},
+                {"ConditionCheck": still_waits},
+                {"Put": {"TableName": self._table, "Item": nominee}},
+            ]
+        )
 
     def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
         if self._jobs_table is None:
@@ -611,6 +715,16 @@ def _booking(item: dict[str, Any]) -> Booking:
         start=float(item["start"]["N"]),
         end=float(item["end"]["N"]),
     )
+
+
+def _shape_counts(item: dict[str, Any]) -> dict[tuple[Priority, Shape], int]:
+    """A team's usage item's counters of waiting jobs, by class and shape."""
+    counts = {}
+    for name, value in item.items():
+        if name.startswith(_SHAPE_COUNTER):
+            priority, gpus, instances = name.removeprefix(_SHAPE_COUNTER).split("#")
+            counts[(Priority(priority), (int(gpus), int(instances)))] = int(value["N"])
+    return counts
 
 
 def _code(exc: ClientError) -> str:

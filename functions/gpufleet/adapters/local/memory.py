@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain.config import MetricPolicy, WarmPool
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
-from gpufleet.domain.queueing import Booking, QueuePolicy, RunningJob, admission_order
+from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import AlarmRule, job_alarm_rules
 from gpufleet.domain.spec import JobSpec, Priority
 from gpufleet.ports import (
@@ -360,6 +360,7 @@ class InMemoryJobQueue:
         self._lock = threading.Lock()
         self._jobs = jobs  # whose records enqueue and admit-on-arrival check, as on DynamoDB
         self._waiting: dict[str, QueueEntry] = {}
+        self._nominees: dict[str, QueuedJob] = {}  # waiting jobs that preempted others
         self._running: dict[str, RunningEntry] = {}
         self._bookings: list[Booking] = []
         self._notices: set[str] = set()
@@ -395,21 +396,20 @@ class InMemoryJobQueue:
             self._read += len(self._waiting)
             return list(self._waiting.values())
 
-    def candidates(
-        self,
-        now: float,
-        policy: QueuePolicy,
-        limit: int,
-        classes: Collection[Priority] | None = None,
-    ) -> list[QueueEntry]:
+    def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
         with self._lock:
-            entries = [
-                e for e in self._waiting.values() if classes is None or e.job.priority in classes
-            ]
-        order = admission_order([e.job for e in entries], now, policy)[:limit]
-        by_id = {e.job.job_id: e for e in entries}
-        self._read += len(order)
-        return [by_id[job.job_id] for job in order]
+            members = [e for e in self._waiting.values() if e.job.team == team]
+        entries = sorted(
+            (e for e in members if e.job.priority is priority),
+            key=lambda e: (e.job.enqueued_at, e.job.job_id),
+        )
+        for entry in entries:
+            self._read += 1
+            yield entry
+
+    def waiting_entry(self, job: QueuedJob) -> QueueEntry | None:
+        with self._lock:
+            return self._waiting.get(job.job_id)
 
     def running(self) -> list[RunningEntry]:
         with self._lock:
@@ -419,12 +419,18 @@ class InMemoryJobQueue:
         with self._lock:
             running = list(self._running.values())
             waiting = Counter(e.job.priority for e in self._waiting.values())
+            streams: dict[tuple[str, Priority], set[Shape]] = {}
+            for entry in self._waiting.values():
+                job = entry.job
+                streams.setdefault((job.team, job.priority), set()).add((job.gpus, job.instances))
             return QueueState(
                 running=running,
                 bookings=list(self._bookings),
                 waiting={p: waiting.get(p, 0) for p in Priority},
                 gpus_held=sum(r.job.gpus for r in running),
                 shortages_until=self._shortages_until,
+                streams={key: frozenset(shapes) for key, shapes in streams.items()},
+                nominees=list(self._nominees.values()),
             )
 
     def admit(
@@ -446,6 +452,7 @@ class InMemoryJobQueue:
             if limits.team_gpus is not None and team > limits.team_gpus:
                 return False
             self._waiting.pop(entry.job.job_id, None)
+            self._nominees.pop(entry.job.job_id, None)
             self._running[job.job_id] = RunningEntry(job, entry.task_token, notified=False)
             return True
 
@@ -492,11 +499,23 @@ class InMemoryJobQueue:
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         with self._lock:
-            entry = self._running.get(job_id)
-            if entry is None or entry.job.draining:
+            return self._mark_draining(job_id, for_job_id)
+
+    def _mark_draining(self, job_id: str, for_job_id: str) -> bool:
+        entry = self._running.get(job_id)
+        if entry is None or entry.job.draining:
+            return False
+        job = replace(entry.job, draining_for=for_job_id)
+        self._running[job_id] = RunningEntry(job, entry.task_token, entry.notified)
+        return True
+
+    def preempt(self, victim_id: str, for_job: QueuedJob) -> bool:
+        with self._lock:
+            if for_job.job_id not in self._waiting:
                 return False
-            job = replace(entry.job, draining_for=for_job_id)
-            self._running[job_id] = RunningEntry(job, entry.task_token, entry.notified)
+            if not self._mark_draining(victim_id, for_job.job_id):
+                return False
+            self._nominees[for_job.job_id] = for_job
             return True
 
     def release(self, job_id: str) -> bool:
@@ -505,6 +524,7 @@ class InMemoryJobQueue:
 
     def remove(self, job_id: str) -> QueueEntry | None:
         with self._lock:
+            self._nominees.pop(job_id, None)
             return self._waiting.pop(job_id, None)
 
     def book(self, booking: Booking) -> None:
