@@ -1,6 +1,7 @@
 """What a real account holds before gpufleet's first job, and moto's does not.
 
-- The public SSM parameter of the GPU AMI, as the stack resolves it at deploy time: moto serves
+- The public SSM parameters of the GPU AMI and of the Powertools layer, as the stack resolves
+  them at deploy time: moto serves
   only a few `/aws/service/` trees, and refuses, as SSM does, a PutParameter under `/aws`; the
   parameter is put in the backend, as AWS publishes it. And CDK's bootstrap version parameter,
   which `cdk bootstrap` leaves and every deploy checks.
@@ -33,6 +34,11 @@ AMI_SSM_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
 AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+# The Powertools layer's public parameter the functions' layer comes from (infra's default).
+POWERTOOLS_LAYER_PARAMETER = "/aws/service/powertools/python/x86_64/python3.12/latest"
+POWERTOOLS_LAYER_ARN = (
+    "arn:aws:lambda:us-east-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python312-x86_64:18"
+)
 # What `cdk bootstrap` leaves (default qualifier), which every CDK template checks at deploy.
 CDK_BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 CDK_BOOTSTRAP_VERSION = "28"
@@ -124,23 +130,29 @@ def populate(account: Account, ami_id: str) -> None:
 
 
 def _publish_ami_parameter(account: Account, ami_id: str) -> None:
+    _publish(account, AMI_SSM_PARAMETER, ami_id, "aws:ec2:image")
+    _publish(account, POWERTOOLS_LAYER_PARAMETER, POWERTOOLS_LAYER_ARN, "text")
+
+
+def _publish(account: Account, name: str, value: str, data_type: str) -> None:
+    """A public `/aws/service/` parameter, put in the backend as AWS publishes it."""
     from moto.ssm.models import Parameter, ssm_backends
 
     from gpufleet.emulator.account import ACCOUNT_ID
 
     backend = ssm_backends[ACCOUNT_ID][account.region]
-    backend._parameters[AMI_SSM_PARAMETER].append(
+    backend._parameters[name].append(
         Parameter(  # type: ignore[abstract]  # as moto builds its own public parameters
             account_id=ACCOUNT_ID,
-            name=AMI_SSM_PARAMETER,
-            value=ami_id,
+            name=name,
+            value=value,
             parameter_type="String",
             description=None,
             allowed_pattern=None,
             keyid=None,
             last_modified_date=datetime.datetime.now(datetime.UTC),
             version=1,
-            data_type="aws:ec2:image",
+            data_type=data_type,
         )
     )
 
@@ -173,10 +185,14 @@ def _subscribe_an_operator(account: Account) -> None:
 
 
 def stack_parameters() -> dict[str, Any]:
-    """The SSM-typed parameters of the deployed stack's template: the AMI and CDK's bootstrap
-    version."""
+    """The SSM-typed parameters of the deployed stack's template: the AMI, the Powertools
+    layer and CDK's bootstrap version."""
     return {
         "AmiParameter": {"Type": AMI_PARAMETER_TYPE, "Default": AMI_SSM_PARAMETER},
+        "PowertoolsLayerParameter": {
+            "Type": "AWS::SSM::Parameter::Value<String>",
+            "Default": POWERTOOLS_LAYER_PARAMETER,
+        },
         "BootstrapVersion": {
             "Type": "AWS::SSM::Parameter::Value<String>",
             "Default": CDK_BOOTSTRAP_VERSION_PARAMETER,
