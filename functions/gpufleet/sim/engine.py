@@ -55,7 +55,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,7 +64,13 @@ from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundle
 from gpufleet.domain.cost import held_seconds, run_cost_usd
 from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import Placement
-from gpufleet.domain.launch import CapacityType, LaunchError, LaunchResult, shortage_keys
+from gpufleet.domain.launch import (
+    CapacityType,
+    LaunchError,
+    LaunchOverride,
+    LaunchResult,
+    shortage_keys,
+)
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
 from gpufleet.domain.queueing import Decision, QueuedJob, QueuePolicy, RunningJob, decide
 from gpufleet.domain.selection import NoFeasibleOffering
@@ -284,7 +290,7 @@ class _Job:
         self.lease: Lease | None = None
         self.instance_gpus = 0
         self.placement: Placement | None = None
-        self.shape = _shape(spec.resources)
+        self.shape = resource_shape(spec.resources)
         self.past_run: PastRun | None = None  # its completed run, for the team's history
         self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
         self.expected: DurationEstimate | None = None  # what its current plan is ranked by
@@ -299,7 +305,8 @@ def _plan_seconds(seconds: int) -> int:
     return max(1, round(seconds / scale) * scale)
 
 
-def _shape(r: Resources) -> tuple[object, ...]:
+def resource_shape(r: Resources) -> tuple[object, ...]:
+    """The resources as a hashable key (plans, history and the lower bound are cached by it)."""
     return (r.gpus, r.gpu_memory_gib, tuple(r.gpu_models), r.vcpus, r.memory_gib, r.nodes, r.arch)
 
 
@@ -326,9 +333,9 @@ class _Planner:
         unavailable: frozenset[str],
         expected: DurationEstimate,
     ) -> LaunchPlan | None:
-        """The plan for `spec`, whose resources have `shape` (`_shape`)."""
-        seconds = _plan_seconds(expected.seconds)
-        key = (shape, spot, seconds, expected.source, unavailable)
+        """The plan for `spec` (its resources' `resource_shape` is `shape`), ranked by
+        `expected` (already rounded by `_plan_seconds`)."""
+        key = (shape, spot, expected.seconds, expected.source, unavailable)
         self.calls += 1
         hit = self._cache.get(key)
         if hit is None:
@@ -345,7 +352,7 @@ class _Planner:
                     retry_wait_seconds=c.retry_wait_seconds,
                     boot_allowance_seconds=c.boot_allowance_seconds,
                     heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
-                    expected=DurationEstimate(seconds, expected.source),
+                    expected=expected,
                     unavailable=unavailable,
                 )
             except NoFeasibleOffering as exc:
@@ -433,6 +440,11 @@ class Engine:
             policy.max_launch_attempts or config.max_launch_attempts,
         )
         self.capacity = InMemoryCapacityMemory()
+        # `capacity.unavailable(now)` changes only as time passes or a shortage is noted: the
+        # launches of one dispatch pass (same `now`) share one answer.
+        self._shortages_noted = 0
+        self._unavailable_cache: tuple[float, int, frozenset[str]] = (-math.inf, -1, frozenset())
+        self._offerings: dict[tuple[CapacityType, str, str | None], Offering] = {}
         self.jobs = [
             _Job(i, trace, spec, policy)
             for i, (trace, spec) in enumerate(zip(workload.jobs, workload.specs, strict=True))
@@ -652,10 +664,12 @@ class Engine:
         job.state = _LAUNCHING
         job.attempts = 0
         job.step = 0
-        job.expected = expected = self._expected(job)
+        expected = self._expected(job)
         self.result.expected_seconds[job.idx] = expected.seconds
         sources = self.result.expected_sources
         sources[expected.source] = sources.get(expected.source, 0) + 1
+        # Plans are ranked (and cached) by the estimate to two significant figures.
+        job.expected = DurationEstimate(_plan_seconds(expected.seconds), expected.source)
         job.base_plan = self.planner(
             job.spec, job.shape, self._spot(job), frozenset(), job.expected
         )
@@ -670,7 +684,7 @@ class Engine:
         assert plan is not None
         capacity_type = plan.steps[job.step].capacity_type
         assert job.expected is not None
-        unavailable = self.capacity.unavailable(self.now)
+        unavailable = self._unavailable()
         current = self.planner(job.spec, job.shape, self._spot(job), unavailable, job.expected)
         step: LaunchStep | None = None
         if current is not None:
@@ -679,9 +693,7 @@ class Engine:
         lease: Lease | None = None
         if step is not None:
             for override in step.overrides:
-                offering = self.market.offering(
-                    f"{capacity_type.value}:{override.instance_type}:{override.zone or self.region}"
-                )
+                offering = self._offering(capacity_type, override)
                 lease = self.market.launch(offering, job.nodes, self.now, self.rng)
                 if lease is not None:
                     break
@@ -701,10 +713,7 @@ class Engine:
                 for o in (step.overrides if step is not None else [])
             ],
         )
-        self.capacity.remember(
-            shortage_keys(result, self.region),
-            until=self.now + self.config.capacity_memory_seconds,
-        )
+        self._remember(shortage_keys(result, self.region))
         move = plan.after_failure(job.step, job.attempts, result.error_category)
         if move.give_up:
             self._release_admission(job)
@@ -712,6 +721,29 @@ class Engine:
             return
         job.step = move.step
         self._push(self.now + (move.wait_seconds if move.retry_later else 0), _LAUNCH, job)
+
+    def _remember(self, shortages: Iterable[str]) -> None:
+        """Note offerings as short for `capacity_memory_seconds`, as the lifecycle does."""
+        self.capacity.remember(shortages, until=self.now + self.config.capacity_memory_seconds)
+        self._shortages_noted += 1
+
+    def _unavailable(self) -> frozenset[str]:
+        at, noted, keys = self._unavailable_cache
+        if at != self.now or noted != self._shortages_noted:
+            keys = self.capacity.unavailable(self.now)
+            self._unavailable_cache = (self.now, self._shortages_noted, keys)
+        return keys
+
+    def _offering(self, capacity_type: CapacityType, override: LaunchOverride) -> Offering:
+        key = (capacity_type, override.instance_type, override.zone)
+        offering = self._offerings.get(key)
+        if offering is None:
+            zone = override.zone or self.region
+            offering = self.market.offering(
+                f"{capacity_type.value}:{override.instance_type}:{zone}"
+            )
+            self._offerings[key] = offering
+        return offering
 
     def _launched(
         self, job: _Job, lease: Lease, capacity_type: CapacityType, plan: LaunchPlan
@@ -784,9 +816,7 @@ class Engine:
     def _avoid_interrupted_pool(self, job: _Job) -> None:
         """Market hook on an interruption: a policy that fails over remembers the pool."""
         if self.policy.avoid_interrupted_pool and job.lease is not None:
-            self.capacity.remember(
-                {job.lease.offering.key}, until=self.now + self.config.capacity_memory_seconds
-            )
+            self._remember({job.lease.offering.key})
 
     def _release_admission(self, job: _Job) -> None:
         self.running.pop(job.job_id, None)

@@ -224,6 +224,11 @@ class MarketModel:
             }
         # A region-level offering stands for its type in each zone the catalog knows here.
         self.zones = max(1, len({o.zone for o in offerings if o.zone}))
+        # Without overrides or outages a launch's chance of failing is its capacity type's.
+        self._plain_failures = (
+            not self.config.pool_launch_failure and self.config.spot_outages_per_pool_day <= 0
+        )
+        self._pools_by_id: dict[int, tuple[SpotPool, ...]] = {}
 
     def offering(self, key: str) -> Offering:
         """The offering with pool key `capacity-type:instance-type:zone`; KeyError if none."""
@@ -244,16 +249,21 @@ class MarketModel:
     def pools(self, offering: Offering) -> tuple[SpotPool, ...]:
         """The spot pools an offering launches into (empty for on-demand, and when neither
         setting needs pools); drawn once, from the seed and the pool key alone."""
+        pools = self._pools_by_id.get(id(offering))  # the catalog keeps its offerings alive
+        if pools is not None:
+            return pools
         if offering.capacity_type != "spot" or not (
             self.measured_interruptions or self.finite_capacity
         ):
-            return ()
-        pools = self._pools.get(offering.key)
+            pools = ()
+        else:
+            pools = self._pools.get(offering.key)
         if pools is None:
             count = 1 if offering.zone else self.zones
             keys = [offering.key] if count == 1 else [f"{offering.key}#{z}" for z in range(count)]
             pools = tuple(self._draw_pool(offering, key) for key in keys)
             self._pools[offering.key] = pools
+        self._pools_by_id[id(offering)] = pools
         return pools
 
     def _draw_pool(self, offering: Offering, key: str) -> SpotPool:
@@ -291,7 +301,11 @@ class MarketModel:
         fails for lack of capacity (a gang launches whole or not at all)."""
         if instances < 1:
             raise ValueError("instances must be >= 1")
-        if self.launch_fails(offering, at, rng):
+        if self._plain_failures:  # the same draw as launch_fails, without the lookups
+            p = self._default_failure(offering.capacity_type)
+            if p > 0 and rng.random() < p:
+                return None
+        elif self.launch_fails(offering, at, rng):
             return None
         pools = self.pools(offering)
         if not pools:

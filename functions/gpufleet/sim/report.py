@@ -44,7 +44,7 @@ from typing import Any
 from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.selection import is_feasible
 from gpufleet.domain.spec import Priority, Resources
-from gpufleet.sim.engine import SimResult, Workload
+from gpufleet.sim.engine import SimResult, Workload, resource_shape
 
 PLOTS: tuple[tuple[str, str], ...] = (
     ("cost_vs_lower_bound.png", "Cost against the lower bound, per policy"),
@@ -98,15 +98,7 @@ def cost_lower_bound_usd(
     total = 0.0
     for job, spec in zip(workload.jobs, workload.specs, strict=True):
         r = spec.resources
-        key: tuple[object, ...] = (
-            r.gpus,
-            r.gpu_memory_gib,
-            tuple(r.gpu_models),
-            r.vcpus,
-            r.memory_gib,
-            r.arch,
-            r.nodes > 1,  # multi-node needs EFA
-        )
+        key = resource_shape(r)
         if key not in cache:
             cache[key] = cheapest_hourly_usd(r, cat, where)
         total += r.nodes * cache[key] * job.duration_seconds / 3600.0
