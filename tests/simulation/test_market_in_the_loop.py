@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.domain.catalog import Catalog, InstanceType, Offering
+from gpufleet.domain.catalog import Catalog, Offering
 from gpufleet.domain.duration import PastRun, estimate_duration
 from gpufleet.domain.selection import hourly_hazard
 from gpufleet.sim import engine as engine_module
@@ -30,28 +30,15 @@ from gpufleet.sim.policies import (
 )
 from gpufleet.sim.report import cost_lower_bound_usd, policy_metrics
 from gpufleet.sim.traces import TraceJob
+from tests.unit.test_sim_measured import nvidia_type
 
 REGION = "test-1"
 HOUR = 3600.0
 BOOT = 180.0
 
 
-def _type(name: str, gpus: int, *, efa: bool = False) -> InstanceType:
-    return InstanceType(
-        name=name,
-        accelerator="nvidia",
-        gpu_model="T4",
-        gpus=gpus,
-        gpu_memory_gib=16,
-        vcpus=8 * gpus,
-        memory_gib=32 * gpus,
-        arch="x86_64",
-        efa=efa,
-    )
-
-
-ONE = _type("g9.xlarge", 1)
-FOUR = _type("g9.12xlarge", 4, efa=True)
+ONE = nvidia_type("g9.xlarge", 1)
+FOUR = nvidia_type("g9.12xlarge", 4, efa=True)
 
 
 def catalog() -> Catalog:

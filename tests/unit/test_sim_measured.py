@@ -29,21 +29,22 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HOUR = 3600.0
 
 
-def _type(name: str, gpus: int) -> InstanceType:
+def nvidia_type(name: str, gpus: int, *, efa: bool = False) -> InstanceType:
+    """A made-up NVIDIA type with `gpus` 16 GiB GPUs (also used by tests/simulation)."""
     return InstanceType(
         name=name,
         accelerator="nvidia",
         gpu_model="T4",
         gpus=gpus,
         gpu_memory_gib=16,
-        vcpus=4 * gpus,
-        memory_gib=16 * gpus,
+        vcpus=8 * gpus,
+        memory_gib=32 * gpus,
         arch="x86_64",
-        efa=False,
+        efa=efa,
     )
 
 
-ONE, EIGHT = _type("g9.xlarge", 1), _type("g9.16xlarge", 8)
+ONE, EIGHT = nvidia_type("g9.xlarge", 1), nvidia_type("g9.16xlarge", 8)
 
 
 def _catalog() -> Catalog:

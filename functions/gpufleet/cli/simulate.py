@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -135,27 +135,31 @@ def register(commands: Any) -> None:
         help="GPUs all jobs may hold together (default: the window's peak demand, so nothing "
         "queues); lower it to see how the policies share a contended fleet",
     )
-    parser.add_argument(
-        "--interruptions",
-        choices=("measured", "advisor"),
-        default=_DEFAULTS.interruptions,
-        help="spot interruptions: replay the preemptions measured on EC2 (Bamboo, SkyPilot) "
-        "by Spot Advisor bucket, or the Spot Advisor hazard (%(default)s)",
+    market_choices = (
+        (
+            "--interruptions",
+            "spot interruptions: 'measured' replays the preemptions measured on EC2 (Bamboo, "
+            "SkyPilot) by Spot Advisor bucket; 'advisor' uses the Spot Advisor hazard",
+        ),
+        (
+            "--spot-capacity",
+            "spot pools: 'finite' hold what SkyPilot's availability traces could launch; "
+            "'unlimited' fail launches at a fixed rate",
+        ),
+        (
+            "--durations",
+            "what plans know of a job's duration: 'history' the estimate from the team's "
+            "past runs, as the Lambdas; 'oracle' the trace's true duration",
+        ),
     )
-    parser.add_argument(
-        "--spot-capacity",
-        choices=("finite", "unlimited"),
-        default=_DEFAULTS.spot_capacity,
-        help="spot pools: finite, varying as SkyPilot measured, or unlimited with a fixed "
-        "launch failure rate (%(default)s)",
-    )
-    parser.add_argument(
-        "--durations",
-        choices=("history", "oracle"),
-        default=_DEFAULTS.durations,
-        help="what plans know of a job's duration: the estimate from the team's past runs, as "
-        "the Lambdas do, or the trace's true duration (%(default)s)",
-    )
+    for flag, what in market_choices:
+        field = flag[2:].replace("-", "_")
+        parser.add_argument(
+            flag,
+            choices=get_args(SimSettings.model_fields[field].annotation),
+            default=getattr(_DEFAULTS, field),
+            help=f"{what} (%(default)s)",
+        )
     parser.add_argument(
         "--spot-pool-instances",
         type=int,
