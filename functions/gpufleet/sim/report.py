@@ -223,7 +223,11 @@ def write_report(
     fig, ax = plt.subplots(figsize=(8, 4.8))
     ratios = [r.cost_usd / bound if bound > 0 else 0.0 for r in results]
     bars = ax.bar(names, ratios, color="tab:blue")
-    ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ratios])
+    labels = [  # a policy that failed jobs did not buy the same work
+        f"{x:.2f}x" + (f"\n({r.failed} failed)" if r.failed else "")
+        for x, r in zip(ratios, results, strict=True)
+    ]
+    ax.bar_label(bars, labels=labels)
     ax.axhline(1.0, color="black", linewidth=1, label=f"lower bound (${bound:,.0f})")
     ax.set_ylim(0, max([1.1, *ratios]) * 1.15)
     ax.set_ylabel("cost / lower bound")
