@@ -42,10 +42,11 @@ dispatcher's batching window); while jobs wait under a preempting policy a pass 
 beyond the page, the next page is read at once. No pass runs while the queue is empty.
 
 Simplifications (documented in sim/README.md): the simulated fleet picks the first override of a
-step that the market does not fail (cheapest first), the 2-minute interruption notice is not
-used for an extra checkpoint, run timeouts are not enforced (every mapped timeout is at least
-twice the trace duration, except for jobs longer than the spec's 14-day cap, which the trace
-says did finish), and a static pool packs jobs by GPU count (no fragmentation).
+step that the market has room for (cheapest first), the 2-minute interruption notice is not
+used for an extra checkpoint, interruptions are not capped (the Lambdas' run-end rule), run
+timeouts are not enforced (every mapped timeout is at least twice the trace duration, except
+for jobs longer than the spec's 14-day cap, which the trace says did finish), and a static pool
+packs jobs by GPU count (no fragmentation).
 """
 
 from __future__ import annotations
