@@ -10,7 +10,13 @@ import pytest
 
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
 from gpufleet.domain.selection import hourly_hazard
-from gpufleet.sim.market import MarketConfig, MarketModel, bamboo_check, checkpointed_progress
+from gpufleet.sim.market import (
+    Lease,
+    MarketConfig,
+    MarketModel,
+    bamboo_check,
+    checkpointed_progress,
+)
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -44,6 +50,11 @@ def _spot(market: MarketModel, bucket: int) -> Offering:
     return market.offering(f"spot:g9.xlarge:test-1{chr(ord('a') + bucket)}")
 
 
+def _lease(offering: Offering, instances: int = 1) -> Lease:
+    """Room on the advisor, unlimited market (no pool to track)."""
+    return Lease(offering, instances, None)
+
+
 def test_builds_from_the_bundled_catalog() -> None:
     market = MarketModel(region="us-east-1")
     assert market.catalog is load_bundled()
@@ -59,7 +70,7 @@ def test_interruptions_are_seeded_and_deterministic() -> None:
 
     def draws(seed: int) -> list[float | None]:
         rng = random.Random(seed)
-        return [market.next_interruption(spot, 1000.0, rng) for _ in range(50)]
+        return [market.next_interruption(_lease(spot), 1000.0, rng) for _ in range(50)]
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
@@ -70,9 +81,9 @@ def test_on_demand_is_never_interrupted() -> None:
     market = _market()
     od = market.offering("on-demand:g9.xlarge:test-1a")
     assert market.hazard_per_hour(od) == 0
-    assert market.next_interruption(od, 0.0, random.Random(1)) is None
+    assert market.next_interruption(_lease(od), 0.0, random.Random(1)) is None
     zero = _market(MarketConfig(hazard_scale=0))
-    assert zero.next_interruption(_spot(zero, 4), 0.0, random.Random(1)) is None
+    assert zero.next_interruption(_lease(_spot(zero, 4)), 0.0, random.Random(1)) is None
 
 
 def test_hazard_follows_the_spot_advisor_bucket() -> None:
@@ -87,7 +98,9 @@ def test_hazard_follows_the_spot_advisor_bucket() -> None:
     means = []
     for b in (0, 4):
         spot = _spot(scaled, b)
-        gaps = [(scaled.next_interruption(spot, 0.0, rng) or 0.0) / 3600 for _ in range(4000)]
+        gaps = [
+            (scaled.next_interruption(_lease(spot), 0.0, rng) or 0.0) / 3600 for _ in range(4000)
+        ]
         mean = sum(gaps) / len(gaps)
         assert mean == pytest.approx(1 / scaled.hazard_per_hour(spot), rel=0.06)
         means.append(mean)
@@ -98,11 +111,23 @@ def test_a_gang_is_interrupted_n_times_as_often() -> None:
     market = _market(MarketConfig(hazard_scale=1000))
     spot = _spot(market, 2)
     rng = random.Random(11)
-    one = [market.next_interruption(spot, 0.0, rng) or 0.0 for _ in range(4000)]
-    eight = [market.next_interruption(spot, 0.0, rng, instances=8) or 0.0 for _ in range(4000)]
+    one = [market.next_interruption(_lease(spot), 0.0, rng) or 0.0 for _ in range(4000)]
+    eight = [market.next_interruption(_lease(spot, 8), 0.0, rng) or 0.0 for _ in range(4000)]
     assert sum(one) / sum(eight) == pytest.approx(8, rel=0.08)
     with pytest.raises(ValueError, match="instances"):
-        market.next_interruption(spot, 0.0, rng, instances=0)
+        market.launch(spot, 0, 0.0, rng)
+
+
+def test_an_interruption_after_until_is_none() -> None:
+    market = _market(MarketConfig(hazard_scale=1000))
+    spot = _spot(market, 4)
+    draws = [market.next_interruption(_lease(spot), 0.0, random.Random(i)) for i in range(200)]
+    horizon = sorted(d or 0.0 for d in draws)[100]  # the median draw
+    capped = [
+        market.next_interruption(_lease(spot), 0.0, random.Random(i), until=horizon)
+        for i in range(200)
+    ]
+    assert capped == [d if d is not None and d < horizon else None for d in draws]
 
 
 def test_launch_failure_probability_is_honoured() -> None:

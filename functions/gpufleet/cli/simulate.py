@@ -1,16 +1,22 @@
 """`gpufleet simulate`: replay a real cluster trace through the domain core and compare policies.
 
-    gpufleet simulate --format philly|itp|openb [--trace PATH] [--start-days S] [--days D]
-                      [--region us-east-1] [--min-gpu-memory-gib 16] [--high-share 0.1]
-                      [--seed N] [--policy gpufleet]
-                      [--compare static-ondemand,fifo-spot,batch-like] [--json] [--report DIR]
+    gpufleet simulate --format philly|itp|openb [--trace PATH] [--data DIR]
+                      [--start-days S] [--days D] [--region us-east-1]
+                      [--min-gpu-memory-gib 16] [--high-share 0.1] [--seed N]
+                      [--interruptions measured|advisor] [--spot-capacity finite|unlimited]
+                      [--durations history|oracle] [--policy gpufleet]
+                      [--compare static-ondemand,fifo-spot,batch-like,skypilot-like]
+                      [--cap-gpus N] [--json] [--report DIR]
 
-`--trace` defaults to the format's folder under ../shared/data/traces next to the repository
-(Philly: philly-2017-pollux-derived). `--compare none` runs `--policy` alone. With `--json` one
-JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG plots and
-DIR/index.html.
+`--data` is the shared data folder (default: ../shared/data next to the repository); the
+measured market (the default: `--interruptions measured --spot-capacity finite`) reads its
+spot traces there at run time, and `--trace` defaults to the format's folder under its
+`traces/` (Philly: philly-2017-pollux-derived). `--compare none` runs `--policy` alone. With
+`--json` one JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG
+plots and DIR/index.html.
 
-Exit codes: 0 ok, 2 bad input (unknown policy, unreadable trace, empty window).
+Exit codes: 0 ok, 2 bad input (unknown policy, unreadable trace, empty window, the measured
+traces absent).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -28,14 +34,16 @@ from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.sim.engine import SimResult, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
-from gpufleet.sim.market import MarketConfig, MarketModel
+from gpufleet.sim.measured import MeasuredDataMissing
 from gpufleet.sim.policies import BASELINES, GPUFLEET, POLICY_NAMES, build_policies
-from gpufleet.sim.report import cost_lower_bound_usd, summary, write_report
+from gpufleet.sim.report import cost_lower_bound_usd, settings_label, summary, write_report
+from gpufleet.sim.settings import SimSettings
 from gpufleet.sim.traces import FORMATS, TraceError, load_trace
 
 # functions/gpufleet/cli/simulate.py -> the repository root, then ../shared/data.
 _REPO_ROOT = Path(__file__).resolve().parents[3]
-SHARED_TRACES = _REPO_ROOT.parent / "shared" / "data" / "traces"
+SHARED_DATA = _REPO_ROOT.parent / "shared" / "data"
+_DEFAULTS = SimSettings()
 DEFAULT_TRACE_DIRS: dict[str, str] = {
     "philly": "philly-2017-pollux-derived",
     "itp": "microsoft-itp-elasticflow-2021",
@@ -82,6 +90,13 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="trace format")
     parser.add_argument(
+        "--data",
+        metavar="DIR",
+        type=Path,
+        default=SHARED_DATA,
+        help="shared data folder: the measured spot traces and the default traces (%(default)s)",
+    )
+    parser.add_argument(
         "--start-days",
         type=_non_negative,
         default=0.0,
@@ -120,12 +135,44 @@ def register(commands: Any) -> None:
         help="GPUs all jobs may hold together (default: the window's peak demand, so nothing "
         "queues); lower it to see how the policies share a contended fleet",
     )
+    market_choices = (
+        (
+            "--interruptions",
+            "spot interruptions: 'measured' replays the preemptions measured on EC2 (Bamboo, "
+            "SkyPilot) by Spot Advisor bucket; 'advisor' uses the Spot Advisor hazard",
+        ),
+        (
+            "--spot-capacity",
+            "spot pools: 'finite' hold what SkyPilot's availability traces could launch; "
+            "'unlimited' fail launches at a fixed rate",
+        ),
+        (
+            "--durations",
+            "what plans know of a job's duration: 'history' the estimate from the team's "
+            "past runs, as the Lambdas; 'oracle' the trace's true duration",
+        ),
+    )
+    for flag, what in market_choices:
+        field = flag[2:].replace("-", "_")
+        parser.add_argument(
+            flag,
+            choices=get_args(SimSettings.model_fields[field].annotation),
+            default=getattr(_DEFAULTS, field),
+            help=f"{what} (%(default)s)",
+        )
+    parser.add_argument(
+        "--spot-pool-instances",
+        type=int,
+        default=_DEFAULTS.spot_pool_instances,
+        metavar="N",
+        help="instances a fully available spot pool holds (finite capacity) (%(default)s)",
+    )
     parser.add_argument(
         "--hazard-scale",
         type=float,
-        default=1.0,
-        help="multiply Spot Advisor interruption rates (measured GPU spot preemption, e.g. the "
-        "Bamboo traces, runs hundreds of times higher) (%(default)s)",
+        default=_DEFAULTS.hazard_scale,
+        help="multiply the Spot Advisor interruption rates (--interruptions advisor only) "
+        "(%(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write PNG plots and DIR/index.html")
@@ -148,7 +195,7 @@ def _policy_names(args: argparse.Namespace) -> list[str]:
 def _trace_path(args: argparse.Namespace) -> Path:
     if args.trace:
         return Path(args.trace)
-    path = SHARED_TRACES / DEFAULT_TRACE_DIRS[args.format]
+    path = Path(args.data) / "traces" / DEFAULT_TRACE_DIRS[args.format]
     if not path.exists():
         raise TraceError(f"no --trace given and the default {path} does not exist")
     return path
@@ -169,7 +216,15 @@ def run(args: argparse.Namespace) -> int:
             high_share=args.high_share,
         )
         trace = load_trace(path, args.format, args.start_days, args.days)
-    except (ValueError, TraceError, ValidationError) as exc:
+        settings = SimSettings(
+            interruptions=args.interruptions,
+            spot_capacity=args.spot_capacity,
+            durations=args.durations,
+            spot_pool_instances=args.spot_pool_instances,
+            hazard_scale=args.hazard_scale,
+        )
+        measured = settings.load(args.data)
+    except (ValueError, TraceError, ValidationError, MeasuredDataMissing) as exc:
         return _fail(str(exc))
     if not len(trace):
         return _fail(f"no jobs in the window ({path}, start {args.start_days:g} days)")
@@ -184,14 +239,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     results: list[SimResult] = []
     started = time.perf_counter()
+    engine = settings.engine_config()
     for policy in policies:
-        market = MarketModel(
-            catalog,
-            args.region,
-            config=MarketConfig(hazard_scale=args.hazard_scale),
-            seed=args.seed,
-        )
-        results.append(simulate(workload, policy, seed=args.seed, market=market))
+        market = settings.market(catalog, args.region, args.seed, measured)
+        results.append(simulate(workload, policy, seed=args.seed, market=market, config=engine))
     wall = time.perf_counter() - started
     context = {
         "trace": {
@@ -205,6 +256,10 @@ def run(args: argparse.Namespace) -> int:
         },
         "region": args.region,
         "seed": args.seed,
+        "settings": {
+            **settings.describe(),
+            **({"data": str(measured.root)} if measured is not None else {}),
+        },
         "cap_gpus": policies[0].queue.max_gpus,
         "descriptions": {p.name: p.description for p in policies},
     }
@@ -227,21 +282,29 @@ def _print_table(document: dict[str, Any], results: list[SimResult]) -> None:
         f"{trace['gpu_hours']:,.0f} GPU-hours; region {document['region']}, "
         f"seed {document['seed']}, cap {document['cap_gpus']} GPUs"
     )
+    print(f"market: {settings_label(document)}")
     rows: list[tuple[str, Any]] = [
         ("completed / jobs", lambda m: f"{m['completed']}/{m['jobs']}"),
         ("cost USD", lambda m: f"{m['cost_usd']:,.0f}"),
         ("lower bound USD", lambda m: f"{m['cost_lower_bound_usd']:,.0f}"),
+        ("cost / lower bound", lambda m: f"{m['cost_vs_lower_bound']:.2f}x"),
         ("GPU-h paid", lambda m: f"{m['gpu_hours_paid']:,.0f}"),
         ("GPU-h useful", lambda m: f"{m['gpu_hours_useful']:,.0f}"),
         ("utilization", lambda m: f"{m['utilization']:.1%}"),
         ("wait p50 s", lambda m: f"{m['wait_seconds']['p50']:,.0f}"),
         ("wait p95 s", lambda m: f"{m['wait_seconds']['p95']:,.0f}"),
         ("wait max s", lambda m: f"{m['wait_seconds']['max']:,.0f}"),
+        *(
+            (f"wait p95 s {p}", lambda m, p=p: _p95_of(m, p))
+            for p in ("critical", "high", "normal", "low")
+            if any(p in m["wait_seconds"]["by_priority"] for m in document["policies"].values())
+        ),
         ("JCT p50 s", lambda m: f"{m['jct_seconds']['p50']:,.0f}"),
         ("interruptions", lambda m: str(m["interruptions"])),
         ("requeues", lambda m: str(m["requeues"])),
         ("on-demand fallbacks", lambda m: str(m["ondemand_fallbacks"])),
         ("preemptions", lambda m: str(m["preemptions"])),
+        ("failed", lambda m: str(m["failed"])),
     ]
     metrics = document["policies"]
     width = max(14, *(len(n) + 2 for n in metrics))
@@ -251,3 +314,8 @@ def _print_table(document: dict[str, Any], results: list[SimResult]) -> None:
     for r in results:
         print(f"  {r.policy}: {r.wall_seconds:.2f} s simulated wall, {r.dispatch_passes} passes")
     print(f"sim wall: {document['sim_wall_seconds']:.2f} s")
+
+
+def _p95_of(metrics: dict[str, Any], priority: str) -> str:
+    by = metrics["wait_seconds"]["by_priority"].get(priority)
+    return f"{by['p95']:,.0f}" if by else "-"

@@ -12,7 +12,14 @@ moves jobs between states and asks the core what to do.
   failed are remembered (`launch.shortage_keys`) in an in-memory capacity memory
   (`adapters.local.memory.InMemoryCapacityMemory`) for `capacity_memory_seconds` and skipped by
   the next plans, as the lifecycle service does.
-- Launch failures, spot interruptions, boot and restore: `gpufleet.sim.market.MarketModel`.
+- Launch failures, spot capacity, spot interruptions, boot and restore:
+  `gpufleet.sim.market.MarketModel` (a launch takes a `Lease` of room in a pool; its release
+  gives it back).
+- Expected durations, which plans are ranked by: with `durations='oracle'` the trace's true
+  duration (the spec's `expected_duration`); with `durations='history'` what the Lambdas would
+  have, `domain.duration.estimate_duration` on the job without `expected_duration`, fed the
+  team's `HISTORY_DEPTH` most recently submitted jobs, of which those that completed count
+  with the time their last placement was held (as `recent_for_team` and the lifecycle do).
 - Cost: `domain.cost.run_cost_usd` per held interval (one `Placement` per launch).
 
 Per job: arrival -> queued -> admitted by `decide` -> launch attempts per the plan -> boot
@@ -37,10 +44,11 @@ the queue is empty. A job no state of the fleet could ever admit fails on arriva
 refuses it (`never_admissible`).
 
 Simplifications (documented in sim/README.md): the simulated fleet picks the first override of a
-step that the market does not fail (cheapest first), the 2-minute interruption notice is not
-used for an extra checkpoint, run timeouts are not enforced (every mapped timeout is at least
-twice the trace duration, except for jobs longer than the spec's 14-day cap, which the trace
-says did finish), and a static pool packs jobs by GPU count (no fragmentation).
+step that the market has room for (cheapest first), the 2-minute interruption notice is not
+used for an extra checkpoint, interruptions are not capped (the Lambdas' run-end rule), run
+timeouts are not enforced (every mapped timeout is at least twice the trace duration, except
+for jobs longer than the spec's 14-day cap, which the trace says did finish), and a static pool
+packs jobs by GPU count (no fragmentation).
 """
 
 from __future__ import annotations
@@ -49,16 +57,23 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpufleet.adapters.local.memory import InMemoryCapacityMemory
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
 from gpufleet.domain.cost import held_seconds, run_cost_usd
-from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import Placement
-from gpufleet.domain.launch import CapacityType, LaunchError, LaunchResult, shortage_keys
+from gpufleet.domain.launch import (
+    CapacityType,
+    LaunchError,
+    LaunchOverride,
+    LaunchResult,
+    shortage_keys,
+)
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
 from gpufleet.domain.queueing import (
     Decision,
@@ -70,9 +85,12 @@ from gpufleet.domain.queueing import (
 )
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
+from gpufleet.services.lifecycle import HISTORY_DEPTH
 from gpufleet.sim.mapping import TraceMapping, to_spec
-from gpufleet.sim.market import MarketConfig, MarketModel, checkpointed_progress
+from gpufleet.sim.market import Lease, MarketConfig, MarketModel, checkpointed_progress
 from gpufleet.sim.traces import Trace, TraceJob
+
+DurationModel = Literal["oracle", "history"]
 
 # --- Inputs -----------------------------------------------------------------------------------
 
@@ -144,6 +162,11 @@ class SimPolicy:
     requeue_keeps_place: bool = True
     # Spot interruptions consume the spec's `max_retries`; when they run out the job fails.
     interruptions_use_retries: bool = False
+    # After a spot interruption, the pool it happened in is remembered as short (for
+    # `capacity_memory_seconds`), so the relaunch fails over to the next zone or type.
+    avoid_interrupted_pool: bool = False
+    # Launch attempts before giving up (None: the engine's `max_launch_attempts`).
+    max_launch_attempts: int | None = None
     description: str = ""
 
 
@@ -158,6 +181,8 @@ class EngineConfig:
     capacity_memory_seconds: int = 300
     dispatch_interval_seconds: float = 60.0
     recheck_seconds: float = 300.0
+    # What plans are ranked by: the true duration, or the estimate from the team's history.
+    durations: DurationModel = "oracle"
     # Time series resolution for reports; None: the run's span / 400, at least 60 s.
     sample_seconds: float | None = None
 
@@ -201,6 +226,10 @@ class SimResult:
     priorities: list[str] = field(default_factory=list)
     waits: list[float | None] = field(default_factory=list)
     jcts: list[float | None] = field(default_factory=list)
+    # Per job, the expected duration its last plan was ranked by (None: never planned), and
+    # per source of that estimate (spec, history, default), how many plans used it.
+    expected_seconds: list[int | None] = field(default_factory=list)
+    expected_sources: dict[str, int] = field(default_factory=dict)
     series: Series = field(default_factory=Series)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -219,19 +248,23 @@ class _Job:
         "base_plan",
         "duration",
         "enqueued_at",
+        "expected",
         "first_start",
         "gpus",
         "idx",
+        "in_history",
         "instance_gpus",
         "job_id",
+        "lease",
         "nodes",
-        "offering",
+        "past_run",
         "placement",
         "preempted_for",
         "priority",
         "progress",
         "retries",
         "run_from",
+        "shape",
         "spec",
         "state",
         "step",
@@ -263,9 +296,13 @@ class _Job:
         self.attempts = 0
         self.step = 0
         self.base_plan: LaunchPlan | None = None
-        self.offering: Offering | None = None
+        self.lease: Lease | None = None
         self.instance_gpus = 0
         self.placement: Placement | None = None
+        self.shape = resource_shape(spec.resources)
+        self.past_run: PastRun | None = None  # its completed run, for the team's history
+        self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
+        self.expected: DurationEstimate | None = None  # what its current plan is ranked by
 
 
 def _plan_seconds(seconds: int) -> int:
@@ -277,26 +314,37 @@ def _plan_seconds(seconds: int) -> int:
     return max(1, round(seconds / scale) * scale)
 
 
-def _shape(r: Resources) -> tuple[object, ...]:
+def resource_shape(r: Resources) -> tuple[object, ...]:
+    """The resources as a hashable key (plans, history and the lower bound are cached by it)."""
     return (r.gpus, r.gpu_memory_gib, tuple(r.gpu_models), r.vcpus, r.memory_gib, r.nodes, r.arch)
 
 
 class _Planner:
-    """`plan_launch` with a cache per (resources, spot policy, rounded duration, unavailable)."""
+    """`plan_launch` with a cache per (resources, spot policy, rounded expected duration and
+    its source, unavailable)."""
 
-    def __init__(self, catalog: Catalog, region: str, config: EngineConfig) -> None:
+    def __init__(
+        self, catalog: Catalog, region: str, config: EngineConfig, max_launch_attempts: int
+    ) -> None:
         self._catalog = catalog
         self._region = region
         self._config = config
+        self._max_launch_attempts = max_launch_attempts
         self._cache: dict[tuple[object, ...], LaunchPlan | NoFeasibleOffering] = {}
         self.calls = 0
         self.misses = 0
 
     def __call__(
-        self, spec: JobSpec, spot: SpotPolicy, unavailable: frozenset[str]
+        self,
+        spec: JobSpec,
+        shape: tuple[object, ...],
+        spot: SpotPolicy,
+        unavailable: frozenset[str],
+        expected: DurationEstimate,
     ) -> LaunchPlan | None:
-        seconds = _plan_seconds(spec.expected_duration_seconds or 3600)
-        key = (*_shape(spec.resources), spot, seconds, unavailable)
+        """The plan for `spec` (its resources' `resource_shape` is `shape`), ranked by
+        `expected` (already rounded by `_plan_seconds`)."""
+        key = (shape, spot, expected.seconds, expected.source, unavailable)
         self.calls += 1
         hit = self._cache.get(key)
         if hit is None:
@@ -309,17 +357,71 @@ class _Planner:
                     spec if spec.spot is spot else spec.model_copy(update={"spot": spot}),
                     self._catalog,
                     self._region,
-                    max_launch_attempts=c.max_launch_attempts,
+                    max_launch_attempts=self._max_launch_attempts,
                     retry_wait_seconds=c.retry_wait_seconds,
                     boot_allowance_seconds=c.boot_allowance_seconds,
                     heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
-                    expected=DurationEstimate(seconds, "spec"),
+                    expected=expected,
                     unavailable=unavailable,
                 )
             except NoFeasibleOffering as exc:
                 hit = exc
             self._cache[key] = hit
         return None if isinstance(hit, NoFeasibleOffering) else hit
+
+
+class _History:
+    """What `recent_for_team` gives the duration estimate, kept up to date as jobs arrive and
+    complete: per team its `HISTORY_DEPTH` most recently submitted jobs; per (team, image,
+    shape) the completed runs among them (exactly those `estimate_duration` would keep: same
+    image, same resources), and the estimate they give until they change."""
+
+    def __init__(self) -> None:
+        self._recent: dict[str, deque[_Job]] = {}
+        self._runs: dict[tuple[object, ...], list[PastRun]] = {}
+        self._estimates: dict[tuple[object, ...], DurationEstimate] = {}
+        # estimate_duration reads only a spec's expected_duration, image and resources: one
+        # spec without expected_duration per (image, shape) stands for every job of it.
+        self._blind: dict[tuple[object, ...], JobSpec] = {}
+
+    @staticmethod
+    def _key(job: _Job) -> tuple[object, ...]:
+        return (job.spec.team, job.spec.image, job.shape)
+
+    def _changed(self, key: tuple[object, ...]) -> None:
+        self._estimates.pop(key, None)
+
+    def arrived(self, job: _Job) -> None:
+        recent = self._recent.setdefault(job.spec.team, deque())
+        if len(recent) == HISTORY_DEPTH:
+            oldest = recent.pop()
+            oldest.in_history = False
+            if oldest.past_run is not None:
+                key = self._key(oldest)
+                self._runs[key].remove(oldest.past_run)
+                self._changed(key)
+        recent.appendleft(job)
+        job.in_history = True
+
+    def succeeded(self, job: _Job, held_seconds: float) -> None:
+        """The job's last placement, held this long, ended its successful run."""
+        job.past_run = PastRun(job.spec.image, job.spec.resources, held_seconds)
+        if job.in_history:
+            key = self._key(job)
+            self._runs.setdefault(key, []).append(job.past_run)
+            self._changed(key)
+
+    def estimate(self, job: _Job) -> DurationEstimate:
+        key = self._key(job)
+        estimate = self._estimates.get(key)
+        if estimate is None:
+            blind = self._blind.get(key[1:])
+            if blind is None:
+                blind = job.spec.model_copy(update={"expected_duration_seconds": None})
+                self._blind[key[1:]] = blind
+            estimate = estimate_duration(blind, self._runs.get(key, ()))
+            self._estimates[key] = estimate
+        return estimate
 
 
 class Engine:
@@ -340,13 +442,24 @@ class Engine:
         self.config = config
         self.region = market.region
         self.rng = random.Random(seed)
-        self.planner = _Planner(market.catalog, market.region, config)
+        self.planner = _Planner(
+            market.catalog,
+            market.region,
+            config,
+            policy.max_launch_attempts or config.max_launch_attempts,
+        )
         self.capacity = InMemoryCapacityMemory()
+        # `capacity.unavailable(now)` changes only as time passes or a shortage is noted: the
+        # launches of one dispatch pass (same `now`) share one answer.
+        self._shortages_noted = 0
+        self._unavailable_cache: tuple[float, int, frozenset[str]] = (-math.inf, -1, frozenset())
+        self._offerings: dict[tuple[CapacityType, str, str | None], Offering] = {}
         self.jobs = [
             _Job(i, trace, spec, policy)
             for i, (trace, spec) in enumerate(zip(workload.jobs, workload.specs, strict=True))
         ]
         self.checkpoint_every = workload.mapping.checkpoint_interval_seconds
+        self.history = _History() if config.durations == "history" else None
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.queue: dict[str, QueuedJob] = {}
@@ -362,6 +475,7 @@ class Engine:
         self.result.priorities = [spec.priority.value for spec in workload.specs]
         self.result.waits = [None] * len(self.jobs)
         self.result.jcts = [None] * len(self.jobs)
+        self.result.expected_seconds = [None] * len(self.jobs)
         # Fleet state for the time series: integrated between events.
         self.now = workload.start_seconds
         self.spend_per_second = 0.0
@@ -418,7 +532,7 @@ class Engine:
                 self._advance(arrival_t)
                 job = arrivals[next_arrival]
                 next_arrival += 1
-                self._enqueue(job, job.submit)
+                self._arrive(job)
                 continue
             if not events:
                 if self.queue and not self._stuck():
@@ -459,6 +573,11 @@ class Engine:
         return True
 
     # -- Queue and dispatch --------------------------------------------------------------------
+
+    def _arrive(self, job: _Job) -> None:
+        if self.history is not None:
+            self.history.arrived(job)
+        self._enqueue(job, job.submit)
 
     def _enqueue(self, job: _Job, at: float, preempted_for: str | None = None) -> None:
         job.state = _QUEUED
@@ -540,11 +659,25 @@ class Engine:
     def _spot(self, job: _Job) -> SpotPolicy:
         return self.policy.spot or job.spec.spot
 
+    def _expected(self, job: _Job) -> DurationEstimate:
+        """What the plan ranks offerings by (see the module doc)."""
+        if self.history is None:
+            return estimate_duration(job.spec, [])  # the spec's: the trace's true duration
+        return self.history.estimate(job)
+
     def _begin_launch(self, job: _Job) -> None:
         job.state = _LAUNCHING
         job.attempts = 0
         job.step = 0
-        job.base_plan = self.planner(job.spec, self._spot(job), frozenset())
+        expected = self._expected(job)
+        self.result.expected_seconds[job.idx] = expected.seconds
+        sources = self.result.expected_sources
+        sources[expected.source] = sources.get(expected.source, 0) + 1
+        # Plans are ranked (and cached) by the estimate to two significant figures.
+        job.expected = DurationEstimate(_plan_seconds(expected.seconds), expected.source)
+        job.base_plan = self.planner(
+            job.spec, job.shape, self._spot(job), frozenset(), job.expected
+        )
         if job.base_plan is None:
             self._release_admission(job)
             self._fail(job, "no feasible offering")
@@ -555,23 +688,23 @@ class Engine:
         plan = job.base_plan
         assert plan is not None
         capacity_type = plan.steps[job.step].capacity_type
-        current = self.planner(job.spec, self._spot(job), self.capacity.unavailable(self.now))
+        assert job.expected is not None
+        unavailable = self._unavailable()
+        current = self.planner(job.spec, job.shape, self._spot(job), unavailable, job.expected)
         step: LaunchStep | None = None
         if current is not None:
             step = next((s for s in current.steps if s.capacity_type == capacity_type), None)
         self.result.launches += 1
-        chosen: Offering | None = None
+        lease: Lease | None = None
         if step is not None:
             for override in step.overrides:
-                offering = self.market.offering(
-                    f"{capacity_type.value}:{override.instance_type}:{override.zone or self.region}"
-                )
-                if not self.market.launch_fails(offering, self.now, self.rng):
-                    chosen = offering
+                offering = self._offering(capacity_type, override)
+                lease = self.market.launch(offering, job.nodes, self.now, self.rng)
+                if lease is not None:
                     break
         job.attempts += 1
-        if chosen is not None:
-            self._launched(job, chosen, capacity_type, plan)
+        if lease is not None:
+            self._launched(job, lease, capacity_type, plan)
             return
         self.result.launch_failures += 1
         result = LaunchResult(
@@ -585,21 +718,42 @@ class Engine:
                 for o in (step.overrides if step is not None else [])
             ],
         )
-        self.capacity.remember(
-            shortage_keys(result, self.region),
-            until=self.now + self.config.capacity_memory_seconds,
-        )
+        self._remember(shortage_keys(result, self.region))
         move = plan.after_failure(job.step, job.attempts, result.error_category)
         if move.give_up:
             self._release_admission(job)
             self._fail(job, "no capacity could be launched")
             return
         job.step = move.step
-        self._push(self.now + (plan.retry_wait_seconds if move.retry_later else 0), _LAUNCH, job)
+        self._push(self.now + (move.wait_seconds if move.retry_later else 0), _LAUNCH, job)
+
+    def _remember(self, shortages: Iterable[str]) -> None:
+        """Note offerings as short for `capacity_memory_seconds`, as the lifecycle does."""
+        self.capacity.remember(shortages, until=self.now + self.config.capacity_memory_seconds)
+        self._shortages_noted += 1
+
+    def _unavailable(self) -> frozenset[str]:
+        at, noted, keys = self._unavailable_cache
+        if at != self.now or noted != self._shortages_noted:
+            keys = self.capacity.unavailable(self.now)
+            self._unavailable_cache = (self.now, self._shortages_noted, keys)
+        return keys
+
+    def _offering(self, capacity_type: CapacityType, override: LaunchOverride) -> Offering:
+        key = (capacity_type, override.instance_type, override.zone)
+        offering = self._offerings.get(key)
+        if offering is None:
+            zone = override.zone or self.region
+            offering = self.market.offering(
+                f"{capacity_type.value}:{override.instance_type}:{zone}"
+            )
+            self._offerings[key] = offering
+        return offering
 
     def _launched(
-        self, job: _Job, offering: Offering, capacity_type: CapacityType, plan: LaunchPlan
+        self, job: _Job, lease: Lease, capacity_type: CapacityType, plan: LaunchPlan
     ) -> None:
+        offering = lease.offering
         if capacity_type is CapacityType.ON_DEMAND and plan.steps[0].capacity_type in (
             CapacityType.SPOT,
             CapacityType.RESERVED,
@@ -618,7 +772,7 @@ class Engine:
             hourly_usd=offering.hourly_usd,
             launched_at=self.now,
         )
-        job.offering = offering
+        job.lease = lease
         job.instance_gpus = it.gpus * job.nodes
         self.gpus_held += job.instance_gpus
         self.spend_per_second += offering.hourly_usd * job.nodes / 3600.0
@@ -629,9 +783,9 @@ class Engine:
         job.work_start = ready
         job.run_from = job.progress
         self._push(ready, _START, job)
-        interrupted = self.market.next_interruption(offering, self.now, self.rng, job.nodes)
         finish = ready + (job.duration - job.progress)
-        if interrupted is not None and interrupted < finish:
+        interrupted = self.market.next_interruption(lease, self.now, self.rng, until=finish)
+        if interrupted is not None:
             self._push(interrupted, _INTERRUPT, job)
 
     def _on_start(self, job: _Job) -> None:
@@ -651,13 +805,23 @@ class Engine:
         placement = job.placement
         if placement is None:
             return
-        assert job.offering is not None
+        lease = job.lease
+        assert lease is not None
+        self.market.release(lease)
+        held = held_seconds(placement, self.now)
         self.result.cost_usd += run_cost_usd(placement, self.now)
-        self.result.gpu_seconds_paid += job.instance_gpus * held_seconds(placement, self.now)
+        self.result.gpu_seconds_paid += job.instance_gpus * held
         self.gpus_held -= job.instance_gpus
-        self.spend_per_second -= job.offering.hourly_usd * job.nodes / 3600.0
+        self.spend_per_second -= lease.offering.hourly_usd * job.nodes / 3600.0
+        if job.state == _DONE and self.history is not None:
+            self.history.succeeded(job, held)
         job.placement = None
-        job.offering = None
+        job.lease = None
+
+    def _avoid_interrupted_pool(self, job: _Job) -> None:
+        """Market hook on an interruption: a policy that fails over remembers the pool."""
+        if self.policy.avoid_interrupted_pool and job.lease is not None:
+            self._remember({job.lease.offering.key})
 
     def _release_admission(self, job: _Job) -> None:
         self.running.pop(job.job_id, None)
@@ -694,6 +858,7 @@ class Engine:
                 max(0.0, reached - job.run_from), self.checkpoint_every
             )
         job.version += 1
+        self._avoid_interrupted_pool(job)
         self._release_instances(job)
         self.running.pop(job.job_id, None)
         self.result.interruptions += 1

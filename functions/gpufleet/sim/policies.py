@@ -18,6 +18,13 @@ pool's type. The reserve for critical work is 0 unless the workload has critical
 - `batch-like`: an AWS Batch-style queue: strict priority classes (no aging, no quotas), no
   preemption; a spot interruption is a failed attempt that goes to the back of its class and
   uses one of the spec's `max_retries`.
+- `skypilot-like`: SkyPilot managed jobs (`sky jobs launch --use-spot`, the default
+  EAGER_NEXT_REGION recovery): spot only, the cheapest feasible offering first; a launch that
+  finds no capacity fails over through the plan's other zones and types and then retries with
+  backoff until it gets one (SkyPilot retries forever); after a preemption the relaunch skips
+  the pool it was preempted in (SkyPilot skips the region; in a one-region simulation the
+  zone and type) and resumes from the checkpoint. No priorities, no quotas, no preemption: one
+  queue in submission order under the shared cap, a recovering job keeping its place.
 - `static-ondemand`: a fixed on-demand pool held from the first submission to the last
   completion, `cap` GPUs of the cheapest on-demand type (by `selection.select`) that holds the
   largest node any job asks for; FIFO as above; no launches, no boot, no interruptions.
@@ -38,8 +45,11 @@ GPUFLEET = "gpufleet"
 STATIC_ONDEMAND = "static-ondemand"
 FIFO_SPOT = "fifo-spot"
 BATCH_LIKE = "batch-like"
-POLICY_NAMES: tuple[str, ...] = (GPUFLEET, STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE)
-BASELINES: tuple[str, ...] = (STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE)
+SKYPILOT_LIKE = "skypilot-like"
+POLICY_NAMES: tuple[str, ...] = (GPUFLEET, STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE, SKYPILOT_LIKE)
+BASELINES: tuple[str, ...] = (STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE, SKYPILOT_LIKE)
+# "Until it gets one": a bound only so that a job no offering could ever hold still ends.
+SKYPILOT_LAUNCH_ATTEMPTS = 100_000
 
 ONE_TEAM = "all"
 
@@ -175,6 +185,24 @@ def batch_like_policy(
     )
 
 
+def skypilot_like_policy(
+    workload: Workload, cap: int, _pool: StaticPool, _base: QueuePolicy | None = None
+) -> SimPolicy:
+    return SimPolicy(
+        name=SKYPILOT_LIKE,
+        queue=_fifo_queue(workload, cap),
+        team_of=ONE_TEAM,
+        priority_of=Priority.NORMAL,
+        spot=SpotPolicy.REQUIRED,
+        avoid_interrupted_pool=True,
+        max_launch_attempts=SKYPILOT_LAUNCH_ATTEMPTS,
+        description=(
+            "managed spot jobs: cheapest spot first, retried until launched, a preempted job "
+            "fails over to the next zone or type; one FIFO queue, no priorities"
+        ),
+    )
+
+
 def static_ondemand_policy(
     workload: Workload, cap: int, pool: StaticPool, _base: QueuePolicy | None = None
 ) -> SimPolicy:
@@ -197,6 +225,7 @@ _BUILDERS: dict[str, Callable[[Workload, int, StaticPool, QueuePolicy | None], S
     STATIC_ONDEMAND: static_ondemand_policy,
     FIFO_SPOT: fifo_spot_policy,
     BATCH_LIKE: batch_like_policy,
+    SKYPILOT_LIKE: skypilot_like_policy,
 }
 
 

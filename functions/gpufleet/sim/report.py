@@ -6,11 +6,12 @@ Metrics per policy (`policy_metrics`):
   used up, never admitted).
 - `cost_usd`: every held instance's price x held time (`domain.cost.run_cost_usd`); the
   static pool from the first submission to the last completion.
-- `cost_lower_bound_usd` (the same for every policy): the sum over jobs of the job's GPU-seconds
-  (trace GPUs x trace duration) x the cheapest $/GPU-second of any offering in the region whose
-  instance type can hold one node of the job (`selection.is_feasible`: GPUs per node, GPU
-  memory, NVIDIA, EFA for multi-node); spot when the type has spot, and an on-demand price only
-  in the odd case it is cheaper, so that the bound holds for every policy.
+- `cost_lower_bound_usd` (the same for every policy, computed from the catalog alone, never
+  from a policy's market: no interruptions, no boot, no waiting, no capacity limit): the sum
+  over jobs of the job's nodes x the cheapest hourly price seen in the region for an instance
+  type that holds one of its nodes (`selection.is_feasible`: GPUs per node, GPU memory, NVIDIA,
+  EFA for multi-node; spot, or on-demand where that is cheaper) x its true (trace) duration.
+  `cost_vs_lower_bound` = `cost_usd` / that.
 - `gpu_hours_paid`: instance GPUs x held hours (boot, restore, lost work, drains, idle pool
   included); `gpu_hours_useful`: trace GPUs x trace duration of the completed jobs;
   `utilization` = useful / paid.
@@ -19,7 +20,13 @@ Metrics per policy (`policy_metrics`):
   ignore classes); `jct_seconds`: submission to completion, p50/p95.
 - `interruptions` (spot), `requeues` (interruptions and preemptions that went back to the
   queue), `ondemand_fallbacks` (launches on on-demand after the plan's spot step failed),
-  `preemptions` (jobs stopped by `decide` to make room).
+  `preemptions` (jobs stopped by `decide` to make room); `interruptions_per_job` and
+  `preemptions_per_job` over the window's jobs; `expected_duration_sources`: how many launch
+  plans were ranked by the spec's duration (`spec`: `--durations oracle`), by the team's
+  history (`history`) or by the one-hour default (too little history).
+
+`settings_label(document)` is the one line that says which trace window, cap, seed and market
+settings produced a run; it heads every figure and the HTML page.
 
 `write_report(dir, ...)` draws with matplotlib (Agg), imported only there.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,12 +44,13 @@ from typing import Any
 from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.selection import is_feasible
 from gpufleet.domain.spec import Priority, Resources
-from gpufleet.sim.engine import SimResult, Workload
+from gpufleet.sim.engine import SimResult, Workload, resource_shape
 
 PLOTS: tuple[tuple[str, str], ...] = (
-    ("cost_over_time.png", "Cost over time"),
+    ("cost_vs_lower_bound.png", "Cost against the lower bound, per policy"),
+    ("cost_over_time.png", "Cost over time, relative to the lower bound"),
+    ("wait_cdf.png", "Wait CDF per priority, per policy"),
     ("queue_length.png", "Queue length"),
-    ("wait_cdf.png", "Wait CDF per priority"),
     ("gpus_held_vs_used.png", "GPUs held vs used"),
 )
 _PRIORITY_ORDER = [p.value for p in Priority]
@@ -69,42 +78,30 @@ def _stats(values: Iterable[float], keys: Sequence[str] = ("p50", "p95", "max"))
     return out
 
 
-def cheapest_usd_per_gpu_second(resources: Resources, catalog: Catalog, region: str) -> float:
-    """The lowest $/GPU-second among the region's offerings whose type holds one node."""
-    if resources.gpus == 0:
-        return 0.0
-    best = math.inf
-    for offering in catalog.offerings(region):
-        it = offering.instance_type
-        if it.gpus and is_feasible(it, resources):
-            best = min(best, offering.hourly_usd / it.gpus / 3600.0)
-    if best == math.inf:
+def cheapest_hourly_usd(resources: Resources, catalog: Catalog, region: str) -> float:
+    """The lowest hourly price in the region of an instance type that holds one node."""
+    prices = [
+        o.hourly_usd for o in catalog.offerings(region) if is_feasible(o.instance_type, resources)
+    ]
+    if not prices:
         raise ValueError(f"no offering in {region} holds a node of {resources}")
-    return best
+    return min(prices)
 
 
 def cost_lower_bound_usd(
     workload: Workload, catalog: Catalog | None = None, region: str | None = None
 ) -> float:
-    """Sum over jobs of GPU-seconds x the cheapest feasible $/GPU-second (see module doc)."""
+    """Sum over jobs of nodes x the cheapest feasible hourly price x the true duration."""
     cat = catalog or load_bundled()
     where = region or workload.mapping.region
     cache: dict[tuple[object, ...], float] = {}
     total = 0.0
     for job, spec in zip(workload.jobs, workload.specs, strict=True):
         r = spec.resources
-        key = (
-            r.gpus,
-            r.gpu_memory_gib,
-            tuple(r.gpu_models),
-            r.vcpus,
-            r.memory_gib,
-            r.nodes,
-            r.arch,
-        )
+        key = resource_shape(r)
         if key not in cache:
-            cache[key] = cheapest_usd_per_gpu_second(spec.resources, cat, where)
-        total += job.gpus * job.duration_seconds * cache[key]
+            cache[key] = cheapest_hourly_usd(r, cat, where)
+        total += r.nodes * cache[key] * job.duration_seconds / 3600.0
     return total
 
 
@@ -125,6 +122,9 @@ def policy_metrics(result: SimResult, lower_bound_usd: float) -> dict[str, Any]:
         "failures": dict(sorted(result.failures.items())),
         "cost_usd": round(result.cost_usd, 2),
         "cost_lower_bound_usd": round(lower_bound_usd, 2),
+        "cost_vs_lower_bound": (
+            round(result.cost_usd / lower_bound_usd, 4) if lower_bound_usd > 0 else None
+        ),
         "gpu_hours_paid": round(paid, 2),
         "gpu_hours_useful": round(useful, 2),
         "utilization": round(useful / paid, 4) if paid > 0 else 0.0,
@@ -139,6 +139,9 @@ def policy_metrics(result: SimResult, lower_bound_usd: float) -> dict[str, Any]:
         "requeues": result.requeues,
         "ondemand_fallbacks": result.ondemand_fallbacks,
         "preemptions": result.preemptions,
+        "interruptions_per_job": round(result.interruptions / result.jobs, 4) if result.jobs else 0,
+        "preemptions_per_job": round(result.preemptions / result.jobs, 4) if result.jobs else 0,
+        "expected_duration_sources": dict(sorted(result.expected_sources.items())),
         "launches": result.launches,
         "launch_failures": result.launch_failures,
         "dispatch_passes": result.dispatch_passes,
@@ -160,13 +163,35 @@ def summary(
     return out
 
 
+def settings_label(document: Mapping[str, Any]) -> str:
+    """The trace window, cap, seed and market settings of a run, in one line."""
+    parts: list[str] = []
+    trace: Mapping[str, Any] = document.get("trace") or {}
+    if trace:
+        start, days = trace.get("start_days") or 0, trace.get("days")
+        window = f"days {start:g}-{start + days:g}" if days else f"from day {start:g}"
+        parts.append(f"{trace.get('format', 'trace')} {window} ({trace.get('jobs', '?')} jobs)")
+    if "cap_gpus" in document:
+        parts.append(f"cap {document['cap_gpus']} GPUs")
+    if "seed" in document:
+        parts.append(f"seed {document['seed']}")
+    settings: Mapping[str, Any] = document.get("settings") or {}
+    market = ", ".join(
+        f"{key.replace('_', ' ')} {value}" for key, value in settings.items() if key != "data"
+    )
+    if market:
+        parts.append(market)
+    return "; ".join(parts)
+
+
 # --- Plots ------------------------------------------------------------------------------------
 
 
 def write_report(
     directory: str | Path, results: Sequence[SimResult], document: Mapping[str, Any]
 ) -> list[Path]:
-    """Write the four PNGs and `index.html` into `directory`; return the paths written."""
+    """Write the PNGs of `PLOTS` and `index.html` into `directory`; return the paths written.
+    Every figure carries the run's `settings_label` under its title."""
     import matplotlib  # optional dependency (the `sim` extra), only for reports
 
     matplotlib.use("Agg")
@@ -175,47 +200,60 @@ def write_report(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     start = min((r.series.t[0] for r in results if r.series.t), default=0.0)
+    label = textwrap.fill(settings_label(document), 110)
+    metrics: Mapping[str, Mapping[str, Any]] = document.get("policies", {})
+    bound = next((float(m["cost_lower_bound_usd"]) for m in metrics.values()), 0.0)
 
     def days(ts: Sequence[float]) -> list[float]:
         return [(t - start) / 86400.0 for t in ts]
 
     written: list[Path] = []
 
-    def save(fig: Any, name: str) -> None:
+    def save(fig: Any, name: str, title: str) -> None:
+        fig.suptitle(f"{title}\n{label}", fontsize=9)
         fig.tight_layout()
         path = out / name
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in results:
-        ax.plot(days(r.series.t), r.series.cost_usd, label=r.policy)
-    ax.set_xlabel("days since the window's first submission")
-    ax.set_ylabel("spent so far (USD)")
-    ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_title("Cost over time")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    save(fig, PLOTS[0][0])
+    titles = dict(PLOTS)
+    names = [r.policy for r in results]
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ratios = [r.cost_usd / bound if bound > 0 else 0.0 for r in results]
+    bars = ax.bar(names, ratios, color="tab:blue")
+    labels = [  # a policy that failed jobs did not buy the same work
+        f"{x:.2f}x" + (f"\n({r.failed} failed)" if r.failed else "")
+        for x, r in zip(ratios, results, strict=True)
+    ]
+    ax.bar_label(bars, labels=labels)
+    ax.axhline(1.0, color="black", linewidth=1, label=f"lower bound (${bound:,.0f})")
+    ax.set_ylim(0, max([1.1, *ratios]) * 1.15)
+    ax.set_ylabel("cost / lower bound")
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    save(fig, PLOTS[0][0], titles[PLOTS[0][0]])
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
     for r in results:
-        ax.step(days(r.series.t), r.series.queued, where="post", label=r.policy)
+        relative = [c / bound if bound > 0 else 0.0 for c in r.series.cost_usd]
+        ax.plot(days(r.series.t), relative, label=r.policy)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="lower bound")
     ax.set_xlabel("days since the window's first submission")
-    ax.set_ylabel("jobs waiting")
-    ax.set_title("Queue length")
+    ax.set_ylabel("spent so far / lower bound")
     ax.legend()
     ax.grid(alpha=0.3)
-    save(fig, PLOTS[1][0])
+    save(fig, PLOTS[1][0], titles[PLOTS[1][0]])
 
     priorities = sorted(
         {p for r in results for p in r.priorities}, key=lambda p: _PRIORITY_ORDER.index(p)
     )
-    fig, axes = plt.subplots(1, max(1, len(priorities)), figsize=(5 * max(1, len(priorities)), 4))
-    axes_list = list(axes) if len(priorities) > 1 else [axes]
-    for ax, priority in zip(axes_list, priorities, strict=False):
-        for r in results:
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(4.2 * len(results), 4.2), sharey=True, squeeze=False
+    )
+    for ax, r in zip(axes[0], results, strict=True):
+        for priority in priorities:
             waits = sorted(
                 max(1.0, w)
                 for p, w in zip(r.priorities, r.waits, strict=True)
@@ -223,18 +261,28 @@ def write_report(
             )
             if waits:
                 ys = [(i + 1) / len(waits) for i in range(len(waits))]
-                ax.step(waits, ys, where="post", label=r.policy)
+                ax.step(waits, ys, where="post", label=f"{priority} ({len(waits)})")
         ax.set_xscale("log")
-        ax.set_xlabel("wait (s, log)")
-        ax.set_ylabel("share of jobs")
-        ax.set_title(f"priority {priority}")
+        ax.set_xlabel("wait, submission to running (s, log)")
+        ax.set_title(r.policy)
         ax.grid(alpha=0.3)
-        ax.legend()
-    save(fig, PLOTS[2][0])
+        ax.legend(loc="lower right")
+    axes[0][0].set_ylabel("share of jobs")
+    save(fig, PLOTS[2][0], titles[PLOTS[2][0]])
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(8, 2.6 * len(results)), sharex=True)
-    axes_list = list(axes) if len(results) > 1 else [axes]
-    for ax, r in zip(axes_list, results, strict=True):
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for r in results:
+        ax.step(days(r.series.t), r.series.queued, where="post", label=r.policy)
+    ax.set_xlabel("days since the window's first submission")
+    ax.set_ylabel("jobs waiting")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, PLOTS[3][0], titles[PLOTS[3][0]])
+
+    fig, axes = plt.subplots(
+        len(results), 1, figsize=(8, 2.6 * len(results) + 0.8), sharex=True, squeeze=False
+    )
+    for ax, r in zip(axes[:, 0], results, strict=True):
         xs = days(r.series.t)
         ax.step(xs, r.series.gpus_held, where="post", label="held")
         ax.step(xs, r.series.gpus_used, where="post", label="used")
@@ -242,8 +290,8 @@ def write_report(
         ax.set_title(r.policy)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right")
-    axes_list[-1].set_xlabel("days since the window's first submission")
-    save(fig, PLOTS[3][0])
+    axes[-1][0].set_xlabel("days since the window's first submission")
+    save(fig, PLOTS[4][0], titles[PLOTS[4][0]])
 
     page = out / "index.html"
     page.write_text(_html(document), encoding="utf-8")
@@ -257,18 +305,22 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("failed", "failed"),
     ("cost_usd", "cost (USD)"),
     ("cost_lower_bound_usd", "cost lower bound (USD)"),
+    ("cost_vs_lower_bound", "cost / lower bound"),
     ("gpu_hours_paid", "GPU-hours paid"),
     ("gpu_hours_useful", "GPU-hours useful"),
     ("utilization", "utilization"),
     ("wait_seconds.p50", "wait p50 (s)"),
     ("wait_seconds.p95", "wait p95 (s)"),
     ("wait_seconds.max", "wait max (s)"),
+    *((f"wait_seconds.by_priority.{p}.p95", f"wait p95 {p} (s)") for p in _PRIORITY_ORDER),
     ("jct_seconds.p50", "JCT p50 (s)"),
     ("jct_seconds.p95", "JCT p95 (s)"),
     ("interruptions", "spot interruptions"),
     ("requeues", "requeues"),
     ("ondemand_fallbacks", "on-demand fallbacks"),
     ("preemptions", "preemptions"),
+    ("interruptions_per_job", "interruptions per job"),
+    ("preemptions_per_job", "preemptions per job"),
 )
 
 
@@ -291,9 +343,14 @@ def _html(document: Mapping[str, Any]) -> str:
         for key, label in _ROWS
     )
     context = {k: v for k, v in document.items() if k != "policies"}
+    label = html.escape(settings_label(document))
+    settings = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in (document.get("settings") or {}).items()
+    )
     images = "".join(
         f'<figure><img src="{name}" alt="{html.escape(title)}">'
-        f"<figcaption>{html.escape(title)}</figcaption></figure>"
+        f"<figcaption>{html.escape(title)}: {label}</figcaption></figure>"
         for name, title in PLOTS
     )
     return f"""<!doctype html>
@@ -307,6 +364,10 @@ img {{ max-width: 100%; }}
 pre {{ background: #f6f6f6; padding: 1em; }}
 </style></head><body>
 <h1>gpufleet simulation</h1>
+<p>{label}</p>
+<h2>Settings that produced these figures</h2>
+<table>{settings}</table>
+<h2>Policies</h2>
 <table><tr><th></th>{head}</tr>{rows}</table>
 {images}
 <h2>Run</h2>
