@@ -536,8 +536,9 @@ class Functions(Construct):
 
         The instance and the fleet must carry gpufleet:managed=true in the request (the Launch
         handler tags both in CreateFleet's TagSpecifications). Volumes, network interfaces and
-        spot requests only exist as parts of such an instance; their tags come from the launch
-        template, and CreateTags is only allowed during the launch itself.
+        spot requests only exist as parts of such an instance; the launch template tags the
+        volumes and interfaces (never the spot requests: see `topology.TAGGED_AT_LAUNCH`), and
+        CreateTags is only allowed during the launch itself, on what it really tags.
         """
         fleet = self._fleet
         role.add_to_policy(
@@ -563,7 +564,9 @@ class Functions(Construct):
                 resources=[self._ec2_arn(kind, "*") for kind in parts],
             )
         )
-        tagged = ("instance", "fleet", *parts)
+        # Tagged as created: the fleet and its instances by CreateFleet's TagSpecifications, the
+        # instances' parts by the launch template, the job's group by CreatePlacementGroup.
+        tagged = ("fleet", *topology.TAGGED_AT_LAUNCH, "placement-group")
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="TagAtLaunchOnly",
@@ -622,7 +625,7 @@ class Functions(Construct):
                 conditions={"StringEquals": {"iam:AWSServiceName": list(service_roles)}},
             )
         )
-        return [self._nag_arn(kind, "*") for kind in tagged]
+        return [self._nag_arn(kind, "*") for kind in dict.fromkeys((*tagged, *parts))]
 
     def by_id(self) -> Mapping[str, lambda_.IFunction]:
         return dict(self.functions)
