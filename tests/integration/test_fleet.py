@@ -518,10 +518,23 @@ def test_a_retry_with_other_offerings_launches_anew_and_ends_the_first_fleet(
     job = job_id()
     first = fleet.launch(request(job))
     changed = request(job).model_copy(update={"overrides": request(job).overrides[1:]})
-    again = fleet.launch(changed)  # the first token's parameters differ: it is spent
+    calls: list[str] = []
+
+    def note(model: Any, **_: Any) -> None:
+        calls.append(model.name)
+
+    for operation in ("CreateFleet", "TerminateInstances"):
+        ec2.meta.events.register(f"provide-client-params.ec2.{operation}", note)
+    try:
+        again = fleet.launch(changed)  # the first token's parameters differ: it is spent
+    finally:
+        for operation in ("CreateFleet", "TerminateInstances"):
+            ec2.meta.events.unregister(f"provide-client-params.ec2.{operation}", note)
     assert again.launched and again.instance_type == "g6.xlarge"
     assert states(ec2, first.instance_ids) == {"terminated"}
     assert live_instances_of(ec2, job) == set(again.instance_ids)
+    # The first fleet ended before the next token could launch: never two fleets alive.
+    assert calls == ["CreateFleet", "TerminateInstances", "CreateFleet"]
 
 
 def test_an_attempt_whose_tokens_are_all_spent_fails_for_the_next_attempt(

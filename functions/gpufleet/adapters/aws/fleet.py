@@ -96,11 +96,14 @@ class Ec2Fleet:
         held = self._job_instances(request.job_id)
         result = self._launch(request, held)
         # Anything else the job holds is what an earlier call launched and nobody recorded.
-        leftovers = [
-            i for i, state in held.items() if state in _LIVE_STATES and i not in result.instance_ids
-        ]
-        self.terminate_instances(leftovers)
+        self._end_held(held, keep=result.instance_ids)
         return result
+
+    def _end_held(self, held: dict[str, str], keep: list[str] | None = None) -> None:
+        """Terminate the live instances of `held` but `keep`, and note them ended."""
+        ending = [i for i, state in held.items() if state in _LIVE_STATES and i not in (keep or [])]
+        self.terminate_instances(ending)
+        held.update(dict.fromkeys(ending, "shutting-down"))
 
     def _launch(self, request: LaunchRequest, held: dict[str, str]) -> LaunchResult:
         if request.capacity_type is CapacityType.RESERVED and request.overrides[0].capacity_block:
@@ -136,7 +139,7 @@ class Ec2Fleet:
                 ],
             )
         parameters = self._fleet_parameters(request, overrides)
-        return _first_live_launch(
+        return self._first_live_launch(
             request,
             held,
             lambda token: self._client.create_fleet(**parameters, ClientToken=token),
@@ -257,7 +260,7 @@ class Ec2Fleet:
                 ],
             )
         template = self._template_id(override.instance_type, request.nodes)
-        return _first_live_launch(
+        return self._first_live_launch(
             request,
             held,
             lambda token: self._client.run_instances(
@@ -280,6 +283,50 @@ class Ec2Fleet:
                 capacity_type=request.capacity_type,
             ),
             failing=override,
+        )
+
+    def _first_live_launch(
+        self,
+        request: LaunchRequest,
+        held: dict[str, str],
+        call: Callable[[str], dict[str, Any]],
+        result_of: Callable[[dict[str, Any]], LaunchResult],
+        failing: LaunchOverride | None = None,
+    ) -> LaunchResult:
+        """The first of the attempt's tokens that EC2 launches under (again) with instances
+        alive.
+
+        `held` is what DescribeInstances said of the job's instances before the call: a token's
+        instances that had ended by then are not recorded (EC2 answers a token with its first
+        call's instances, terminated or not); instances it did not list yet are a launch so new
+        that the listing does not show it (EC2 is eventually consistent), alive. Before a token
+        that may launch anew, what the job still holds ends: never two fleets alive at once. An
+        error EC2 answers a call with is the launch's error (at `failing`, the override it was
+        for)."""
+        for n, token in enumerate(_client_tokens(request)):
+            if n:
+                self._end_held(held)
+            try:
+                result = result_of(call(token))
+            except ClientError as exc:
+                result = LaunchResult(
+                    capacity_type=request.capacity_type, errors=[_launch_error(exc, failing)]
+                )
+            if not result.launched and any(e.code in _SPENT_TOKEN_CODES for e in result.errors):
+                continue
+            if result.launched and any(
+                held.get(i, "pending") not in _UP_STATES for i in result.instance_ids
+            ):
+                continue
+            return result
+        return LaunchResult(
+            capacity_type=request.capacity_type,
+            errors=[
+                LaunchError(
+                    code=TOKENS_SPENT,
+                    message=f"each of the attempt's {MAX_CLIENT_TOKENS} client tokens is spent",
+                )
+            ],
         )
 
     def job_of(self, instance_id: str) -> str | None:
@@ -509,45 +556,6 @@ def _client_tokens(request: LaunchRequest) -> Iterator[str]:
     yield first
     for spent in range(1, MAX_CLIENT_TOKENS):
         yield f"{first}-{spent}"
-
-
-def _first_live_launch(
-    request: LaunchRequest,
-    held: dict[str, str],
-    call: Callable[[str], dict[str, Any]],
-    result_of: Callable[[dict[str, Any]], LaunchResult],
-    failing: LaunchOverride | None = None,
-) -> LaunchResult:
-    """The first of the attempt's tokens that EC2 launches under (again) with instances alive.
-
-    `held` is what DescribeInstances said of the job's instances before the call: a token's
-    instances that had ended by then are not recorded (EC2 answers a token with its first
-    call's instances, terminated or not); instances it did not list yet are a launch so new
-    that the listing does not show it (EC2 is eventually consistent), alive. An error EC2
-    answers the call with is the launch's error (at `failing`, the override it was for)."""
-    for token in _client_tokens(request):
-        try:
-            result = result_of(call(token))
-        except ClientError as exc:
-            result = LaunchResult(
-                capacity_type=request.capacity_type, errors=[_launch_error(exc, failing)]
-            )
-        if not result.launched and any(e.code in _SPENT_TOKEN_CODES for e in result.errors):
-            continue
-        if result.launched and any(
-            held.get(i, "pending") not in _UP_STATES for i in result.instance_ids
-        ):
-            continue
-        return result
-    return LaunchResult(
-        capacity_type=request.capacity_type,
-        errors=[
-            LaunchError(
-                code=TOKENS_SPENT,
-                message=f"each of the attempt's {MAX_CLIENT_TOKENS} client tokens is spent",
-            )
-        ],
-    )
 
 
 def _launch_error(exc: ClientError, failing: LaunchOverride | None) -> LaunchError:
