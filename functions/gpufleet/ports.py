@@ -285,7 +285,11 @@ class Workflow(Protocol):
 
 
 class Fleet(Protocol):
-    def launch(self, request: LaunchRequest) -> LaunchResult: ...
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Launch the job's instances, all or none. Idempotent per attempt: a call retried with
+        the same request gets the instances an earlier one launched, if they still run. After
+        it the job holds no instances but the ones it returns."""
+        ...
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         """Terminate every live instance tagged with the job; return their ids."""

@@ -36,6 +36,10 @@ DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
 TAG_MANAGED = "gpufleet:managed"
 TAG_JOB_ID = "gpufleet:job-id"
+# What the launch templates tag at launch (with TAG_MANAGED). EC2 fails a launch whose template
+# tags a resource the launch does not create: `spot-instances-request` would fail every launch
+# that makes no Spot request (on-demand, reservations), so spot requests are not tagged.
+TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface")
 # Warm-pool instances: "true" while idle, "claimed" once a launch took one (it then has a job).
 TAG_WARM = "gpufleet:warm"
 WARM_IDLE = "true"

@@ -32,8 +32,6 @@ AGENT_MODULE = "gpufleet.agent"
 AGENT_HOME = "/opt/gpufleet"
 AGENT_ENV_FILE = "/etc/gpufleet/agent.env"
 AGENT_METRIC_NAMESPACES = ("CWAgent", "GpuFleet/Jobs")
-# Resources a launch creates; IAM lets the Launch function create them only with the tag.
-TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-request")
 
 
 class Fleet(Construct):
@@ -164,7 +162,7 @@ class Fleet(Construct):
             "LaunchTemplateData.TagSpecifications",
             [
                 {"ResourceType": kind, "Tags": [{"Key": topology.TAG_MANAGED, "Value": "true"}]}
-                for kind in TAGGED_AT_LAUNCH
+                for kind in topology.TAGGED_AT_LAUNCH
             ],
         )
         if efa:

@@ -557,8 +557,9 @@ class Functions(Construct):
 
         The instance and the fleet must carry gpufleet:managed=true in the request (the Launch
         handler tags both in CreateFleet's TagSpecifications). Volumes, network interfaces and
-        spot requests only exist as parts of such an instance; their tags come from the launch
-        template, and CreateTags is only allowed during the launch itself.
+        spot requests only exist as parts of such an instance; the launch template tags the
+        volumes and interfaces (never the spot requests: see `topology.TAGGED_AT_LAUNCH`), and
+        CreateTags is only allowed during the launch itself, on what it really tags.
         """
         fleet = self._fleet
         role.add_to_policy(
@@ -603,7 +604,9 @@ class Functions(Construct):
                 ],
             )
         )
-        tagged = ("instance", "fleet", *parts)
+        # Tagged as created: the fleet and its instances by CreateFleet's TagSpecifications, the
+        # instances' parts by the launch template, the job's group by CreatePlacementGroup.
+        tagged = ("fleet", *topology.TAGGED_AT_LAUNCH, "placement-group")
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="TagAtLaunchOnly",
@@ -663,7 +666,10 @@ class Functions(Construct):
             )
         )
         reservations = "arn:<AWS::Partition>:ec2:<AWS::Region>:*:capacity-reservation/*"
-        return [*(self._nag_arn(kind, "*") for kind in tagged), reservations]
+        return [
+            *(self._nag_arn(kind, "*") for kind in dict.fromkeys((*tagged, *parts))),
+            reservations,
+        ]
 
     def by_id(self) -> Mapping[str, lambda_.IFunction]:
         return dict(self.functions)

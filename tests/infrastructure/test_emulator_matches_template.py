@@ -12,7 +12,9 @@ import pytest
 from tests.infrastructure.conftest import Synth
 
 from gpufleet import topology
-from gpufleet.emulator.account import Account, embedded_account
+from gpufleet.adapters.aws.fleet import Ec2Fleet
+from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
+from gpufleet.emulator.account import AMI_ID, Account, embedded_account
 from gpufleet.settings import Settings
 
 
@@ -143,3 +145,44 @@ def test_intake_notification_matches(synth: Synth, account: Account) -> None:
         {"Name": rule["Name"].lower(), "Value": rule["Value"]}
         for rule in template_config["Filter"]["Key"]["FilterRules"]
     ]
+
+
+_jobs = iter(range(1, 1_000_000))
+
+
+def _template_tags(data: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    return sorted((spec["ResourceType"], spec["Tags"]) for spec in data["TagSpecifications"])
+
+
+@pytest.mark.parametrize(
+    "env_var", [topology.ENV_LAUNCH_TEMPLATE, topology.ENV_EFA_LAUNCH_TEMPLATE]
+)
+def test_the_launch_templates_tag_alike_and_launch_every_capacity_type(
+    synth: Synth, account: Account, env_var: str
+) -> None:
+    stack_template = synth.function_env(topology.LAUNCH.construct_id)[env_var]["Ref"]
+    deployed = synth.props(stack_template)["LaunchTemplateData"]
+    ec2 = account.client("ec2")
+    # EC2 fails a launch whose template tags what the launch does not create (spot requests on
+    # an on-demand or reserved launch): the deployed tags must suit every capacity type.
+    tagged_as_deployed = ec2.create_launch_template(
+        LaunchTemplateName=f"deployed-tags-{env_var.lower()}",
+        LaunchTemplateData={"ImageId": AMI_ID, "TagSpecifications": deployed["TagSpecifications"]},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    fleet = Ec2Fleet(ec2, tagged_as_deployed, account.subnet_ids)
+    for capacity in CapacityType:
+        result = fleet.launch(
+            LaunchRequest(
+                job_id=f"j-{next(_jobs):020x}",
+                attempt=0,
+                capacity_type=capacity,
+                nodes=1,
+                overrides=[LaunchOverride(instance_type="g5.xlarge", hourly_usd=1.0)],
+            )
+        )
+        assert result.launched, result.errors
+    # And the emulator's templates tag alike, so what the tests launch is what deploys.
+    [live] = ec2.describe_launch_template_versions(LaunchTemplateId=account.environment()[env_var])[
+        "LaunchTemplateVersions"
+    ]
+    assert _template_tags(live["LaunchTemplateData"]) == _template_tags(deployed)

@@ -600,6 +600,20 @@ def test_launch_template_hardening(synth: Synth, env_var: str) -> None:
     assert kinds >= {"instance", "volume"}
 
 
+def test_the_launch_role_tags_at_creation_exactly_what_launches_tag(synth: Synth) -> None:
+    statements = synth.statements_of_role(synth.role_of_function(topology.LAUNCH.construct_id))
+    [tag_at_launch] = [s for s in statements if s.get("Sid") == "TagAtLaunchOnly"]
+    kinds = {
+        synth.render(arn).rsplit(":", 1)[1].split("/")[0]
+        for arn in synth.resources_of(tag_at_launch)
+    }
+    templates = {s["ResourceType"] for s in _launch_template(synth)["TagSpecifications"]}
+    # CreateFleet tags the fleet and its instances, CreatePlacementGroup the job's group.
+    assert kinds == {"fleet", "instance", "placement-group"} | templates
+    # A template tagging spot requests fails every launch that makes none (on-demand, reserved).
+    assert "spot-instances-request" not in kinds
+
+
 def test_ami_comes_from_the_public_ssm_parameter(synth: Synth) -> None:
     image = _launch_template(synth)["ImageId"]["Ref"]
     parameter = synth.doc["Parameters"][image]

@@ -131,6 +131,8 @@ def test_failures_and_crashes_lose_no_job_and_leak_no_instance(
     assert jobs["impossible"]["status"] == "FAILED"
     assert "no instance type" in jobs["impossible"]["failure_reason"]
     assert jobs["crashy"]["status"] == "SUCCEEDED"
+    # The retried Launch kept the fleet the crashed one launched: the crash cost no run.
+    assert jobs["crashy"]["retries"] == 0 and jobs["crashy"]["attempts"] == 1
 
 
 def test_a_node_that_goes_silent_is_taken_for_lost_and_released(

@@ -1,16 +1,36 @@
-"""CreateFleet and release against moto's EC2, with real-shaped capacity errors injected."""
+"""CreateFleet and release on the embedded account: moto's EC2 held to EC2's launch rules
+(`gpufleet.emulator.ec2_rules`), with real-shaped capacity errors injected."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import botocore.handlers
 import pytest
+from botocore.exceptions import ClientError
 
-from gpufleet.adapters.aws.fleet import Ec2Fleet
+from gpufleet.adapters.aws.fleet import MAX_CLIENT_TOKENS, Ec2Fleet
+from gpufleet.adapters.local.memory import (
+    InMemoryJobQueue,
+    InMemoryJobStore,
+    InMemoryObjects,
+    RecordingAlarms,
+    in_memory_ports,
+)
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride, LaunchRequest
-from gpufleet.emulator.account import Account
+from gpufleet.domain.launch import (
+    TOKENS_SPENT,
+    CapacityType,
+    ErrorCategory,
+    LaunchOverride,
+    LaunchRequest,
+)
+from gpufleet.emulator import ec2_rules
+from gpufleet.emulator.account import AMI_ID, Account
+from gpufleet.ports import StatusChange
+from gpufleet.services.factory import build_lifecycle
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
+from tests.helpers import SPEC_YAML, intake_for, make_settings, plan_of
 
 _jobs = iter(range(1, 1_000_000))
 
@@ -45,6 +65,53 @@ def request(job: str, nodes: int = 1, capacity: CapacityType = CapacityType.SPOT
 def states(ec2: Any, instance_ids: list[str]) -> set[str]:
     reservations = ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
     return {i["State"]["Name"] for r in reservations for i in r["Instances"]}
+
+
+def live_instances_of(ec2: Any, job: str) -> set[str]:
+    reservations = ec2.describe_instances(
+        Filters=[
+            {"Name": f"tag:{TAG_JOB_ID}", "Values": [job]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )["Reservations"]
+    return {i["InstanceId"] for r in reservations for i in r["Instances"]}
+
+
+def moto_alone(account: Account) -> Any:
+    """A client of the same account without EC2's launch rules: what moto by itself answers."""
+    client = account.client("ec2")
+    for event, handler, *_ in botocore.handlers.BUILTIN_HANDLERS:
+        if getattr(handler, "__module__", "") == ec2_rules.__name__:
+            client.meta.events.unregister(event, handler)
+    return client
+
+
+def fleet_request(
+    template: str, subnet: str, capacity: str = "on-demand", **extra: Any
+) -> dict[str, Any]:
+    """A bare instant CreateFleet of one g5.xlarge from `template`."""
+    return {
+        "Type": "instant",
+        "LaunchTemplateConfigs": [
+            {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "$Latest"},
+                "Overrides": [{"InstanceType": "g5.xlarge", "SubnetId": subnet}],
+            }
+        ],
+        "TargetCapacitySpecification": {
+            "TotalTargetCapacity": 1,
+            "DefaultTargetCapacityType": capacity,
+        },
+        **extra,
+    }
+
+
+def launched(response: dict[str, Any]) -> list[str]:
+    return [i for group in response.get("Instances", []) for i in group["InstanceIds"]]
+
+
+def error_codes(response: dict[str, Any]) -> set[str]:
+    return {e["ErrorCode"] for e in response.get("Errors", [])}
 
 
 def test_a_launch_tags_every_instance_with_the_job(fleet: Ec2Fleet, ec2: Any) -> None:
@@ -139,6 +206,13 @@ def test_release_terminates_only_the_jobs_tagged_instances(fleet: Ec2Fleet, ec2:
 
 
 def test_a_capacity_block_is_targeted_by_id_with_run_instances(fleet: Ec2Fleet, ec2: Any) -> None:
+    reservation = ec2.create_capacity_reservation(
+        InstanceType="p4d.24xlarge",
+        InstancePlatform="Linux/UNIX",
+        AvailabilityZone="us-east-1a",
+        InstanceCount=2,
+        InstanceMatchCriteria="targeted",
+    )["CapacityReservation"]["CapacityReservationId"]
     sent: list[dict[str, Any]] = []
 
     def capture(params: dict[str, Any], **_: Any) -> None:
@@ -157,7 +231,7 @@ def test_a_capacity_block_is_targeted_by_id_with_run_instances(fleet: Ec2Fleet, 
                         instance_type="p4d.24xlarge",
                         zone="us-east-1a",
                         hourly_usd=0.0,
-                        reservation_id="cr-0123456789abcdef0",
+                        reservation_id=reservation,
                         capacity_block=True,
                     )
                 ],
@@ -169,7 +243,7 @@ def test_a_capacity_block_is_targeted_by_id_with_run_instances(fleet: Ec2Fleet, 
     [params] = sent
     assert params["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert params["CapacityReservationSpecification"] == {
-        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
+        "CapacityReservationTarget": {"CapacityReservationId": reservation}
     }
     assert params["MinCount"] == params["MaxCount"] == 2
 
@@ -292,3 +366,230 @@ def test_multi_node_jobs_on_efa_types_launch_from_the_efa_template(
     )["LaunchTemplateVersions"]
     [interface] = version["LaunchTemplateData"]["NetworkInterfaces"]
     assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
+
+
+# -- EC2's launch rules: moto alone accepts each of these, EC2 (and the embedded account) not ---
+
+
+def test_a_template_that_tags_spot_requests_fails_every_launch_that_makes_none(
+    account: Account, ec2: Any
+) -> None:
+    subnet = account.subnet_ids[0]
+    template = ec2.create_launch_template(
+        LaunchTemplateName="tags-spot-requests",
+        LaunchTemplateData={
+            "ImageId": AMI_ID,
+            "TagSpecifications": [
+                {"ResourceType": "spot-instances-request", "Tags": [{"Key": "k", "Value": "v"}]}
+            ],
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    lax = moto_alone(account)
+    assert launched(lax.create_fleet(**fleet_request(template, subnet)))
+    refused = ec2.create_fleet(**fleet_request(template, subnet))
+    # As Karpenter met it (karpenter-provider-aws#5850): per override, HTTP 200, no instances.
+    assert launched(refused) == [] and error_codes(refused) == {"InvalidParameterValue"}
+    assert "no Spot instances requests" in refused["Errors"][0]["ErrorMessage"]
+    assert refused["Errors"][0]["Lifecycle"] == "on-demand"
+    # A spot launch makes spot requests: the same template launches.
+    assert launched(ec2.create_fleet(**fleet_request(template, subnet, "spot")))
+    run = {"LaunchTemplate": {"LaunchTemplateId": template}, "MinCount": 1, "MaxCount": 1}
+    assert lax.run_instances(**run)["Instances"]
+    with pytest.raises(ClientError, match="InvalidParameterValue"):
+        ec2.run_instances(**run)
+
+
+def test_tags_a_launch_cannot_give_are_refused(account: Account, ec2: Any) -> None:
+    lax = moto_alone(account)
+    # An instant fleet tags only itself and its instances: not its spot requests.
+    tagged = fleet_request(
+        account.launch_template_id,
+        account.subnet_ids[0],
+        "spot",
+        TagSpecifications=[
+            {"ResourceType": "spot-instances-request", "Tags": [{"Key": "k", "Value": "v"}]}
+        ],
+    )
+    assert launched(lax.create_fleet(**tagged))
+    with pytest.raises(ClientError, match="InvalidParameterValue"):
+        ec2.create_fleet(**tagged)
+    # A template tags only instances, volumes, network interfaces and spot requests.
+    tags = [{"Key": "k", "Value": "v"}]
+    data = {"ImageId": AMI_ID, "TagSpecifications": [{"ResourceType": "fleet", "Tags": tags}]}
+    lax.create_launch_template(LaunchTemplateName="tags-fleet-lax", LaunchTemplateData=data)
+    with pytest.raises(ClientError, match="InvalidParameterValue"):
+        ec2.create_launch_template(LaunchTemplateName="tags-fleet", LaunchTemplateData=data)
+
+
+def test_a_client_token_answers_with_its_first_call_even_once_its_instances_ended(
+    account: Account, ec2: Any
+) -> None:
+    request = fleet_request(
+        account.launch_template_id, account.subnet_ids[0], ClientToken=f"token-{job_id()}"
+    )
+    first = ec2.create_fleet(**request)
+    ec2.terminate_instances(InstanceIds=launched(first))
+    again = ec2.create_fleet(**request)
+    assert again["FleetId"] == first["FleetId"] and launched(again) == launched(first)
+    assert states(ec2, launched(again)) == {"terminated"}
+    other = {**request, "TargetCapacitySpecification": {"TotalTargetCapacity": 2}}
+    with pytest.raises(ClientError, match="IdempotentParameterMismatch"):
+        ec2.create_fleet(**other)
+    lax = moto_alone(account)
+    assert lax.create_fleet(**request)["FleetId"] != first["FleetId"]
+    assert launched(lax.create_fleet(**other))
+
+
+def test_a_launch_names_only_placement_groups_and_reservations_that_exist(
+    account: Account, ec2: Any
+) -> None:
+    lax = moto_alone(account)
+    subnets = ec2.describe_subnets(SubnetIds=account.subnet_ids)["Subnets"]
+    here, elsewhere = subnets[0], subnets[1]
+    grouped = fleet_request(account.launch_template_id, here["SubnetId"])
+    grouped["LaunchTemplateConfigs"][0]["Overrides"][0]["Placement"] = {"GroupName": "no-such"}
+    assert launched(lax.create_fleet(**grouped))
+    assert error_codes(ec2.create_fleet(**grouped)) == {"InvalidPlacementGroup.Unknown"}
+
+    reservation = ec2.create_capacity_reservation(
+        InstanceType="p4d.24xlarge",
+        InstancePlatform="Linux/UNIX",
+        AvailabilityZone=here["AvailabilityZone"],
+        InstanceCount=1,
+        InstanceMatchCriteria="targeted",
+    )["CapacityReservation"]["CapacityReservationId"]
+
+    def into(target: str, instance_type: str = "p4d.24xlarge", subnet: Any = here) -> Any:
+        return {
+            "LaunchTemplate": {"LaunchTemplateId": account.launch_template_id},
+            "InstanceType": instance_type,
+            "SubnetId": subnet["SubnetId"],
+            "MinCount": 1,
+            "MaxCount": 1,
+            "CapacityReservationSpecification": {
+                "CapacityReservationTarget": {"CapacityReservationId": target}
+            },
+        }
+
+    assert lax.run_instances(**into("cr-00000000000000000"))["Instances"]
+    with pytest.raises(ClientError, match=r"InvalidCapacityReservationId\.NotFound"):
+        ec2.run_instances(**into("cr-00000000000000000"))
+    for mismatched in (into(reservation, "g5.xlarge"), into(reservation, subnet=elsewhere)):
+        with pytest.raises(ClientError, match="ReservationCapacityExceeded"):
+            ec2.run_instances(**mismatched)
+    [instance] = ec2.run_instances(**into(reservation))["Instances"]
+    with pytest.raises(ClientError, match="ReservationCapacityExceeded"):
+        ec2.run_instances(**into(reservation))  # its one instance is taken
+
+    def available() -> int:
+        [described] = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation])[
+            "CapacityReservations"
+        ]
+        return int(described["AvailableInstanceCount"])
+
+    assert available() == 0
+    ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+    assert available() == 1
+
+
+# -- retried launches ----------------------------------------------------------------------------
+
+
+def test_a_retried_launch_keeps_what_its_first_call_launched(fleet: Ec2Fleet, ec2: Any) -> None:
+    job = job_id()
+    first = fleet.launch(request(job, nodes=2))
+    again = fleet.launch(request(job, nodes=2))
+    assert again.instance_ids == first.instance_ids
+    assert live_instances_of(ec2, job) == set(first.instance_ids)
+
+
+def test_a_retry_never_takes_instances_that_ended_since(fleet: Ec2Fleet, ec2: Any) -> None:
+    job = job_id()
+    first = fleet.launch(request(job))
+    ec2.terminate_instances(InstanceIds=first.instance_ids)  # e.g. the reconciler, or a reclaim
+    again = fleet.launch(request(job))
+    assert again.launched and not set(again.instance_ids) & set(first.instance_ids)
+    assert live_instances_of(ec2, job) == set(again.instance_ids)
+
+
+def test_a_retry_with_other_offerings_launches_anew_and_ends_the_first_fleet(
+    fleet: Ec2Fleet, ec2: Any
+) -> None:
+    job = job_id()
+    first = fleet.launch(request(job))
+    changed = request(job).model_copy(update={"overrides": request(job).overrides[1:]})
+    calls: list[str] = []
+
+    def note(model: Any, **_: Any) -> None:
+        calls.append(model.name)
+
+    for operation in ("CreateFleet", "TerminateInstances"):
+        ec2.meta.events.register(f"provide-client-params.ec2.{operation}", note)
+    try:
+        again = fleet.launch(changed)  # the first token's parameters differ: it is spent
+    finally:
+        for operation in ("CreateFleet", "TerminateInstances"):
+            ec2.meta.events.unregister(f"provide-client-params.ec2.{operation}", note)
+    assert again.launched and again.instance_type == "g6.xlarge"
+    assert states(ec2, first.instance_ids) == {"terminated"}
+    assert live_instances_of(ec2, job) == set(again.instance_ids)
+    # The first fleet ended before the next token could launch: never two fleets alive.
+    assert calls == ["CreateFleet", "TerminateInstances", "CreateFleet"]
+
+
+def test_an_attempt_whose_tokens_are_all_spent_fails_for_the_next_attempt(
+    fleet: Ec2Fleet, ec2: Any
+) -> None:
+    job = job_id()
+    for _ in range(MAX_CLIENT_TOKENS):
+        ended = fleet.launch(request(job))
+        ec2.terminate_instances(InstanceIds=ended.instance_ids)
+    spent = fleet.launch(request(job))
+    assert not spent.launched and spent.errors[0].code == TOKENS_SPENT
+    assert spent.error_category is ErrorCategory.TRANSIENT
+    assert fleet.launch(request(job).model_copy(update={"attempt": 1})).launched
+
+
+class DiesOnceRecording(InMemoryJobQueue):
+    """The Launch function dies after CreateFleet, as it records the launch, once."""
+
+    died = False
+
+    def record_launch(self, change: StatusChange, hourly_usd: float, stop_at: float | None) -> bool:
+        if not self.died:
+            self.died = True
+            raise RuntimeError("Launch died after CreateFleet")
+        return super().record_launch(change, hourly_usd, stop_at)
+
+
+@pytest.mark.parametrize("offerings_changed", [False, True], ids=["same", "changed"])
+def test_a_launch_retried_after_it_died_records_live_instances_only(
+    account: Account, ec2: Any, offerings_changed: bool
+) -> None:
+    jobs = InMemoryJobStore()
+    ports = in_memory_ports(
+        jobs=jobs,
+        queue=DiesOnceRecording(jobs),
+        fleet=Ec2Fleet(ec2, account.launch_template_id, account.subnet_ids),
+    )
+    settings = make_settings()
+    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    delivery = job_id()  # a delivery of its own: a job (and client tokens) of its own
+    job = intake_for(ports, settings).submit_object("jobs/a.yaml", delivery, delivery).job_id
+    assert job is not None
+    service, plan = build_lifecycle(ports, settings), plan_of(ports, job)
+    with pytest.raises(RuntimeError, match="died"):
+        service.launch(job, plan, step=0, attempt=0, task_token="run")
+    first_fleet = live_instances_of(ec2, job)
+    assert first_fleet
+    if offerings_changed:  # the first choice ran out since: the retry asks for other offerings
+        first = plan.steps[0].overrides[0]
+        zone = first.zone or settings.region
+        ports.capacity.remember([f"spot:{first.instance_type}:{zone}"], until=1e12)
+    # The state machine retries the task: the same attempt.
+    assert service.launch(job, plan, step=0, attempt=0, task_token="run") is None
+    placement = ports.jobs.get(job).placement
+    assert placement is not None
+    assert live_instances_of(ec2, job) == set(placement.instance_ids)
+    assert (set(placement.instance_ids) == first_fleet) is not offerings_changed
+    assert job in cast(RecordingAlarms, ports.alarms).created

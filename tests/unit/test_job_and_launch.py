@@ -81,8 +81,21 @@ def test_job_ids_are_stable_per_delivery_and_distinct_across_deliveries() -> Non
         ("VcpuLimitExceeded", ErrorCategory.QUOTA),
         ("MaxFleetCountExceeded", ErrorCategory.QUOTA),
         ("InsufficientFreeAddressesInSubnet", ErrorCategory.QUOTA),
+        ("ReservationCapacityExceeded", ErrorCategory.CAPACITY),
+        ("VolumeLimitExceeded", ErrorCategory.QUOTA),
         ("InvalidLaunchTemplateId.NotFound", ErrorCategory.CONFIGURATION),
         ("UnauthorizedOperation", ErrorCategory.CONFIGURATION),
+        # The spot-request tag on a launch that makes none: our template's fault.
+        ("InvalidParameterValue", ErrorCategory.CONFIGURATION),
+        # EC2's server errors and throttling: the same launch may work in a moment.
+        ("InternalError", ErrorCategory.TRANSIENT),
+        ("Unavailable", ErrorCategory.TRANSIENT),
+        ("RequestLimitExceeded", ErrorCategory.TRANSIENT),
+        ("IdempotentParameterMismatch", ErrorCategory.TRANSIENT),
+        # Created a moment before the launch: EC2 may not see it yet.
+        ("InvalidPlacementGroup.Unknown", ErrorCategory.TRANSIENT),
+        # A code EC2 adds tomorrow is retried (within the plan's attempts), not fatal.
+        ("SomeCodeEc2AddsLater", ErrorCategory.TRANSIENT),
     ],
 )
 def test_every_fleet_error_code_has_a_category(code: str, category: ErrorCategory) -> None:
@@ -93,9 +106,13 @@ def test_the_most_fundamental_error_decides() -> None:
     assert worst_category(["InsufficientInstanceCapacity", "VcpuLimitExceeded"]) is (
         ErrorCategory.QUOTA
     )
-    assert worst_category(["InsufficientInstanceCapacity", "Bogus"]) is (
+    assert worst_category(["InsufficientInstanceCapacity", "InvalidParameterValue"]) is (
         ErrorCategory.CONFIGURATION
     )
+    assert worst_category(["InsufficientInstanceCapacity", "InternalError"]) is (
+        ErrorCategory.CAPACITY
+    )
+    assert worst_category(["InternalError"]) is ErrorCategory.TRANSIENT
     assert worst_category(["InsufficientInstanceCapacity"]) is ErrorCategory.CAPACITY
 
 

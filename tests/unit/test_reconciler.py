@@ -36,16 +36,10 @@ def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
     )
     # Ended with its instance left behind (its Release kept failing: ReleaseFailed).
     ports.jobs.transition(ended, JobStatus.FAILED, clock.now(), {"failure_reason": "Boom"})
-    # A second fleet for the running job: its launch crashed after CreateFleet and was retried.
-    leftover = fleet.launch(
-        LaunchRequest(
-            job_id=running,
-            attempt=9,
-            capacity_type=CapacityType.SPOT,
-            nodes=1,
-            overrides=[LaunchOverride(instance_type="g5.xlarge", hourly_usd=1.0)],
-        )
-    ).instance_ids[0]
+    # A second fleet for the running job: a launch crashed after CreateFleet, and the retry that
+    # recorded the job's placement did not see it (EC2 lists new instances late).
+    leftover = "i-" + "f" * 17
+    fleet.live[leftover] = fleet.owners[leftover] = running
     for instance_id in fleet.live:
         fleet.launched_at[instance_id] = clock.now()
 

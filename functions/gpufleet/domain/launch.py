@@ -16,52 +16,106 @@ class CapacityType(StrEnum):
 class ErrorCategory(StrEnum):
     CAPACITY = "capacity"  # try other offerings, another capacity type, or later
     QUOTA = "quota"  # an account limit: waiting or another type may help, retrying now will not
+    TRANSIENT = "transient"  # EC2 itself (a server error, throttling): the same launch, later
     CONFIGURATION = "configuration"  # our setup is wrong: fail loudly, do not retry
 
 
-# CreateFleet `Errors[].ErrorCode` values, by what they mean for the next step.
+# Codes of our own, for launches that fail before or beside EC2.
+NO_SUBNET_IN_ZONE = "NoSubnetInZone"  # no configured subnet lies in a zone the offerings name
+TOKENS_SPENT = "ClientTokensSpent"  # an attempt's client tokens are all spent: the next attempt
+
+
+# EC2's error codes (CreateFleet `Errors[].ErrorCode`, RunInstances and CreateFleet errors), by
+# what they mean for the next step. Sources: the EC2 API's error code list (client errors,
+# server errors) and the codes instant fleets are seen to return.
 _CAPACITY_CODES = frozenset(
     {
         "InsufficientInstanceCapacity",
         "InsufficientHostCapacity",
         "InsufficientCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientVolumeCapacity",  # EBS in that zone: another zone may have it
         "MaxSpotInstanceCountExceeded",
         "SpotMaxPriceTooLow",
         "UnfulfillableCapacity",
-        "Unsupported",
+        "Unsupported",  # "an Availability Zone that currently has constraints on that type"
         "InsufficientCapacityOnHost",
-        "ReservationCapacityExceeded",
+        "ReservationCapacityExceeded",  # the targeted reservation has no compatible room
     }
 )
 _QUOTA_CODES = frozenset(
     {
         "VcpuLimitExceeded",
         "MaxFleetCountExceeded",
+        "MaxSpotFleetRequestCountExceeded",
         "InsufficientFreeAddressesInSubnet",
         "InstanceLimitExceeded",
-        "RequestLimitExceeded",
+        "VolumeLimitExceeded",
+        "MaxIOPSLimitExceeded",
+        "NetworkInterfaceLimitExceeded",
     }
 )
+# EC2 says to retry these: its server errors and throttling, a tag write racing another, a
+# client token spent by an earlier call (a new attempt has a new one), and a placement group
+# created a moment ago that the launch does not see yet (EC2 is eventually consistent).
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+        "RequestLimitExceeded",
+        "InsufficientAddressCapacity",
+        "ConcurrentTagAccess",
+        "IdempotentParameterMismatch",
+        "IdempotentInstanceTerminated",
+        "InvalidPlacementGroup.Unknown",
+        TOKENS_SPENT,
+    }
+)
+# Client errors that say the request itself is wrong: retrying the same request cannot help.
+_CONFIGURATION_CODES = frozenset(
+    {
+        "AuthFailure",
+        "Blocked",
+        "OptInRequired",
+        "PendingVerification",
+        "UnauthorizedOperation",
+        "UnsupportedOperation",
+        "UnknownParameter",
+        "ValidationError",
+        NO_SUBNET_IN_ZONE,
+    }
+)
+_CONFIGURATION_PREFIXES = ("Invalid", "Missing", "Malformed")
 
 
 def classify_launch_error(code: str) -> ErrorCategory:
-    """The category of a CreateFleet error code; unknown codes are configuration errors, which
-    stop the launch rather than retry something we do not understand."""
-    if code in _CAPACITY_CODES:
-        return ErrorCategory.CAPACITY
-    if code in _QUOTA_CODES:
-        return ErrorCategory.QUOTA
-    return ErrorCategory.CONFIGURATION
+    """The category of an EC2 launch error code. Codes EC2 documents as the request's fault
+    (`Invalid...`, `Missing...`, an unauthorized call) stop the launch; codes this table does
+    not know are retried later like a server error (bounded by the plan's attempts), since EC2
+    adds codes and a new capacity or server code must not fail a job at once."""
+    for codes, category in (
+        (_CAPACITY_CODES, ErrorCategory.CAPACITY),
+        (_QUOTA_CODES, ErrorCategory.QUOTA),
+        (_TRANSIENT_CODES, ErrorCategory.TRANSIENT),
+        (_CONFIGURATION_CODES, ErrorCategory.CONFIGURATION),
+    ):
+        if code in codes:
+            return category
+    if code.startswith(_CONFIGURATION_PREFIXES):
+        return ErrorCategory.CONFIGURATION
+    return ErrorCategory.TRANSIENT
 
 
 def worst_category(codes: list[str]) -> ErrorCategory:
-    """One category for a failed launch: configuration beats quota beats capacity, because the
-    more fundamental problem decides what to do next."""
+    """One category for a failed launch: configuration beats quota beats capacity beats a
+    transient error, because the more fundamental problem decides what to do next."""
     categories = {classify_launch_error(code) for code in codes}
-    for category in (ErrorCategory.CONFIGURATION, ErrorCategory.QUOTA):
+    for category in (ErrorCategory.CONFIGURATION, ErrorCategory.QUOTA, ErrorCategory.CAPACITY):
         if category in categories:
             return category
-    return ErrorCategory.CAPACITY
+    return ErrorCategory.TRANSIENT
 
 
 class LaunchOverride(BaseModel):

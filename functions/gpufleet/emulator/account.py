@@ -159,6 +159,7 @@ def embedded_account(
     try:
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config())
+            patches.ec2_rules.hold(account.config.reservations)  # the account's own
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
@@ -221,11 +222,17 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
 
     ec2 = account.client("ec2")
     account.subnet_ids = _default_subnets(ec2)
+    # What the launch tags, as the stack's templates do (EC2 holds a launch to them).
+    tagged = [
+        {"ResourceType": kind, "Tags": [{"Key": topology.TAG_MANAGED, "Value": "true"}]}
+        for kind in topology.TAGGED_AT_LAUNCH
+    ]
     account.launch_template_id = ec2.create_launch_template(
         LaunchTemplateName="gpufleet-node",
         LaunchTemplateData={
             "ImageId": AMI_ID,
             "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+            "TagSpecifications": tagged,
         },
     )["LaunchTemplate"]["LaunchTemplateId"]
     # The same with an EFA as its network interface (multi-node jobs on EFA types).
@@ -237,6 +244,7 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
             "NetworkInterfaces": [
                 {"DeviceIndex": 0, "InterfaceType": "efa", "DeleteOnTermination": True}
             ],
+            "TagSpecifications": tagged,
         },
     )["LaunchTemplate"]["LaunchTemplateId"]
 

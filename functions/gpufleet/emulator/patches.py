@@ -42,9 +42,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import botocore.handlers
+
+if TYPE_CHECKING:
+    from gpufleet.emulator.ec2_rules import Ec2Rules
 
 CONTROL_PLANE = "control-plane"
 EMULATOR = "emulator"
@@ -246,6 +249,7 @@ def _resolve_handler(path: str) -> Callable[[Any, Any], Any]:
 class Patches:
     recorder: Recorder
     undo: list[Callable[[], None]]
+    ec2_rules: Ec2Rules
 
     def remove(self) -> None:
         for undo in reversed(self.undo):
@@ -397,10 +401,14 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
 
     _replace(json_path, "parse", functools.lru_cache(maxsize=1024)(parse_json_path), undo)
 
-    # moto has no EC2 placement groups: the emulator answers for them.
+    # moto has no EC2 placement groups: the emulator answers for them. And it launches what
+    # EC2 refuses: the emulator holds launches to EC2's rules (see `ec2_rules`).
+    from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.placement_groups import PlacementGroups
 
-    for hook in PlacementGroups().hooks():
+    groups = PlacementGroups()
+    ec2_rules = Ec2Rules(groups)
+    for hook in [*groups.hooks(), *ec2_rules.hooks()]:
         botocore.handlers.BUILTIN_HANDLERS.append(hook)
         undo.append(functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))
 
@@ -440,7 +448,7 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
             previous = handler.setStream(routed)
             undo.append(functools.partial(handler.setStream, previous))
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    return Patches(recorder=recorder, undo=undo)
+    return Patches(recorder=recorder, undo=undo, ec2_rules=ec2_rules)
 
 
 def _undo_transactions_item_by_item(undo: list[Callable[[], None]]) -> None:

@@ -36,6 +36,10 @@ class PlacementGroups:
             ("before-call.ec2.DeletePlacementGroup", self._delete),
         ]
 
+    def exists(self, name: str) -> bool:
+        with self._lock:
+            return name in self._groups
+
     def _create(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
         body = params["body"]
         name = str(body["GroupName"])

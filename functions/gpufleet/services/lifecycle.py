@@ -520,9 +520,9 @@ class LifecycleService:
                 ],
             )
         else:
-            # A launch that died between CreateFleet and recording its placement left instances
-            # nobody holds: end them before launching again, so a job never has two fleets.
-            self._ports.fleet.terminate_job_instances(job_id)
+            # A retry of a launch that died before recording its placement gets the instances
+            # that launch made (the fleet's launch is idempotent per attempt and ends whatever
+            # else the job holds): a job never has two fleets, nor records ended instances.
             result = self._ports.fleet.launch(
                 LaunchRequest(
                     job_id=job_id,
@@ -543,8 +543,9 @@ class LifecycleService:
                     "ondemand_fallback": fell_back,
                     "task_token": task_token,
                 }
-                job = self._record_launch(job, changes)
+                # Alarms first: a recorded placement is never retried, so it must have them.
                 self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
+                self._record_launch(job, changes)
                 return None
             shortages = shortage_keys(result, self._policy.region)
             until = self._now() + self._policy.capacity_memory_seconds

@@ -4,10 +4,17 @@ Multi-node jobs on instance types with EFA launch from a second launch template 
 interface is an EFA (CreateFleet overrides cannot name network interfaces). With a warm pool, a
 single-node launch that may use the pool's type and capacity type takes an idle warm instance
 instead of calling CreateFleet (`warm_pool.DynamoWarmPool` makes the claim exclusive).
+
+A launch is idempotent across retries of the same attempt: its ClientToken is the attempt's
+first one, so a Launch that died after CreateFleet asks again and gets (and keeps) the
+instances it launched; a token whose instances ended since, or whose parameters changed
+(`IdempotentParameterMismatch`), is spent and the next one is used. Whatever else the job
+holds then is a leftover of such a launch and is terminated: a job never keeps two fleets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -15,8 +22,11 @@ from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.warm_pool import DynamoWarmPool
 from gpufleet.domain.launch import (
+    NO_SUBNET_IN_ZONE,
+    TOKENS_SPENT,
     CapacityType,
     LaunchError,
+    LaunchOverride,
     LaunchRequest,
     LaunchResult,
 )
@@ -25,6 +35,12 @@ from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, W
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 _UP_STATES = ["pending", "running"]
+# How many client tokens one attempt may spend (each a Launch retried after its fleet ended or
+# its overrides changed); past them the launch fails as transient and the next attempt starts
+# over with its own tokens.
+MAX_CLIENT_TOKENS = 8
+# A call with a spent token: EC2 will not launch under it again.
+_SPENT_TOKEN_CODES = frozenset({"IdempotentParameterMismatch", "IdempotentInstanceTerminated"})
 
 
 class Ec2Fleet:
@@ -76,8 +92,22 @@ class Ec2Fleet:
         }
 
     def launch(self, request: LaunchRequest) -> LaunchResult:
+        """The job's instances, all or none; after it the job holds no others."""
+        held = self._job_instances(request.job_id)
+        result = self._launch(request, held)
+        # Anything else the job holds is what an earlier call launched and nobody recorded.
+        self._end_held(held, keep=result.instance_ids)
+        return result
+
+    def _end_held(self, held: dict[str, str], keep: list[str] | None = None) -> None:
+        """Terminate the live instances of `held` but `keep`, and note them ended."""
+        ending = [i for i, state in held.items() if state in _LIVE_STATES and i not in (keep or [])]
+        self.terminate_instances(ending)
+        held.update(dict.fromkeys(ending, "shutting-down"))
+
+    def _launch(self, request: LaunchRequest, held: dict[str, str]) -> LaunchResult:
         if request.capacity_type is CapacityType.RESERVED and request.overrides[0].capacity_block:
-            return self._launch_capacity_block(request)
+            return self._launch_capacity_block(request, held)
         if self._warm is not None:
             warm = self._claim_warm(self._warm, request)
             if warm is not None:
@@ -103,12 +133,25 @@ class Ec2Fleet:
                 capacity_type=request.capacity_type,
                 errors=[
                     LaunchError(
-                        code="NoSubnetInZone",
+                        code=NO_SUBNET_IN_ZONE,
                         message="no configured subnet lies in a zone the offerings name",
                     )
                 ],
             )
-        response = self._client.create_fleet(**self._fleet_parameters(request, overrides))
+        parameters = self._fleet_parameters(request, overrides)
+        return self._first_live_launch(
+            request,
+            held,
+            lambda token: self._client.create_fleet(**parameters, ClientToken=token),
+            lambda response: self._fleet_result(request, response, planned_zone),
+        )
+
+    def _fleet_result(
+        self,
+        request: LaunchRequest,
+        response: dict[str, Any],
+        planned_zone: dict[tuple[str, str], str | None],
+    ) -> LaunchResult:
         launched = [
             (group, instance_id)
             for group in response.get("Instances", [])
@@ -156,7 +199,6 @@ class Ec2Fleet:
         }
         parameters: dict[str, Any] = {
             "Type": "instant",
-            "ClientToken": _client_token(request),
             "LaunchTemplateConfigs": self._launch_template_configs(request.nodes, overrides),
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.nodes,
@@ -205,7 +247,7 @@ class Ec2Fleet:
             for template, template_overrides in by_template.items()
         ]
 
-    def _launch_capacity_block(self, request: LaunchRequest) -> LaunchResult:
+    def _launch_capacity_block(self, request: LaunchRequest, held: dict[str, str]) -> LaunchResult:
         """Capacity Blocks are targeted by id, which CreateFleet overrides cannot do:
         RunInstances with all nodes at once (MinCount = nodes) keeps it all or nothing."""
         override = request.overrides[0]
@@ -214,12 +256,14 @@ class Ec2Fleet:
             return LaunchResult(
                 capacity_type=request.capacity_type,
                 errors=[
-                    LaunchError(code="NoSubnetInZone", message=f"no subnet in {override.zone}")
+                    LaunchError(code=NO_SUBNET_IN_ZONE, message=f"no subnet in {override.zone}")
                 ],
             )
-        try:
-            template = self._template_id(override.instance_type, request.nodes)
-            response = self._client.run_instances(
+        template = self._template_id(override.instance_type, request.nodes)
+        return self._first_live_launch(
+            request,
+            held,
+            lambda token: self._client.run_instances(
                 LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
                 InstanceType=override.instance_type,
                 SubnetId=subnet,
@@ -230,26 +274,59 @@ class Ec2Fleet:
                     "CapacityReservationTarget": {"CapacityReservationId": override.reservation_id}
                 },
                 TagSpecifications=[{"ResourceType": "instance", "Tags": _tags(request.job_id)}],
-                ClientToken=_client_token(request),
-            )
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            return LaunchResult(
+                ClientToken=token,
+            ),
+            lambda response: LaunchResult(
+                instance_ids=[i["InstanceId"] for i in response["Instances"]],
+                instance_type=override.instance_type,
+                zone=override.zone,
                 capacity_type=request.capacity_type,
-                errors=[
-                    LaunchError(
-                        code=str(error.get("Code", "Unknown")),
-                        message=str(error.get("Message", "")),
-                        instance_type=override.instance_type,
-                        zone=override.zone,
-                    )
-                ],
-            )
+            ),
+            failing=override,
+        )
+
+    def _first_live_launch(
+        self,
+        request: LaunchRequest,
+        held: dict[str, str],
+        call: Callable[[str], dict[str, Any]],
+        result_of: Callable[[dict[str, Any]], LaunchResult],
+        failing: LaunchOverride | None = None,
+    ) -> LaunchResult:
+        """The first of the attempt's tokens that EC2 launches under (again) with instances
+        alive.
+
+        `held` is what DescribeInstances said of the job's instances before the call: a token's
+        instances that had ended by then are not recorded (EC2 answers a token with its first
+        call's instances, terminated or not); instances it did not list yet are a launch so new
+        that the listing does not show it (EC2 is eventually consistent), alive. Before a token
+        that may launch anew, what the job still holds ends: never two fleets alive at once. An
+        error EC2 answers a call with is the launch's error (at `failing`, the override it was
+        for)."""
+        for n, token in enumerate(_client_tokens(request)):
+            if n:
+                self._end_held(held)
+            try:
+                result = result_of(call(token))
+            except ClientError as exc:
+                result = LaunchResult(
+                    capacity_type=request.capacity_type, errors=[_launch_error(exc, failing)]
+                )
+            if not result.launched and any(e.code in _SPENT_TOKEN_CODES for e in result.errors):
+                continue
+            if result.launched and any(
+                held.get(i, "pending") not in _UP_STATES for i in result.instance_ids
+            ):
+                continue
+            return result
         return LaunchResult(
-            instance_ids=[i["InstanceId"] for i in response["Instances"]],
-            instance_type=override.instance_type,
-            zone=override.zone,
             capacity_type=request.capacity_type,
+            errors=[
+                LaunchError(
+                    code=TOKENS_SPENT,
+                    message=f"each of the attempt's {MAX_CLIENT_TOKENS} client tokens is spent",
+                )
+            ],
         )
 
     def job_of(self, instance_id: str) -> str | None:
@@ -432,22 +509,24 @@ class Ec2Fleet:
             self._client.terminate_instances(InstanceIds=instance_ids)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
+        live = [i for i, state in self._job_instances(job_id).items() if state in _LIVE_STATES]
+        self.terminate_instances(live)
+        return live
+
+    def _job_instances(self, job_id: str) -> dict[str, str]:
+        """Every instance tagged with the job that EC2 still lists, ended ones too: its state."""
         paginator = self._client.get_paginator("describe_instances")
-        instance_ids = [
-            instance["InstanceId"]
+        return {
+            instance["InstanceId"]: instance["State"]["Name"]
             for page in paginator.paginate(
                 Filters=[
                     {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
                     {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                    {"Name": "instance-state-name", "Values": _LIVE_STATES},
                 ]
             )
             for reservation in page["Reservations"]
             for instance in reservation["Instances"]
-        ]
-        if instance_ids:
-            self._client.terminate_instances(InstanceIds=instance_ids)
-        return instance_ids
+        }
 
 
 def _zone_of(
@@ -469,7 +548,21 @@ def _tags(job_id: str) -> list[dict[str, str]]:
     return [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_JOB_ID, "Value": job_id}]
 
 
-def _client_token(request: LaunchRequest) -> str:
-    # Same job, attempt and capacity type -> same token: a retried call after a crash returns
-    # the first call's instances instead of launching more.
-    return f"{request.job_id}-{request.attempt}-{request.capacity_type.value}"
+def _client_tokens(request: LaunchRequest) -> Iterator[str]:
+    """The attempt's client tokens, in the order its calls use them. Same job, attempt and
+    capacity type -> same first token: a call retried after a crash asks EC2 again for the
+    first call's instances instead of launching more. A new attempt has tokens of its own."""
+    first = f"{request.job_id}-{request.attempt}-{request.capacity_type.value}"
+    yield first
+    for spent in range(1, MAX_CLIENT_TOKENS):
+        yield f"{first}-{spent}"
+
+
+def _launch_error(exc: ClientError, failing: LaunchOverride | None) -> LaunchError:
+    error = exc.response.get("Error", {})
+    return LaunchError(
+        code=str(error.get("Code", "Unknown")),
+        message=str(error.get("Message", "")),
+        instance_type=failing.instance_type if failing else None,
+        zone=failing.zone if failing else None,
+    )

@@ -235,7 +235,12 @@ class FakeFleet:
     def launch(self, request: LaunchRequest) -> LaunchResult:
         with self._lock:
             self.requests.append(request)
-            return self._claim_warm(request) or self._launch(request)
+            result = self._claim_warm(request) or self._launch(request)
+            # As on EC2: the job holds what this launch returned and nothing else.
+            for instance_id, job_id in list(self.live.items()):
+                if job_id == request.job_id and instance_id not in result.instance_ids:
+                    del self.live[instance_id]
+            return result
 
     def _new_instance_id(self) -> str:
         self._next_id += 1
