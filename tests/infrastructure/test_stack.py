@@ -627,6 +627,38 @@ def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
     assert "job" not in " ".join(p for p in join[1] if isinstance(p, str)).replace("jobs/", "")
 
 
+def _agent_unit(text: str) -> dict[str, dict[str, str]]:
+    """The agent's systemd unit from the user data: section -> setting -> value."""
+    body = text.split("gpufleet-agent.service <<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0]
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in body.splitlines():
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            assert name not in current, f"{name} set twice"
+            current[name] = value
+    return sections
+
+
+def test_the_agent_unit_restarts_only_the_agent_and_gives_up(synth: Synth) -> None:
+    """The agent exited 1 when the job failed and the unit restarted it on failure: the job ran
+    again on the same node, every 10 s. Now the exit status is the agent's own (see
+    gpufleet.agent's __main__), the restarts are bounded, and the agent keeps its run ledger
+    in a state directory that a restart keeps."""
+    unit = _agent_unit(synth.render(_launch_template(synth)["UserData"]["Fn::Base64"]))
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2"  # bad arguments: no restart fixes that
+    # Start limits live in [Unit] (systemd >= 230; the DLAMI has 249): 5 starts in 10 minutes.
+    assert (unit["Unit"]["StartLimitIntervalSec"], unit["Unit"]["StartLimitBurst"]) == ("600", "5")
+    assert "StartLimitBurst" not in service and "StartLimitInterval" not in service
+    assert service["StateDirectory"] == "gpufleet"
+    assert "--state-dir /var/lib/gpufleet" in service["ExecStart"]
+    assert unit["Install"] == {"WantedBy": "multi-user.target"}
+
+
 def _agent_log_group(synth: Synth) -> str:
     value = synth.doc["Outputs"]["AgentLogGroupName"]["Value"]
     logical_id: str = value["Ref"]
