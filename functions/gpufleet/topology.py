@@ -314,6 +314,12 @@ JOB_LIFECYCLE = StateMachine(
 )
 STATE_MACHINES: tuple[StateMachine, ...] = (JOB_LIFECYCLE,)
 
+
+def execution_arn(state_machine_arn: str, name: str) -> str:
+    """The ARN of a state machine's execution of that name (the lifecycle's: the job id)."""
+    return f"{state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
+
+
 # Environment variables the functions read (see gpufleet.settings): every function gets the
 # common ones; some get more.
 ENV_EVENT_BUS = "EVENT_BUS_NAME"

@@ -196,6 +196,7 @@ def _forget_cold_starts() -> None:
         common.lifecycle,
         common.dispatcher,
         common.reconciler,
+        common.backstop,
         common.actions,
         common.idempotency_store,
     ):

@@ -70,6 +70,7 @@ from gpufleet.topology import (
     SUBMIT_SOURCE,
     TAG_JOB_ID,
     TAG_MANAGED,
+    execution_arn,
 )
 
 # Short waits so that hundreds of jobs finish in minutes; nothing else differs from the demo.
@@ -708,12 +709,11 @@ def _with_history(account: Account, entries: list[dict[str, Any]]) -> list[dict[
     entered and those that failed: what went wrong where."""
     sfn = account.client("stepfunctions")
     arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
-    prefix = arn.replace(":stateMachine:", ":execution:")
     described = []
     for entry in entries:
         status, events = None, []
         if entry["job_id"] is not None:
-            execution = f"{prefix}:{entry['job_id']}"
+            execution = execution_arn(arn, entry["job_id"])
             with contextlib.suppress(sfn.exceptions.ExecutionDoesNotExist):
                 status = sfn.describe_execution(executionArn=execution)["status"]
                 events = sfn.get_execution_history(executionArn=execution, maxResults=1000)[

@@ -16,9 +16,11 @@ from aws_lambda_powertools.utilities.idempotency import (
 from gpufleet import telemetry
 from gpufleet.adapters.aws.runtime import aws_ports
 from gpufleet.services.actions import MetricActions
+from gpufleet.services.backstop import BackstopService
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.factory import (
     build_actions,
+    build_backstop,
     build_dispatcher,
     build_intake,
     build_lifecycle,
@@ -77,7 +79,12 @@ def actions() -> MetricActions:
 
 @cache
 def reconciler() -> ReconcilerService:
-    return build_reconciler(aws_ports(settings()), settings())
+    return build_reconciler(aws_ports(settings()), settings(), lifecycle())
+
+
+@cache
+def backstop() -> BackstopService:
+    return build_backstop(aws_ports(settings()), lifecycle())
 
 
 @cache
