@@ -392,9 +392,9 @@ def test_terminate_is_always_conditioned_on_the_managed_tag(synth: Synth) -> Non
             assert [synth.render(r).rsplit(":", 1)[-1] for r in synth.resources_of(statement)] == [
                 "instance/*"
             ]
-    # Launch (partial launches), Release, Dispatch (overdue checkpoints), Reconcile, and the
-    # state machine.
-    assert seen == 5
+    # Launch (partial launches), Release, Dispatch (overdue checkpoints), Reconcile,
+    # WorkflowEnded (what a dead workflow left), and the state machine.
+    assert seen == 6
 
 
 def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth) -> None:
@@ -441,7 +441,15 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
-    "states:SendTaskSuccess": {"Launch", "NodeReport", "Enqueue", "Dispatch", "InstanceEvent"},
+    # The reconciler ends the run of an instance that went away unheard.
+    "states:SendTaskSuccess": {
+        "Launch",
+        "NodeReport",
+        "Enqueue",
+        "Dispatch",
+        "InstanceEvent",
+        "Reconcile",
+    },
     # The idempotency table (intake) and the admission queue (admit, release).
     # MetricAlarm rewrites a resized job's queue entry.
     "dynamodb:DeleteItem": {
@@ -450,17 +458,20 @@ EXCLUSIVE_ACTIONS = {
         "Dispatch",
         "Release",
         "MetricAlarm",
+        # Ending a job its lifecycle left: its wait in the queue and its share.
+        "WorkflowEnded",
+        "Reconcile",
     },
     "states:SendTaskHeartbeat": {"NodeReport"},
     "cloudwatch:PutMetricAlarm": {"Launch"},
-    "cloudwatch:DeleteAlarms": {"Release"},
+    "cloudwatch:DeleteAlarms": {"Release", "WorkflowEnded", "Reconcile"},
     "sns:Publish": {"Dispatch", "MetricAlarm"},
     # Only the S3 path reads a spec object; a spec in an event is refused in an event.
     "s3:GetObject": {"IntakeFromS3"},
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
-    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch", "Reconcile"},
+    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch", "Reconcile", "WorkflowEnded"},
     "events:PutEvents": {
         "IntakeFromS3",
         "IntakeFromEvent",
@@ -470,7 +481,12 @@ EXCLUSIVE_ACTIONS = {
         "MetricAlarm",
         "Requeue",
         "Release",
+        "WorkflowEnded",
+        "Reconcile",
     },
+    # Only the functions that look for lifecycles that ended.
+    "states:ListExecutions": {"Reconcile"},
+    "states:DescribeExecution": {"Reconcile"},
 }
 
 

@@ -25,6 +25,7 @@ import boto3
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
+from gpufleet.emulator import executions
 from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
 
 REGION = "us-east-1"
@@ -154,15 +155,18 @@ def embedded_account(
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
     mock.start()
     patches = install(recorder, _write_log)
+    silence_executions = executions.install()
     try:
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config())
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
+        silence_executions()  # the workflows stopped below are the account's end, no job's
         with acting_as(EMULATOR):
             _stop_executions(account)
     finally:
+        silence_executions()
         patches.remove()
         mock.stop()
         _forget_cold_starts()

@@ -114,6 +114,7 @@ _NAMING_PARAMS = (
     "Bucket",
     "Key",
     "stateMachineArn",
+    "executionArn",
     "InstanceIds",
     "GroupName",
     "TagSpecifications",
