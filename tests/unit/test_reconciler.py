@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Mapping
+from typing import Any, cast
+
+import pytest
 
 from gpufleet.adapters.local.memory import (
     FakeFleet,
@@ -186,5 +189,40 @@ def test_an_instance_that_went_away_without_its_event_ends_the_run() -> None:
     result = cast(RecordingWorkflow, ports.workflow).completed["token-a"]
     assert result["reason"] == f"instance {instance} is not running" and result["interrupted"]
     assert "token-kept" not in cast(RecordingWorkflow, ports.workflow).completed
-    assert reconciler.run().runs_ended == {}  # told once: the run's end is on the job now
     assert kept in cast(FakeFleet, ports.fleet).live and kept_id != job_id
+
+
+def test_a_pass_that_died_after_recording_a_runs_end_is_made_good_by_the_next() -> None:
+    """The chaos sweep crashed the reconciler right after it wrote the run's end: the waiting
+    task was never told, and no later pass told it (the end was on record)."""
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    cast(FakeFleet, ports.fleet).live.pop(instance)
+    clock.advance(600)
+
+    class DiesAfterTheWrite(RecordingWorkflow):
+        def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+            raise TimeoutError("the Lambda timed out")
+
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    ports.workflow = DiesAfterTheWrite()
+    with pytest.raises(TimeoutError):
+        reconciler_for(ports).run()
+    assert ports.jobs.get(job_id).run_result is not None  # written; the task not told
+    ports.workflow = workflow
+    assert reconciler_for(ports).run().runs_ended == {job_id: instance}
+    assert workflow.completed["token-a"]["reason"] == f"instance {instance} is not running"
+
+
+def test_a_run_whose_node_reported_its_end_keeps_that_end_when_its_instance_goes() -> None:
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    finished = NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=0)
+    build_lifecycle(ports, SETTINGS).node_report(finished)
+    cast(FakeFleet, ports.fleet).live.pop(instance)  # gone before Release recorded it
+    clock.advance(600)
+    reconciler_for(ports).run()
+    run_result = ports.jobs.get(job_id).run_result
+    assert run_result is not None and run_result["exit_code"] == 0  # not "not running"

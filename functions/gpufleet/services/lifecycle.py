@@ -379,12 +379,14 @@ class LifecycleService:
             or instance_id not in placement.instance_ids
         ):
             return None  # released by us, or an instance the job no longer holds
-        result = {
-            "exit_code": None,
-            "reason": f"instance {instance_id} is {state}",
-            "interrupted": placement.capacity_type == CapacityType.SPOT.value,
-        }
-        job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+        result = job.run_result  # the run's end is on record (a call that died after writing it)
+        if result is None:
+            result = {
+                "exit_code": None,
+                "reason": f"instance {instance_id} is {state}",
+                "interrupted": placement.capacity_type == CapacityType.SPOT.value,
+            }
+            job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
         return job_id
@@ -657,6 +659,10 @@ class LifecycleService:
         terminated = self._release_instances(job)
         if job.status is JobStatus.QUEUED:
             self._ports.queue.remove(job_id)
+        # The share before the final status: a job ended has nothing left to release it again,
+        # while a live one is found (and this finished) by the next reconciler pass.
+        if self._ports.queue.release(job_id):
+            self._capacity_freed(job_id)
         state: dict[str, Any] = {"run": job.run_result}
         if job.run_result is None or self._verdict(job, state, self._released_at(job)).requeue:
             # Whatever was to come next (a requeue, a retry) cannot: the workflow's end is the
@@ -664,10 +670,7 @@ class LifecycleService:
             state = {"error": {"Error": error, "Cause": cause}}
             job = job.model_copy(update={"drain_reason": None})
         released_at, _verdict, released = self._run_end(job, state)
-        outcome = self._finish(job, state, released_at, released)
-        if self._ports.queue.release(job_id):
-            self._capacity_freed(job_id)
-        return {**outcome, "terminated": terminated}
+        return {**self._finish(job, state, released_at, released), "terminated": terminated}
 
     def _release_instances(self, job: Job) -> list[str]:
         """Terminate every instance of the job, and what lives with them (its alarms, the

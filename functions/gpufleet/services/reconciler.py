@@ -101,13 +101,13 @@ class ReconcilerService:
         return self._ports.jobs.list_jobs(status, limit=LIVE_JOBS_PER_STATUS)
 
     def _instance_gone(self, job: Job, running: set[str], now: float) -> str | None:
-        """An instance the job's run holds that no longer runs, while its node has not
-        reported the run's end and nobody released it (None: there is none)."""
+        """An instance the job's run holds that no longer runs, while nobody released it (None:
+        there is none). Its run's end is told again on every pass until Release records the
+        release: a pass that died half way, or a waiting task that missed it, gets it then."""
         placement = job.placement
         if (
             placement is None
             or job.released_at is not None
-            or job.run_result is not None
             or now - placement.launched_at < self._grace  # EC2 may not list it yet
         ):
             return None
