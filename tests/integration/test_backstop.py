@@ -5,7 +5,7 @@ reason and its cost."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ from gpufleet.topology import (
     TAG_JOB_ID,
     execution_arn,
 )
-from tests.helpers import SPEC_YAML, wait_for
+from tests.helpers import SPEC_YAML, subscribe, wait_for
 
 
 @pytest.fixture
@@ -78,30 +78,14 @@ def _running_shares(account: Account) -> list[dict[str, Any]]:
     return [item for item in items if item["sk"]["S"].startswith("running#")]
 
 
-def _observe_execution_events(account: Account) -> Callable[[], list[dict[str, Any]]]:
-    """A rule of our own on the default bus, to an SQS queue: what any target receives."""
-    sqs = account.client("sqs")
-    url = sqs.create_queue(QueueName="execution-events")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    events = account.client("events")
-    events.put_rule(
-        Name="execution-events",
-        EventPattern=json.dumps(
-            {"source": ["aws.states"], "detail-type": [DETAIL_EXECUTION_STATUS_CHANGE]}
-        ),
-    )
-    events.put_targets(Rule="execution-events", Targets=[{"Id": "q", "Arn": queue_arn}])
-    return lambda: [
-        json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=url).get("Messages", [])
-    ]
-
-
 def test_a_stopped_workflow_releases_the_running_jobs_instances_and_fails_it(
     account: Account,
 ) -> None:
-    received = _observe_execution_events(account)
+    received = subscribe(
+        account,
+        "execution-events",
+        {"source": ["aws.states"], "detail-type": [DETAIL_EXECUTION_STATUS_CHANGE]},
+    )
     job = _running_job(account, "stopped")
     assert _live_instances(account, job.job_id) and _running_shares(account)
     sfn = account.client("stepfunctions")

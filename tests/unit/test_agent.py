@@ -259,6 +259,26 @@ def test_a_finish_report_that_could_not_be_sent_is_sent_by_the_restarted_agent(
     ]
 
 
+def test_a_run_whose_start_could_not_be_reported_runs_after_the_restart(tmp_path: Path) -> None:
+    runtime = FakeRuntime(RunOutcome(exit_code=0))
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({RUN_KEY: RUN}),
+        BrokenReporter(fail_on=DETAIL_NODE_STARTED),
+        runtime,
+        ledger=RunLedger(tmp_path),
+    )
+    with pytest.raises(ConnectionError):
+        agent.run()
+    assert runtime.seen == []  # nothing ran: the control plane never heard of a start
+    reporter = FakeReporter()
+    NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), reporter, runtime, ledger=RunLedger(tmp_path)
+    ).run()
+    assert len(runtime.seen) == 1
+    assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_STARTED, DETAIL_NODE_FINISHED]
+
+
 def test_a_run_the_agent_died_in_is_reported_failed_and_not_started_again(tmp_path: Path) -> None:
     class DyingRuntime:
         def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:

@@ -261,9 +261,10 @@ class NodeAgent:
         if isinstance(manifest, RunOutcome):
             return manifest
         while True:
-            outcome = self._run_at_most_once(manifest, base)
+            finish = self._run_at_most_once(manifest, base)
+            outcome = _outcome_of(finish)
             may_continue = outcome.exit_code == 0 and manifest.await_next_stage
-            following = self._after_run(manifest, base, outcome, may_continue)
+            following = self._after_run(manifest, finish, may_continue)
             if following is None:
                 return outcome
             manifest = following
@@ -283,7 +284,7 @@ class NodeAgent:
                 continue
             try:
                 return RunManifest.from_json(raw)
-            except (ValueError, KeyError, TypeError) as exc:  # invalid: trying again won't help
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # invalid: for good
                 problem = f"the run manifest is not valid: {exc!r}"
                 break
         outcome = RunOutcome(exit_code=None, reason=problem)
@@ -293,40 +294,34 @@ class NodeAgent:
             self._ledger.note_finished(ledger_key, detail)
         return outcome
 
-    def _run_at_most_once(self, manifest: RunManifest, job_base: dict[str, str]) -> RunOutcome:
-        """Run the manifest unless this node already did. A run that finished before a restart
-        is not run again: its finish report is sent again. A run the agent died in (its
-        container may even run on) is not started again: it is reported as failed, and the
-        control plane decides (a retry launches new instances)."""
+    def _run_at_most_once(self, manifest: RunManifest, job_base: dict[str, str]) -> dict[str, Any]:
+        """Run the manifest unless this node already did; the run's finish report, sent. A run
+        that finished before a restart is not run again: its finish report is sent again. A run
+        the agent died in (its container may even run on) is not started again: it is reported
+        as failed, and the control plane decides (a retry launches new instances)."""
         base = _base_of(manifest, job_base)
         key = run_key(manifest.job_id, manifest.stage)
-        sent = self._ledger.finish_report(key)
-        if sent is not None:
-            self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, sent)
-            return _outcome_of(sent)
-        if self._ledger.started(key):
-            outcome = RunOutcome(
+        finish = self._ledger.finish_report(key)
+        if finish is None and self._ledger.started(key):
+            restarted = RunOutcome(
                 exit_code=None,
                 reason="the node agent restarted during the run; the run is not started again",
             )
-            detail = _detail(base, "finished", outcome)
-            self._ledger.note_finished(key, detail)
-            self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, detail)
-            return outcome
-        self._ledger.note_started(key)
-        return self._run_once(manifest, base, key)
+            finish = _detail(base, "finished", restarted)
+            self._ledger.note_finished(key, finish)
+        if finish is None:
+            return self._run_once(manifest, base, key)
+        self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
+        return finish
 
     def _after_run(
-        self, manifest: RunManifest, job_base: dict[str, str], outcome: RunOutcome, wait: bool
+        self, manifest: RunManifest, finish: dict[str, Any], wait: bool
     ) -> RunManifest | None:
         """After a run: send its finish report again every `finish_resend_seconds` while the
         instance lives (`finish_resends` times at most), and when the next stage may run here
         (`wait`), look for the control plane's word for up to `stage_wait_seconds`. The next
         stage's manifest, or None when there is none (the instance is released, or about to
         be)."""
-        detail = self._ledger.finish_report(run_key(manifest.job_id, manifest.stage))
-        if detail is None:  # always noted by `_run_at_most_once`; rebuilt for the types
-            detail = _detail(_base_of(manifest, job_base), "finished", outcome)
         now = time.monotonic()
         stage_deadline = now + (self._stage_wait_seconds if wait else 0.0)
         next_resend = now + self._finish_resend_seconds
@@ -341,7 +336,7 @@ class NodeAgent:
             if now >= next_resend and resends < self._finish_resends:
                 resends += 1
                 next_resend += self._finish_resend_seconds
-                self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, detail)
+                self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
             if not waiting and resends >= self._finish_resends:
                 return None
             wake = next_resend if resends < self._finish_resends else stage_deadline
@@ -365,11 +360,14 @@ class NodeAgent:
             pass
         return None
 
-    def _run_once(self, manifest: RunManifest, base: dict[str, str], key: str) -> RunOutcome:
+    def _run_once(self, manifest: RunManifest, base: dict[str, str], key: str) -> dict[str, Any]:
         """Run one manifest's container, with heartbeats, metrics and the control watch, and
-        report its start and its end (noted in the ledger before it is sent)."""
+        report its start and its end (noted in the ledger before it is sent); the finish
+        report."""
         job_id = manifest.job_id
         self._report(DETAIL_NODE_STARTED, base, "started")
+        # Noted once its start is told (a start that could not be is no run: a restart runs it).
+        self._ledger.note_started(key)
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
@@ -388,10 +386,10 @@ class NodeAgent:
             finished.set()
             for helper in helpers:
                 helper.join()
-        detail = _detail(base, "finished", outcome, interrupted.is_set())
-        self._ledger.note_finished(key, detail)
-        self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, detail)
-        return outcome
+        finish = _detail(base, "finished", outcome, interrupted.is_set())
+        self._ledger.note_finished(key, finish)
+        self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
+        return finish
 
     def _claimed_job(self) -> str:
         """The job this instance runs: tagged at launch, or when a launch claims a warm-pool
