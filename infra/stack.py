@@ -18,7 +18,7 @@ from infra.constructs.job_store import JobStore
 from infra.constructs.notifications import Notifications
 from infra.constructs.operations import Operations
 from infra.constructs.schedules import Schedules
-from infra.constructs.workflow import Workflow, state_machine_arn
+from infra.constructs.workflow import Workflow, executions_arn, state_machine_arn
 
 STACK_NAME = "GpuFleetStack"
 
@@ -80,7 +80,9 @@ class GpuFleetStack(Stack):
         )
         lifecycle = topology.JOB_LIFECYCLE
         functions.connect_workflow(
-            workflow.state_machines[lifecycle.construct_id], state_machine_arn(self, lifecycle)
+            workflow.state_machines[lifecycle.construct_id],
+            state_machine_arn(self, lifecycle),
+            executions_arn(self, lifecycle),
         )
         intake.connect(functions.by_id())
         schedules = Schedules(

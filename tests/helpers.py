@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
@@ -77,3 +78,22 @@ def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
 def jobs_from(store: JobStore, source: str) -> list[Job]:
     """The jobs a submission (its `source`) made."""
     return [job for job in store.list_jobs() if job.source == source]
+
+
+def subscribe(account: Any, name: str, pattern: Mapping[str, Any]) -> Callable[[], list[Any]]:
+    """A rule of our own on the embedded account's default bus, to an SQS queue: the events it
+    matches, as any target would receive them (each call returns those delivered since)."""
+    sqs = account.client("sqs")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    events = account.client("events")
+    events.put_rule(Name=name, EventPattern=json.dumps(pattern))
+    events.put_targets(Rule=name, Targets=[{"Id": "q", "Arn": arn}])
+
+    def received() -> list[Any]:
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        return [json.loads(m["Body"]) for m in messages]
+
+    return received

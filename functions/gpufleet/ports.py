@@ -269,6 +269,24 @@ class ObjectStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class WorkflowRun:
+    """A job's lifecycle execution as it stands (executions are named after their job)."""
+
+    status: str  # Step Functions' ExecutionStatus: RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ...
+    stopped_at: float | None = None  # when it ended (None: it runs)
+    error: str = ""
+    cause: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.status in WORKFLOW_RUNNING
+
+
+# A redrive of an execution that ended is PENDING_REDRIVE until it runs again.
+WORKFLOW_RUNNING = frozenset({"RUNNING", "PENDING_REDRIVE"})
+
+
 class Workflow(Protocol):
     def start(self, job_id: str, state: Mapping[str, Any]) -> None:
         """Start the job's lifecycle from `state`; starting it again for the same job is a
@@ -281,6 +299,14 @@ class Workflow(Protocol):
 
     def heartbeat(self, token: str) -> bool:
         """Tell a waiting task its node is alive; False when the task is no longer waiting."""
+        ...
+
+    def running_jobs(self) -> frozenset[str]:
+        """The jobs whose lifecycle runs now."""
+        ...
+
+    def run_of(self, job_id: str) -> WorkflowRun | None:
+        """The job's lifecycle execution; None when it never started."""
         ...
 
 

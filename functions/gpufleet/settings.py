@@ -32,6 +32,9 @@ class Settings(BaseModel):
     boot_allowance_seconds: int = 900
     # An instance younger than this is never taken for an orphan (its launch may be recording it).
     reconcile_grace_seconds: int = 300
+    # A live job whose workflow has not run for this long is ended by the reconciler (the
+    # backstop's event, which usually ends it within seconds, was lost).
+    abandoned_after_seconds: int = 900
     # Spot interruptions a job may absorb (each requeues it) before it fails.
     max_interruptions: int = 10
     # How long an offering that failed for capacity is skipped by every launch.
@@ -66,4 +69,6 @@ class Settings(BaseModel):
                 env.get("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "900")
             ),
             root_volume_gib=int(env.get(topology.ENV_ROOT_VOLUME, "200")),
+            reconcile_grace_seconds=int(env.get("GPUFLEET_RECONCILE_GRACE_SECONDS", "300")),
+            abandoned_after_seconds=int(env.get("GPUFLEET_ABANDONED_AFTER_SECONDS", "900")),
         )

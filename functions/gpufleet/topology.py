@@ -28,7 +28,10 @@ DETAIL_JOB_SCALED = "Job Scaled"  # an elastic job changed its number of nodes
 DETAIL_NODE_STARTED = "Node Started"
 DETAIL_NODE_HEARTBEAT = "Node Heartbeat"
 DETAIL_NODE_FINISHED = "Node Finished"
-# AWS's own EC2 events (default bus).
+# AWS's own events (default bus): EC2's, and Step Functions' when an execution changes status.
+DETAIL_EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
+# The statuses of an execution that ended without succeeding.
+EXECUTION_ENDS_UNSETTLED = ("FAILED", "TIMED_OUT", "ABORTED")
 DETAIL_SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 DETAIL_REBALANCE = "EC2 Instance Rebalance Recommendation"
 DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
@@ -219,6 +222,11 @@ RELEASE = Function(
     "gpufleet.handlers.on_release.handler",
     "Terminates every instance of a job; requeues it, or records its final status and cost",
 )
+WORKFLOW_ENDED = Function(
+    "WorkflowEnded",
+    "gpufleet.handlers.on_workflow_ended.handler",
+    "Ends the job of a lifecycle that failed, timed out or was stopped before it settled it",
+)
 FUNCTIONS: tuple[Function, ...] = (
     INTAKE_FROM_S3,
     INTAKE_FROM_EVENT,
@@ -231,6 +239,7 @@ FUNCTIONS: tuple[Function, ...] = (
     METRIC_ALARM,
     RECONCILE,
     RELEASE,
+    WORKFLOW_ENDED,
 )
 
 RULES: tuple[Rule, ...] = (
@@ -287,6 +296,19 @@ RULES: tuple[Rule, ...] = (
         target_function=METRIC_ALARM.construct_id,
         on_default_bus=True,
     ),
+    Rule(
+        construct_id="WorkflowEndedRule",
+        description="Job lifecycles that failed, timed out or were stopped",
+        pattern={
+            "source": ["aws.states"],
+            "detail-type": [DETAIL_EXECUTION_STATUS_CHANGE],
+            # Lifecycle executions are named after their job (j-...); the handler checks the
+            # state machine too (its ARN is only known once deployed).
+            "detail": {"status": list(EXECUTION_ENDS_UNSETTLED), "name": [{"prefix": "j-"}]},
+        },
+        target_function=WORKFLOW_ENDED.construct_id,
+        on_default_bus=True,
+    ),
 )
 
 # A pass every minute: catches lost events, time windows opening and closing, and checkpoint
@@ -318,6 +340,12 @@ JOB_LIFECYCLE = StateMachine(
 )
 STATE_MACHINES: tuple[StateMachine, ...] = (JOB_LIFECYCLE,)
 
+
+def execution_arn(state_machine_arn: str, name: str) -> str:
+    """The ARN of a state machine's execution of that name (the lifecycle's: the job id)."""
+    return f"{state_machine_arn.replace(':stateMachine:', ':execution:', 1)}:{name}"
+
+
 # Environment variables the functions read (see gpufleet.settings): every function gets the
 # common ones; some get more.
 ENV_EVENT_BUS = "EVENT_BUS_NAME"
@@ -346,8 +374,9 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
         ENV_EFA_LAUNCH_TEMPLATE,
         ENV_ROOT_VOLUME,
     ),
-    # The reconciler launches the warm pool's instances.
-    RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS),
+    # The reconciler launches the warm pool's instances, and looks for lifecycles that ended.
+    RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS, ENV_STATE_MACHINE),
+    WORKFLOW_ENDED.construct_id: (ENV_STATE_MACHINE,),
     METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
     # Budgets reached (a job's, a team's month) are told to the operators.
     DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),

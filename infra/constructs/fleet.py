@@ -322,6 +322,30 @@ class Fleet(Construct):
             )
 
 
+# The agent's unit. Its exit status is the agent's own, never the run's (gpufleet.agent's
+# __main__): 1 is the agent failing (the network, an AWS API), which a restart may fix, and the
+# run ledger in the state directory keeps a restarted agent from running anything twice; 2 is
+# bad arguments, which no restart fixes. Five starts in ten minutes at most: then systemd gives
+# up, the node goes silent, and the control plane's heartbeat timeout takes it for lost.
+AGENT_STATE_DIRECTORY = "gpufleet"
+AGENT_UNIT_HEAD = (
+    "[Unit]",
+    "Description=gpufleet node agent",
+    "Wants=network-online.target",
+    "After=network-online.target docker.service",
+    "StartLimitIntervalSec=600",
+    "StartLimitBurst=5",
+    "[Service]",
+    "Type=simple",
+    f"StateDirectory={AGENT_STATE_DIRECTORY}",
+)
+AGENT_UNIT_RESTARTS = (
+    "Restart=on-failure",
+    "RestartSec=10",
+    "RestartPreventExitStatus=2",
+)
+
+
 def _agent_bootstrap(
     *,
     region: str,
@@ -365,18 +389,14 @@ def _agent_bootstrap(
         f"zipfile.ZipFile('{AGENT_HOME}/agent.zip').extractall('{AGENT_HOME}/app')",
         "PY",
         "cat > /etc/systemd/system/gpufleet-agent.service <<'UNIT'",
-        "[Unit]",
-        "Description=gpufleet node agent",
-        "Wants=network-online.target",
-        "After=network-online.target docker.service",
-        "[Service]",
+        *AGENT_UNIT_HEAD,
         f"EnvironmentFile={AGENT_ENV_FILE}",
         f"Environment=PYTHONPATH={AGENT_HOME}/app",
         # systemd expands ${VAR} from the EnvironmentFile; the values are the deployment's.
         f"ExecStart={python} -m {AGENT_MODULE} --bucket ${{{topology.ENV_INTAKE_BUCKET}}} "
-        f"--bus ${{{topology.ENV_EVENT_BUS}}} --region ${{AWS_REGION}}",
-        "Restart=on-failure",
-        "RestartSec=10",
+        f"--bus ${{{topology.ENV_EVENT_BUS}}} --region ${{AWS_REGION}} "
+        f"--state-dir /var/lib/{AGENT_STATE_DIRECTORY}",
+        *AGENT_UNIT_RESTARTS,
         "[Install]",
         "WantedBy=multi-user.target",
         "UNIT",

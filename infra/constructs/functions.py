@@ -62,6 +62,7 @@ class Permission(enum.Enum):
     NOTIFY = "publish alerts to the stack's SNS topic"
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
+    READ_WORKFLOWS = "list the lifecycle's running executions and describe one (by its job)"
 
 
 P = Permission
@@ -104,7 +105,23 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.RELEASE.construct_id: frozenset(
         {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS}
     ),
-    topology.RECONCILE.construct_id: frozenset({P.TERMINATE, P.PLACEMENT_GROUPS}),
+    # The reconciler also ends a run whose instance went away unheard (completing its waiting
+    # task) and a live job whose lifecycle ended (what WorkflowEnded does, below).
+    topology.RECONCILE.construct_id: frozenset(
+        {
+            P.TERMINATE,
+            P.PLACEMENT_GROUPS,
+            P.READ_WORKFLOWS,
+            P.TASK_RESPONSE,
+            P.PUBLISH,
+            P.DELETE_ALARMS,
+        }
+    ),
+    # Ends the job its lifecycle left: what Release does (instances, alarms, placement group,
+    # the queue's entry and share, the final status and its event).
+    topology.WORKFLOW_ENDED.construct_id: frozenset(
+        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS}
+    ),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
     # instance that went away ends the run (completing the waiting task).
     topology.INSTANCE_EVENT.construct_id: frozenset(
@@ -132,9 +149,12 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.NODE_REPORT.construct_id: frozenset({"GetItem", "UpdateItem"}),
     # A stage's run on the previous stage's instances is planned here.
     topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
-    topology.RECONCILE.construct_id: frozenset({"GetItem"}),
+    # Reads the live jobs by status; ends runs and jobs as WorkflowEnded does.
+    topology.RECONCILE.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
+    topology.WORKFLOW_ENDED.construct_id: frozenset({"GetItem", "UpdateItem"}),
     topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
 }
+_ENDS_JOBS = frozenset({"GetItem", "Query", "UpdateItem", "DeleteItem"})
 QUEUE_ACCESS: dict[str, frozenset[str]] = {
     # Reads the state; admits a job as it arrives (a transaction of Put and Updates), or puts
     # the entry and its class's count in one transaction, if the job was not admitted.
@@ -154,6 +174,10 @@ QUEUE_ACCESS: dict[str, frozenset[str]] = {
     ),
     # Frees the job's share: its running entry, then a transaction of Delete and Updates.
     topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", "DeleteItem"}),
+    # As Release, and ends a waiting job's wait: its entry found (Query), then deleted with its
+    # class's count in one transaction.
+    topology.WORKFLOW_ENDED.construct_id: _ENDS_JOBS,
+    topology.RECONCILE.construct_id: _ENDS_JOBS,
 }
 # Launch notes the launch's cost on the job's running entry, in the queue's state partition;
 # intake reads the bookings there for a job larger than its team's quota can hold.
@@ -180,7 +204,7 @@ WARM_POOL_PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.LAUNCH.construct_id: frozenset({P.WARM_POOL, P.CLAIM_WARM}),
     topology.RECONCILE.construct_id: frozenset({P.WARM_POOL, P.LAUNCH_FLEET}),
 }
-# The functions that start workflows get the state machine's ARN in their environment.
+# The functions that start workflows.
 STARTS_WORKFLOW = tuple(cid for cid, grants in PERMISSIONS.items() if P.START_WORKFLOW in grants)
 
 
@@ -306,13 +330,16 @@ class Functions(Construct):
             )
 
     # -- wiring that needs the state machine ---------------------------------------------------
-    def connect_workflow(self, state_machine: sfn.IStateMachine, arn: str) -> None:
+    def connect_workflow(self, state_machine: sfn.IStateMachine, arn: str, executions: str) -> None:
         """`arn` is the state machine's ARN built from its name (see workflow.state_machine_arn),
-        so that the policies do not depend on the state machine resource."""
+        so that the policies do not depend on the state machine resource; `executions` the ARN
+        pattern of its executions."""
+        for spec in topology.FUNCTIONS:
+            if topology.ENV_STATE_MACHINE in topology.EXTRA_ENV.get(spec.construct_id, ()):
+                self.functions[spec.construct_id].add_environment(
+                    topology.ENV_STATE_MACHINE, state_machine.state_machine_arn
+                )
         for cid in STARTS_WORKFLOW:
-            self.functions[cid].add_environment(
-                topology.ENV_STATE_MACHINE, state_machine.state_machine_arn
-            )
             self.roles[cid].add_to_policy(
                 iam.PolicyStatement(
                     sid="StartLifecycle",
@@ -327,6 +354,31 @@ class Functions(Construct):
                     sid="CompleteLifecycleTask", actions=actions, resources=[arn]
                 )
                 self.roles[cid].add_to_policy(statement)
+            if P.READ_WORKFLOWS in grants:
+                role = self.roles[cid]
+                role.add_to_policy(
+                    iam.PolicyStatement(
+                        sid="ListLifecycles", actions=["states:ListExecutions"], resources=[arn]
+                    )
+                )
+                role.add_to_policy(
+                    iam.PolicyStatement(
+                        sid="DescribeLifecycles",
+                        actions=["states:DescribeExecution"],
+                        resources=[executions],
+                    )
+                )
+                policy = role.node.try_find_child("DefaultPolicy")
+                assert policy is not None
+                nag.acknowledge_all(
+                    policy,
+                    nag.wildcard_resources(
+                        "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:"
+                        f"{self._stack.stack_name}-{topology.JOB_LIFECYCLE.construct_id}:*"
+                    ),
+                    "Executions are named after their job, known only at run time: the grant "
+                    "is limited to the executions of the lifecycle state machine.",
+                )
 
     # -- per-permission statements -------------------------------------------------------------
     def _grant_tables(self, role: iam.Role, cid: str) -> None:

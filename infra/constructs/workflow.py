@@ -60,6 +60,16 @@ def state_machine_arn(stack: Stack, spec: topology.StateMachine) -> str:
     )
 
 
+def executions_arn(stack: Stack, spec: topology.StateMachine) -> str:
+    """The ARN pattern of the state machine's executions (one per job, named after it)."""
+    return stack.format_arn(
+        service="states",
+        resource="execution",
+        resource_name=f"{state_machine_name(stack, spec)}:*",
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
 class Workflow(Construct):
     def __init__(
         self,

@@ -393,8 +393,9 @@ def test_terminate_is_always_conditioned_on_the_managed_tag(synth: Synth) -> Non
             assert [synth.render(r).rsplit(":", 1)[-1] for r in synth.resources_of(statement)] == [
                 "instance/*"
             ]
-    # Launch (partial launches), Release, Dispatch (overdue checkpoints) and Reconcile.
-    assert seen == 4
+    # Launch (partial launches), Release, Dispatch (overdue checkpoints), Reconcile and
+    # WorkflowEnded (what a dead workflow left).
+    assert seen == 5
 
 
 def test_instances_and_fleets_are_created_only_with_the_managed_tag(synth: Synth) -> None:
@@ -441,7 +442,15 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
-    "states:SendTaskSuccess": {"Launch", "NodeReport", "Enqueue", "Dispatch", "InstanceEvent"},
+    # The reconciler ends the run of an instance that went away unheard.
+    "states:SendTaskSuccess": {
+        "Launch",
+        "NodeReport",
+        "Enqueue",
+        "Dispatch",
+        "InstanceEvent",
+        "Reconcile",
+    },
     # The idempotency table (intake) and the admission queue (admit, release).
     # MetricAlarm rewrites a resized job's queue entry.
     "dynamodb:DeleteItem": {
@@ -450,10 +459,13 @@ EXCLUSIVE_ACTIONS = {
         "Dispatch",
         "Release",
         "MetricAlarm",
+        # Ending a job its lifecycle left: its wait in the queue and its share.
+        "WorkflowEnded",
+        "Reconcile",
     },
     "states:SendTaskHeartbeat": {"NodeReport"},
     "cloudwatch:PutMetricAlarm": {"Launch"},
-    "cloudwatch:DeleteAlarms": {"Release"},
+    "cloudwatch:DeleteAlarms": {"Release", "WorkflowEnded", "Reconcile"},
     "sns:Publish": {"Dispatch", "MetricAlarm"},
     # Only the S3 path reads a spec object (the notified version); a spec in an event is
     # refused in an event. No function reads whatever version of an object is latest.
@@ -462,7 +474,7 @@ EXCLUSIVE_ACTIONS = {
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
-    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch", "Reconcile"},
+    "ec2:TerminateInstances": {"Launch", "Release", "Dispatch", "Reconcile", "WorkflowEnded"},
     "events:PutEvents": {
         "IntakeFromS3",
         "IntakeFromEvent",
@@ -472,7 +484,12 @@ EXCLUSIVE_ACTIONS = {
         "MetricAlarm",
         "Requeue",
         "Release",
+        "WorkflowEnded",
+        "Reconcile",
     },
+    # Only the functions that look for lifecycles that ended.
+    "states:ListExecutions": {"Reconcile"},
+    "states:DescribeExecution": {"Reconcile"},
 }
 
 
@@ -641,6 +658,38 @@ def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
             else:
                 assert part == {"Fn::Sub": "cdk-hnb659fds-assets-${AWS::AccountId}-${AWS::Region}"}
     assert "job" not in " ".join(p for p in join[1] if isinstance(p, str)).replace("jobs/", "")
+
+
+def _agent_unit(text: str) -> dict[str, dict[str, str]]:
+    """The agent's systemd unit from the user data: section -> setting -> value."""
+    body = text.split("gpufleet-agent.service <<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0]
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in body.splitlines():
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            assert name not in current, f"{name} set twice"
+            current[name] = value
+    return sections
+
+
+def test_the_agent_unit_restarts_only_the_agent_and_gives_up(synth: Synth) -> None:
+    """The agent exited 1 when the job failed and the unit restarted it on failure: the job ran
+    again on the same node, every 10 s. Now the exit status is the agent's own (see
+    gpufleet.agent's __main__), the restarts are bounded, and the agent keeps its run ledger
+    in a state directory that a restart keeps."""
+    unit = _agent_unit(synth.render(_launch_template(synth)["UserData"]["Fn::Base64"]))
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2"  # bad arguments: no restart fixes that
+    # Start limits live in [Unit] (systemd >= 230; the DLAMI has 249): 5 starts in 10 minutes.
+    assert (unit["Unit"]["StartLimitIntervalSec"], unit["Unit"]["StartLimitBurst"]) == ("600", "5")
+    assert "StartLimitBurst" not in service and "StartLimitInterval" not in service
+    assert service["StateDirectory"] == "gpufleet"
+    assert "--state-dir /var/lib/gpufleet" in service["ExecStart"]
+    assert unit["Install"] == {"WantedBy": "multi-user.target"}
 
 
 def _agent_log_group(synth: Synth) -> str:

@@ -4,6 +4,7 @@ dispatchers. The invariants are judged from the outside; the fault injectors are
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,15 @@ from gpufleet.emulator.chaos import (
     plan_workload,
     run_chaos,
 )
-from gpufleet.emulator.faults import CrashAfterWrites, DynamoThrottling, HandlerCrashed, injected
+from gpufleet.emulator.faults import (
+    CrashAfterWrites,
+    DynamoThrottling,
+    HandlerCrashed,
+    LostEvents,
+    injected,
+)
 from gpufleet.emulator.patches import CONTROL_PLANE, acting_as
+from gpufleet.topology import DETAIL_NODE_FINISHED
 
 SEEDS = (1, 2)
 JOBS = 10
@@ -70,6 +78,9 @@ def test_every_fault_was_injected(runs: dict[int, ChaosResult]) -> None:
         assert faults["spot_capacity_errors"] > 0 and faults["spot_interruptions"] > 0
         assert faults["handler_crashes"] > 0 and faults["dynamodb_throttles"] > 0
         assert faults["rival_dispatch_passes"] > 0
+        # Lost events, every copy: each job still ended right (the invariants above).
+        assert faults["lost_finish_reports"] > 0 and faults["lost_spot_warnings"] > 0
+        assert faults["lost_state_changes"] >= 2  # an interrupted job's, an unwarned reclaim's
         # The sweep crashed Launch right after a fleet was launched, in every run.
         assert any(c.startswith("gpufleet-Launch after CreateFleet") for c in result.crashes)
 
@@ -226,6 +237,56 @@ def test_throttling_that_outlasts_the_retries_surfaces_as_dynamodbs_error() -> N
         assert "Item" not in boto3.client("dynamodb", region_name="us-east-1").get_item(
             TableName="t", Key={"k": {"S": "a"}}
         )
+
+
+@pytest.mark.usefixtures("aws_env")
+def test_a_lost_event_is_taken_and_delivered_nowhere_and_a_later_one_gets_through() -> None:
+    from moto import mock_aws
+
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="runs-bucket")
+        chosen, other = "j-" + "1" * 20, "j-" + "2" * 20
+        for job_id, name in ((chosen, "loses-its-report"), (other, "keeps-it")):
+            s3.put_object(
+                Bucket="runs-bucket", Key=f"runs/{job_id}/run.json", Body=json.dumps({"name": name})
+            )
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        lost = LostEvents(
+            "runs-bucket",
+            frozenset({DETAIL_NODE_FINISHED}),
+            lambda _kind, name: name == "loses-its-report",
+        )
+        with injected(lost):
+            # A new session: one made earlier (boto3.client's default) has no hooks.
+            events = boto3.session.Session().client("events", region_name="us-east-1")
+            events.put_rule(Name="r", EventPattern=json.dumps({"source": ["gpufleet.agent"]}))
+            events.put_targets(Rule="r", Targets=[{"Id": "q", "Arn": arn}])
+            answers = [
+                events.put_events(
+                    Entries=[
+                        {
+                            "Source": "gpufleet.agent",
+                            "DetailType": DETAIL_NODE_FINISHED,
+                            "Detail": json.dumps({"job_id": job_id, "copy": copy}),
+                        }
+                    ]
+                )
+                for job_id, copy in ((chosen, 1), (chosen, 2), (other, 1))
+            ]
+        # Every put was taken, as EventBridge answers (the agent cannot tell).
+        assert [a["FailedEntryCount"] for a in answers] == [0, 0, 0]
+        assert all(a["Entries"][0]["EventId"] for a in answers)
+        delivered = [
+            json.loads(m["Body"])["detail"]
+            for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+        ]
+        assert sorted((d["job_id"], d["copy"]) for d in delivered) == [(chosen, 2), (other, 1)]
+        assert lost.lost == {DETAIL_NODE_FINISHED: 1}
 
 
 def test_the_command_takes_jobs_seed_and_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,6 +29,7 @@ from gpufleet.topology import (
     JOBS_TABLE,
     METRICS_NAMESPACE,
 )
+from tests.helpers import subscribe
 
 # One period of 10 s: the emulator's evaluation sees a breach at once.
 POLICY = MetricPolicy(period_seconds=10, high_utilization_periods=1, memory_leak_periods=1)
@@ -43,22 +44,7 @@ def store(account: Account) -> DynamoJobStore:
 @pytest.fixture(scope="module")
 def alarm_events(account: Account) -> Callable[[], list[dict[str, Any]]]:
     """Every alarm state change put on the default bus, as a subscriber would see it."""
-    sqs = account.client("sqs")
-    url = sqs.create_queue(QueueName="alarm-events")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    events = account.client("events")
-    events.put_rule(
-        Name="alarm-events", EventPattern=json.dumps({"detail-type": [DETAIL_ALARM_STATE_CHANGE]})
-    )
-    events.put_targets(Rule="alarm-events", Targets=[{"Id": "q", "Arn": arn}])
-
-    def received() -> list[dict[str, Any]]:
-        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
-        return [json.loads(m["Body"]) for m in messages]
-
-    return received
+    return subscribe(account, "alarm-events", {"detail-type": [DETAIL_ALARM_STATE_CHANGE]})
 
 
 def running_job(store: DynamoJobStore, body: str = "") -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from gpufleet.agent import __main__ as agent_main
+from gpufleet.agent.aws import EventBridgeReporter, ReportNotSent
 from gpufleet.agent.docker import (
     DOCKER_CLI_VARIABLES,
     ContainerLogs,
@@ -25,7 +27,9 @@ from gpufleet.agent.docker import (
     looks_like_gpu_oom,
     relay,
 )
+from gpufleet.agent.ledger import RunLedger
 from gpufleet.agent.node import (
+    MANIFEST_FETCH_ATTEMPTS,
     MAX_JOB_METRICS,
     JobMetrics,
     NodeAgent,
@@ -85,6 +89,9 @@ class FakeIdentity:
     def tags(self) -> Mapping[str, str]:
         return {"gpufleet:job-id": "j-0123456789abcdef0123", "gpufleet:managed": "true"}
 
+    def interruption_notice(self) -> str | None:
+        return None
+
 
 @dataclass
 class FakeManifests:
@@ -100,6 +107,31 @@ class FakeReporter:
 
     def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
         self.reports.append((detail_type, dict(detail)))
+
+
+RUN_KEY = "runs/j-0123456789abcdef0123/run.json"
+RUN = json.dumps({"job_id": "j-0123456789abcdef0123", "image": "img", "command": ["a"]}).encode()
+
+
+@dataclass
+class CountingManifests(FakeManifests):
+    fetches: int = 0
+
+    def fetch(self, key: str) -> bytes:
+        if key == RUN_KEY:
+            self.fetches += 1
+        return super().fetch(key)
+
+
+@dataclass
+class BrokenReporter:
+    """EventBridge out of reach: every report (or those of one kind) fails."""
+
+    fail_on: str | None = None
+
+    def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+        if self.fail_on in (None, detail_type):
+            raise ConnectionError("could not connect to the endpoint URL")
 
 
 @dataclass
@@ -138,10 +170,192 @@ def test_the_agent_reports_start_then_finish_with_the_exit_code() -> None:
 
 def test_a_missing_manifest_is_reported_as_a_failure_not_a_hang() -> None:
     reporter = FakeReporter()
-    outcome = NodeAgent(FakeIdentity(), FakeManifests(), reporter, FakeRuntime(RunOutcome(0))).run()
+    manifests = CountingManifests()
+    agent = NodeAgent(
+        FakeIdentity(), manifests, reporter, FakeRuntime(RunOutcome(0)), manifest_retry_seconds=0
+    )
+    outcome = agent.run()
     assert outcome.exit_code is None
     assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_FINISHED]
     assert "manifest" in reporter.reports[0][1]["reason"]
+    assert manifests.fetches == MANIFEST_FETCH_ATTEMPTS  # perhaps not there yet: tried again
+
+
+def test_an_invalid_manifest_is_reported_once_and_the_agent_stops(tmp_path: Path) -> None:
+    """An unreadable manifest used to make the agent exit 1, and systemd restarted it every 10 s:
+    a finish report every 10 s, for ever."""
+    manifests = CountingManifests({RUN_KEY: b"{not json"})
+    reporter = FakeReporter()
+    for _restart in range(3):
+        agent = NodeAgent(
+            FakeIdentity(),
+            manifests,
+            reporter,
+            FakeRuntime(RunOutcome(0)),
+            ledger=RunLedger(tmp_path),
+            manifest_retry_seconds=0,
+        )
+        assert agent.run().exit_code is None
+    assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_FINISHED]
+    assert "not valid" in reporter.reports[0][1]["reason"]
+    assert manifests.fetches == 3  # an invalid one is not fetched again
+
+
+def test_the_agent_exits_0_when_the_job_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exit status is the agent's: a failed job is no reason for systemd to restart it
+    (and run the job again)."""
+    runtime = FakeRuntime(RunOutcome(exit_code=7, reason="loss is nan"))
+    agent = NodeAgent(FakeIdentity(), FakeManifests({RUN_KEY: RUN}), FakeReporter(), runtime)
+    monkeypatch.setattr(agent_main, "build_agent", lambda _args: agent)
+    assert agent_main.main(["--bucket", "b", "--bus", "bus", "--region", "us-east-1"]) == 0
+    assert len(runtime.seen) == 1
+
+
+def test_the_agent_exits_non_zero_only_when_the_agent_itself_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent = NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), BrokenReporter(), FakeRuntime(RunOutcome(0))
+    )
+    monkeypatch.setattr(agent_main, "build_agent", lambda _args: agent)
+    with pytest.raises(ConnectionError):  # Python exits 1: systemd restarts the agent
+        agent_main.main(["--bucket", "b", "--bus", "bus", "--region", "us-east-1"])
+    with pytest.raises(SystemExit) as usage:  # bad arguments: 2, which the unit never restarts
+        agent_main.main(["--bucket", "b"])
+    assert usage.value.code == 2
+
+
+def test_a_restarted_agent_never_runs_a_finished_run_again(tmp_path: Path) -> None:
+    runtime = FakeRuntime(RunOutcome(exit_code=7))
+    first, again = FakeReporter(), FakeReporter()
+    for reporter in (first, again):  # the agent, then the agent systemd restarted
+        agent = NodeAgent(
+            FakeIdentity(),
+            FakeManifests({RUN_KEY: RUN}),
+            reporter,
+            runtime,
+            ledger=RunLedger(tmp_path),
+        )
+        assert agent.run().exit_code == 7
+    assert len(runtime.seen) == 1
+    # The restarted agent sends the finish report again (the first may never have left).
+    assert [kind for kind, _ in again.reports] == [DETAIL_NODE_FINISHED]
+    assert again.reports[0][1] == first.reports[-1][1]
+
+
+def test_a_finish_report_that_could_not_be_sent_is_sent_by_the_restarted_agent(
+    tmp_path: Path,
+) -> None:
+    runtime = FakeRuntime(RunOutcome(exit_code=0))
+    failing = BrokenReporter(fail_on=DETAIL_NODE_FINISHED)
+    agent = NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), failing, runtime, ledger=RunLedger(tmp_path)
+    )
+    with pytest.raises(ConnectionError):
+        agent.run()
+    reporter = FakeReporter()
+    restarted = NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), reporter, runtime, ledger=RunLedger(tmp_path)
+    )
+    assert restarted.run().exit_code == 0
+    assert len(runtime.seen) == 1
+    assert [(kind, detail["exit_code"]) for kind, detail in reporter.reports] == [
+        (DETAIL_NODE_FINISHED, 0)
+    ]
+
+
+def test_a_run_whose_start_could_not_be_reported_runs_after_the_restart(tmp_path: Path) -> None:
+    runtime = FakeRuntime(RunOutcome(exit_code=0))
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({RUN_KEY: RUN}),
+        BrokenReporter(fail_on=DETAIL_NODE_STARTED),
+        runtime,
+        ledger=RunLedger(tmp_path),
+    )
+    with pytest.raises(ConnectionError):
+        agent.run()
+    assert runtime.seen == []  # nothing ran: the control plane never heard of a start
+    reporter = FakeReporter()
+    NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), reporter, runtime, ledger=RunLedger(tmp_path)
+    ).run()
+    assert len(runtime.seen) == 1
+    assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_STARTED, DETAIL_NODE_FINISHED]
+
+
+def test_a_run_the_agent_died_in_is_reported_failed_and_not_started_again(tmp_path: Path) -> None:
+    class DyingRuntime:
+        def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+            raise MemoryError("the agent process was killed")
+
+    with pytest.raises(MemoryError):
+        NodeAgent(
+            FakeIdentity(),
+            FakeManifests({RUN_KEY: RUN}),
+            FakeReporter(),
+            DyingRuntime(),
+            ledger=RunLedger(tmp_path),
+        ).run()
+    reporter, runtime = FakeReporter(), FakeRuntime(RunOutcome(exit_code=0))
+    restarted = NodeAgent(
+        FakeIdentity(), FakeManifests({RUN_KEY: RUN}), reporter, runtime, ledger=RunLedger(tmp_path)
+    )
+    outcome = restarted.run()
+    assert runtime.seen == []
+    assert outcome.exit_code is None and "restarted" in outcome.reason
+    assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_FINISHED]
+
+
+def test_the_finish_report_is_sent_again_while_the_instance_lives() -> None:
+    """A finish report that never reaches the control plane (its delivery ended in a dead-letter
+    queue) is made up for by the next copy; the copies stop when the node goes."""
+    reporter, going = FakeReporter(), threading.Event()
+    sent_again = threading.Event()
+
+    class GoingAfterTwoCopies(FakeReporter):
+        def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+            reporter.report(source, detail_type, detail)
+            if [kind for kind, _ in reporter.reports].count(DETAIL_NODE_FINISHED) == 3:
+                sent_again.set()
+                going.set()  # the control plane released the instance: it shuts down
+
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({RUN_KEY: RUN}),
+        GoingAfterTwoCopies(),
+        FakeRuntime(RunOutcome(exit_code=0)),
+        finish_resend_seconds=0.01,
+        finish_resends=100,
+        going=going,
+    )
+    assert agent.run().exit_code == 0
+    assert sent_again.is_set()
+    finishes = [detail for kind, detail in reporter.reports if kind == DETAIL_NODE_FINISHED]
+    assert len(finishes) == 3 and all(detail == finishes[0] for detail in finishes)
+    # At most `finish_resends` copies, even when the instance stays.
+    capped = FakeReporter()
+    NodeAgent(
+        FakeIdentity(),
+        FakeManifests({RUN_KEY: RUN}),
+        capped,
+        FakeRuntime(RunOutcome(exit_code=0)),
+        finish_resend_seconds=0.001,
+        finish_resends=2,
+    ).run()
+    assert [kind for kind, _ in capped.reports].count(DETAIL_NODE_FINISHED) == 3
+
+
+def test_a_report_eventbridge_did_not_take_raises() -> None:
+    class PartialFailure:
+        def put_events(self, **_: Any) -> dict[str, Any]:
+            return {
+                "FailedEntryCount": 1,
+                "Entries": [{"ErrorCode": "ThrottlingException", "ErrorMessage": "slow down"}],
+            }
+
+    with pytest.raises(ReportNotSent, match="ThrottlingException"):
+        EventBridgeReporter(PartialFailure(), "bus").report("s", DETAIL_NODE_FINISHED, {})
 
 
 @dataclass

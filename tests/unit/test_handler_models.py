@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from gpufleet.handlers.models import (
     EnqueueTask,
+    ExecutionStatusChange,
     JobTask,
     LaunchTask,
     RequeueTask,
@@ -25,6 +26,24 @@ EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
 
 def load(name: str) -> dict[str, object]:
     return json.loads((EVENTS / name).read_text())
+
+
+def test_an_execution_status_change_names_the_job_and_how_its_workflow_ended() -> None:
+    event = parse(event=load("states-execution-failed.json"), model=ExecutionStatusChange)
+    detail = event.detail
+    assert (detail.name, detail.status, detail.error) == (
+        "j-0123456789abcdef0123",
+        "FAILED",
+        "RequeueFailed",
+    )
+    assert detail.stateMachineArn.endswith(":stateMachine:gpufleet-JobLifecycle")
+    # The documented shape of an execution stopped by StopExecution: no error, no cause.
+    aborted = load("states-execution-failed.json")
+    aborted["detail"] = {  # type: ignore[index]
+        **{k: v for k, v in aborted["detail"].items() if k not in ("error", "cause")},  # type: ignore[attr-defined]
+        "status": "ABORTED",
+    }
+    assert parse(event=aborted, model=ExecutionStatusChange).detail.cause is None
 
 
 def test_a_real_s3_notification_yields_the_decoded_key_and_version() -> None:

@@ -14,8 +14,17 @@ from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.spec import JobSpec
 from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask, RequeueTask, TokenTask
+from gpufleet.services.backstop import SETTLED_FAILURE
 from gpufleet.services.lifecycle import LifecycleService
-from gpufleet.topology import ENQUEUE, JOB_LIFECYCLE, LAUNCH, RELEASE, REQUEUE
+from gpufleet.topology import (
+    ENQUEUE,
+    JOB_LIFECYCLE,
+    LAUNCH,
+    RELEASE,
+    REQUEUE,
+    RULES,
+    WORKFLOW_ENDED,
+)
 
 DEFINITION: dict[str, Any] = json.loads(JOB_LIFECYCLE.definition())
 STATES: dict[str, dict[str, Any]] = DEFINITION["States"]
@@ -115,3 +124,30 @@ def test_a_run_that_ran_out_of_time_goes_to_release_without_waiting_again(error:
     assert retrier is None or retrier["MaxAttempts"] == 0
     catcher = next(c for c in launch["Catch"] if {error, "States.ALL"} & set(c["ErrorEquals"]))
     assert catcher["Next"] == "Release"
+
+
+@pytest.mark.parametrize(
+    ("step", "end"), [("Release", "ReleaseFailed"), ("Requeue", "RequeueFailed")]
+)
+def test_a_step_that_fails_for_good_ends_the_workflow_unsettled_with_its_cause(
+    step: str, end: str
+) -> None:
+    """Past its retries, Release or Requeue ends the execution in a Fail state: Step Functions
+    then reports it FAILED with that error, which the backstop (WorkflowEnded) takes for a job
+    left unsettled, unlike the lifecycle's own end of a job that failed."""
+    [catcher] = STATES[step]["Catch"]
+    assert catcher["ErrorEquals"] == ["States.ALL"] and catcher["Next"] == end
+    fail = STATES[end]
+    assert fail["Type"] == "Fail" and fail["Error"] == end != SETTLED_FAILURE
+    # The reason the job ends with is the failing step's own error cause.
+    assert fail["CausePath"] == f"{catcher['ResultPath']}.Cause"
+    assert STATES["JobFailed"]["Error"] == SETTLED_FAILURE
+
+
+def test_the_backstop_hears_of_every_way_the_lifecycle_can_end_unsettled() -> None:
+    rule = next(r for r in RULES if r.target_function == WORKFLOW_ENDED.construct_id)
+    assert rule.on_default_bus and rule.pattern["source"] == ["aws.states"]
+    # Every status of an execution that ended but SUCCEEDED.
+    assert set(rule.pattern["detail"]["status"]) == {"FAILED", "TIMED_OUT", "ABORTED"}
+    ends = {name for name, state in STATES.items() if state["Type"] in ("Succeed", "Fail")}
+    assert ends == {"JobSucceeded", "JobFailed", "ReleaseFailed", "RequeueFailed"}

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Mapping
+from typing import Any, cast
 
-from gpufleet.adapters.local.memory import FakeFleet, InMemoryObjects, ManualClock, in_memory_ports
+import pytest
+
+from gpufleet.adapters.local.memory import (
+    FakeFleet,
+    InMemoryObjects,
+    ManualClock,
+    RecordingWorkflow,
+    in_memory_ports,
+)
 from gpufleet.domain.config import WarmPool
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
+from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import NodeReport
 from gpufleet.services.reconciler import ReconcilerService
 from tests.helpers import SPEC_YAML, local_ports, plan_of
 from tests.unit.test_services import SETTINGS
+
+
+def reconciler_for(ports: Ports, warm_pool: WarmPool | None = None) -> ReconcilerService:
+    return ReconcilerService(
+        ports,
+        build_lifecycle(ports, SETTINGS),
+        grace_seconds=300,
+        boot_allowance_seconds=900,
+        abandoned_after_seconds=900,
+        warm_pool=warm_pool,
+    )
 
 
 def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
@@ -43,7 +64,7 @@ def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
     for instance_id in fleet.live:
         fleet.launched_at[instance_id] = clock.now()
 
-    reconciler = ReconcilerService(ports, grace_seconds=300, boot_allowance_seconds=900)
+    reconciler = reconciler_for(ports)
     assert reconciler.run().terminated == {}  # everything is younger than the grace period
 
     clock.advance(600)
@@ -61,9 +82,7 @@ def test_the_warm_pool_is_kept_full_while_in_demand_and_released_after_its_ttl()
     pool = WarmPool(instance_type="g5.xlarge", count=2, ttl_minutes=30)
     fleet = FakeFleet(warm_pool=pool, clock=clock)
     ports = in_memory_ports(fleet=fleet, clock=clock)
-    reconciler = ReconcilerService(
-        ports, grace_seconds=300, boot_allowance_seconds=900, warm_pool=pool
-    )
+    reconciler = reconciler_for(ports, warm_pool=pool)
     first = reconciler.run()
     assert len(first.warm_launched) == 2  # a new pool starts in demand
     assert first.terminated == {}  # idle warm instances are nobody's orphans
@@ -92,3 +111,112 @@ def test_the_warm_pool_is_kept_full_while_in_demand_and_released_after_its_ttl()
     assert released.warm_released == idle and released.warm_launched == []
     assert [i for i in fleet.managed_instances() if i.warm] == []
     assert reconciler.run().warm_launched == []  # out of demand: stays empty
+
+
+def launched_job(ports: Ports, name: str = "a") -> tuple[str, str]:
+    """A job launched and started on its node, with its instance: (job, instance)."""
+    lifecycle = build_lifecycle(ports, SETTINGS)
+    key = f"jobs/{name}.yaml"
+    cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
+    job_id = build_intake(ports, SETTINGS, lifecycle).submit_object(key, key, key).job_id
+    assert job_id is not None
+    assert lifecycle.launch(job_id, plan_of(ports, job_id), 0, 0, f"token-{name}") is None
+    instance = ports.jobs.get(job_id).placement.instance_ids[0]  # type: ignore[union-attr]
+    cast(FakeFleet, ports.fleet).launched_at[instance] = ports.clock.now()
+    lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
+    return job_id, instance
+
+
+def test_a_live_job_whose_workflow_ended_long_ago_is_ended_and_its_instance_released() -> None:
+    """The second line behind the backstop's event (Step Functions sends it best effort)."""
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    clock.advance(100)
+    workflow.ended[job_id] = WorkflowRun(
+        "FAILED", clock.now(), "ReleaseFailed", "Release kept failing"
+    )
+    reconciler = reconciler_for(ports)
+    clock.advance(600)
+    assert reconciler.run().jobs_ended == []  # its event may still come
+    assert ports.jobs.get(job_id).status is JobStatus.RUNNING
+    clock.advance(300)
+    assert reconciler.run().jobs_ended == [job_id]
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.failure_reason == "ReleaseFailed: Release kept failing"
+    assert job.cost_usd is not None and job.cost_usd > 0
+    assert instance not in cast(FakeFleet, ports.fleet).live
+
+
+def test_a_job_whose_workflow_never_started_is_ended_once_it_is_old_enough() -> None:
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    lifecycle = build_lifecycle(ports, SETTINGS)
+    job_id = build_intake(ports, SETTINGS, lifecycle).submit_object("jobs/a.yaml", "k", "k").job_id
+    assert job_id is not None
+    cast(RecordingWorkflow, ports.workflow).started.clear()  # intake crashed before the start
+    reconciler = reconciler_for(ports)
+    clock.advance(600)
+    assert reconciler.run().jobs_ended == []
+    clock.advance(600)
+    assert reconciler.run().jobs_ended == [job_id]
+    job = ports.jobs.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.failure_reason == "WorkflowLost: the job's workflow never started"
+
+
+def test_an_instance_that_went_away_without_its_event_ends_the_run() -> None:
+    """Its "EC2 Instance State-change Notification" ended in a dead-letter queue: the waiting
+    task hears of it from the reconciler instead, and Release decides as usual."""
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    kept_id, kept = launched_job(ports, "kept")
+    cast(FakeFleet, ports.fleet).live.pop(instance)  # spot took it back; nobody heard
+    reconciler = reconciler_for(ports)
+    assert reconciler.run().runs_ended == {}  # too young to be sure EC2 lists it
+    clock.advance(600)
+    assert reconciler.run().runs_ended == {job_id: instance}
+    result = cast(RecordingWorkflow, ports.workflow).completed["token-a"]
+    assert result["reason"] == f"instance {instance} is not running" and result["interrupted"]
+    assert "token-kept" not in cast(RecordingWorkflow, ports.workflow).completed
+    assert kept in cast(FakeFleet, ports.fleet).live and kept_id != job_id
+
+
+def test_a_pass_that_died_after_recording_a_runs_end_is_made_good_by_the_next() -> None:
+    """The chaos sweep crashed the reconciler right after it wrote the run's end: the waiting
+    task was never told, and no later pass told it (the end was on record)."""
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    cast(FakeFleet, ports.fleet).live.pop(instance)
+    clock.advance(600)
+
+    class DiesAfterTheWrite(RecordingWorkflow):
+        def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
+            raise TimeoutError("the Lambda timed out")
+
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    ports.workflow = DiesAfterTheWrite()
+    with pytest.raises(TimeoutError):
+        reconciler_for(ports).run()
+    assert ports.jobs.get(job_id).run_result is not None  # written; the task not told
+    ports.workflow = workflow
+    assert reconciler_for(ports).run().runs_ended == {job_id: instance}
+    assert workflow.completed["token-a"]["reason"] == f"instance {instance} is not running"
+
+
+def test_a_run_whose_node_reported_its_end_keeps_that_end_when_its_instance_goes() -> None:
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    finished = NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=0)
+    build_lifecycle(ports, SETTINGS).node_report(finished)
+    cast(FakeFleet, ports.fleet).live.pop(instance)  # gone before Release recorded it
+    clock.advance(600)
+    reconciler_for(ports).run()
+    run_result = ports.jobs.get(job_id).run_result
+    assert run_result is not None and run_result["exit_code"] == 0  # not "not running"

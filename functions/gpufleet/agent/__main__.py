@@ -1,33 +1,55 @@
-"""`python3 -m gpufleet.agent --bucket B --bus BUS --region R`, run by the instance's user data."""
+"""`python3 -m gpufleet.agent --bucket B --bus BUS --region R`, run by the instance's user data.
+
+The exit status is the agent's, never the job's: 0 when the agent did its work, whatever the job
+did (its outcome goes to the control plane in the finish report); 1 when the agent itself
+failed (an exception: the network, an AWS API), which systemd restarts (the ledger keeps the
+restarted agent from running the job again); 2 when it was started with bad arguments, which no
+restart fixes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import boto3
 
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, Imds, NvidiaSmi, S3Manifests
 from gpufleet.agent.docker import ContainerLogs, DockerRuntime
-from gpufleet.agent.node import DEFAULT_HEARTBEAT_SECONDS, JobMetrics, NodeAgent
+from gpufleet.agent.ledger import RunLedger
+from gpufleet.agent.node import (
+    DEFAULT_FINISH_RESENDS,
+    DEFAULT_HEARTBEAT_SECONDS,
+    JobMetrics,
+    NodeAgent,
+)
 from gpufleet.topology import ENV_AGENT_LOG_GROUP
 
+# systemd's StateDirectory=gpufleet: kept across restarts of the agent, gone with the instance.
+DEFAULT_STATE_DIR = "/var/lib/gpufleet"
+EXIT_BAD_ARGUMENTS = 2  # argparse's own status for a usage error
 
-def main() -> int:
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpufleet-agent")
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--bus", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--heartbeat-seconds", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
-    args = parser.parse_args()
+    parser.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+    return parser.parse_args(argv)
+
+
+def build_agent(args: argparse.Namespace) -> NodeAgent:
     session = boto3.session.Session(region_name=args.region)
     job_metrics = JobMetrics()
     identity = Imds()
     # The launch template's environment file names the stack's agent log group.
     log_group = os.environ.get(ENV_AGENT_LOG_GROUP)
     logs = ContainerLogs(log_group, args.region, identity.instance_id()) if log_group else None
-    agent = NodeAgent(
+    return NodeAgent(
         identity=identity,
         manifests=S3Manifests(session.client("s3"), args.bucket),
         reporter=EventBridgeReporter(session.client("events"), args.bus),
@@ -36,9 +58,15 @@ def main() -> int:
         gpu_probe=NvidiaSmi(),
         metrics=CloudWatchMetrics(session.client("cloudwatch")),
         job_metrics=job_metrics,
+        ledger=RunLedger(args.state_dir),
+        finish_resends=DEFAULT_FINISH_RESENDS,
     )
-    outcome = agent.run()
-    return 0 if outcome.exit_code == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    agent = build_agent(_arguments(argv))
+    agent.run()  # the job's outcome is in its finish report, not in our exit status
+    return 0
 
 
 if __name__ == "__main__":

@@ -60,13 +60,18 @@ class S3Manifests:
         return body
 
 
+class ReportNotSent(Exception):
+    """EventBridge took the request but not the entry (PutEvents answers 200 with the entry's
+    error): the report did not leave, and the agent must not carry on as if it had."""
+
+
 class EventBridgeReporter:
     def __init__(self, client: Any, bus_name: str) -> None:
         self._client = client
         self._bus = bus_name
 
     def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
-        self._client.put_events(
+        response = self._client.put_events(
             Entries=[
                 {
                     "EventBusName": self._bus,
@@ -76,6 +81,12 @@ class EventBridgeReporter:
                 }
             ]
         )
+        if response.get("FailedEntryCount"):
+            [entry] = response.get("Entries") or [{}]
+            raise ReportNotSent(
+                f"{detail_type}: {entry.get('ErrorCode', 'unknown')}: "
+                f"{entry.get('ErrorMessage', '')}"
+            )
 
 
 class CloudWatchMetrics:

@@ -13,6 +13,15 @@ lines (`JobMetrics`), to CloudWatch (`GpuFleet/Jobs`, dimension `JobId`).
 A stage of a multi-stage job whose next stage may reuse the instance (`await_next_stage` in its
 manifest) then waits, for a bounded time, for the control plane to say so (`run-stage` in
 control.json), and runs the next stage's manifest the same way.
+
+Each run happens at most once on a node (`RunLedger`): a restarted agent never runs it again.
+How the job ended is the job's business, never the agent's: `run` returns normally whatever
+the container did, and raises only when the agent itself failed (what a restart may fix). After
+its finish report the agent sends the same report again every `finish_resend_seconds`, a few
+times, for as long as its instance lives: the control plane releases the instance within
+seconds of the first report that arrives, so the copies stop with the instance, and a report
+lost on the way (an event that ended in a dead-letter queue) is made up for by the next copy.
+A manifest that cannot be read is reported once, and the agent stops.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
 from gpufleet.topology import (
     AGENT_METRICS,
     AGENT_SOURCE,
@@ -134,6 +144,17 @@ DEFAULT_CLAIM_POLL_SECONDS = 2.0
 # How long a node that finished a stage waits to be told to run the next one there. The release
 # step decides within seconds of the finish report; an instance it releases is terminated.
 DEFAULT_STAGE_WAIT_SECONDS = 300.0
+# After a run: its finish report again every 2 minutes, 10 times at most (20 minutes), unless
+# the instance is gone by then. Within the Launch task's heartbeat timeout (node silence
+# allowance plus boot allowance: 30 minutes by default), so a lost report is made up for before
+# the control plane would take the node for lost.
+DEFAULT_FINISH_RESEND_SECONDS = 120.0
+DEFAULT_FINISH_RESENDS = 10
+# A run manifest that cannot be fetched is tried this many times, the waits doubling from
+# `manifest_retry_seconds` (the network may not be up yet at boot); one that is not valid is
+# not tried again.
+MANIFEST_FETCH_ATTEMPTS = 5
+DEFAULT_MANIFEST_RETRY_SECONDS = 2.0
 
 JOB_METRIC_PREFIX = "GPUFLEET_METRIC "
 # Each name is a custom CloudWatch metric (billed per metric and month): a run gets this many.
@@ -201,7 +222,16 @@ class NodeAgent:
         job_metrics: JobMetrics | None = None,
         claim_poll_seconds: float = DEFAULT_CLAIM_POLL_SECONDS,
         stage_wait_seconds: float = DEFAULT_STAGE_WAIT_SECONDS,
+        ledger: RunLedger | None = None,
+        finish_resend_seconds: float = DEFAULT_FINISH_RESEND_SECONDS,
+        finish_resends: int = 0,
+        manifest_retry_seconds: float = DEFAULT_MANIFEST_RETRY_SECONDS,
+        going: threading.Event | None = None,
     ) -> None:
+        """`ledger` keeps what ran on this instance (in memory when not given); after each run
+        its finish report is sent `finish_resends` more times (the entry point sends
+        DEFAULT_FINISH_RESENDS); `going`, when set, tells the agent its node is going away: it
+        stops waiting and returns."""
         self._identity = identity
         self._manifests = manifests
         self._reporter = reporter
@@ -214,51 +244,130 @@ class NodeAgent:
         self._job_metrics = job_metrics
         self._claim_poll_seconds = claim_poll_seconds
         self._stage_wait_seconds = stage_wait_seconds
+        self._ledger = ledger or RunLedger()
+        self._finish_resend_seconds = finish_resend_seconds
+        self._finish_resends = finish_resends
+        self._manifest_retry_seconds = manifest_retry_seconds
+        self._going = going or threading.Event()
 
     def run(self) -> RunOutcome:
+        """Run the job's runs on this instance, each at most once, and report how each ended.
+        Returns the last run's outcome however the job did; raises only when the agent itself
+        cannot go on (its reports cannot be sent)."""
         instance_id = self._identity.instance_id()
         job_id = self._claimed_job()
         base = {"job_id": job_id, "instance_id": instance_id}
-        try:
-            raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
-            manifest = RunManifest.from_json(raw)
-        except Exception as exc:  # the job cannot run; say why rather than hang
-            outcome = RunOutcome(exit_code=None, reason=f"could not read the run manifest: {exc}")
-            self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
-            return outcome
+        manifest = self._manifest(job_id, base)
+        if isinstance(manifest, RunOutcome):
+            return manifest
         while True:
-            outcome = self._run_once(manifest, base)
-            if outcome.exit_code != 0 or not manifest.await_next_stage:
-                return outcome
-            following = self._next_stage(job_id, manifest.stage)
+            finish = self._run_at_most_once(manifest, base)
+            outcome = _outcome_of(finish)
+            may_continue = outcome.exit_code == 0 and manifest.await_next_stage
+            following = self._after_run(manifest, finish, may_continue)
             if following is None:
                 return outcome
             manifest = following
 
-    def _next_stage(self, job_id: str, finished: str | None) -> RunManifest | None:
-        """Wait for the control plane to have this instance run the stage after `finished`;
-        None when it does not say so in time (it released the instance, or is about to)."""
-        rounds = max(1, math.ceil(self._stage_wait_seconds / self._control_poll_seconds))
-        for _ in range(rounds):
+    def _manifest(self, job_id: str, base: dict[str, str]) -> RunManifest | RunOutcome:
+        """The job's run manifest; when it cannot be read, the outcome that says so, reported
+        once (a restarted agent does not report it again) and without a run."""
+        key = f"{RUNS_PREFIX}{job_id}/run.json"
+        problem = ""
+        for attempt in range(MANIFEST_FETCH_ATTEMPTS):
+            if attempt:
+                self._going.wait(self._manifest_retry_seconds * 2 ** (attempt - 1))
             try:
-                control = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
-                stage = control.get("stage") if control.get("action") == CONTROL_RUN_STAGE else None
-                if stage is not None and stage != finished:
-                    raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
-                    manifest = RunManifest.from_json(raw)
-                    if manifest.stage == stage:
-                        return manifest
-            except Exception:  # noqa: S110 - no instruction yet (or unreadable): look again
-                pass
-            time.sleep(self._control_poll_seconds)
+                raw = self._manifests.fetch(key)
+            except Exception as exc:  # not there, or not reachable: tried again
+                problem = f"could not read the run manifest: {exc}"
+                continue
+            try:
+                return RunManifest.from_json(raw)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # invalid: for good
+                problem = f"the run manifest is not valid: {exc!r}"
+                break
+        outcome = RunOutcome(exit_code=None, reason=problem)
+        ledger_key = manifest_key(job_id)
+        if self._ledger.finish_report(ledger_key) is None:
+            detail = self._report(DETAIL_NODE_FINISHED, base, "finished", outcome)
+            self._ledger.note_finished(ledger_key, detail)
+        return outcome
+
+    def _run_at_most_once(self, manifest: RunManifest, job_base: dict[str, str]) -> dict[str, Any]:
+        """Run the manifest unless this node already did; the run's finish report, sent. A run
+        that finished before a restart is not run again: its finish report is sent again. A run
+        the agent died in (its container may even run on) is not started again: it is reported
+        as failed, and the control plane decides (a retry launches new instances)."""
+        base = _base_of(manifest, job_base)
+        key = run_key(manifest.job_id, manifest.stage)
+        finish = self._ledger.finish_report(key)
+        if finish is None and self._ledger.started(key):
+            restarted = RunOutcome(
+                exit_code=None,
+                reason="the node agent restarted during the run; the run is not started again",
+            )
+            finish = _detail(base, "finished", restarted)
+            self._ledger.note_finished(key, finish)
+        if finish is None:
+            return self._run_once(manifest, base, key)
+        self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
+        return finish
+
+    def _after_run(
+        self, manifest: RunManifest, finish: dict[str, Any], wait: bool
+    ) -> RunManifest | None:
+        """After a run: send its finish report again every `finish_resend_seconds` while the
+        instance lives (`finish_resends` times at most), and when the next stage may run here
+        (`wait`), look for the control plane's word for up to `stage_wait_seconds`. The next
+        stage's manifest, or None when there is none (the instance is released, or about to
+        be)."""
+        now = time.monotonic()
+        stage_deadline = now + (self._stage_wait_seconds if wait else 0.0)
+        next_resend = now + self._finish_resend_seconds
+        resends = 0
+        while True:
+            now = time.monotonic()
+            waiting = now < stage_deadline
+            if waiting:
+                following = self._next_stage(manifest.job_id, manifest.stage)
+                if following is not None:
+                    return following
+            if now >= next_resend and resends < self._finish_resends:
+                resends += 1
+                next_resend += self._finish_resend_seconds
+                self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
+            if not waiting and resends >= self._finish_resends:
+                return None
+            wake = next_resend if resends < self._finish_resends else stage_deadline
+            if waiting:
+                wake = min(wake, now + self._control_poll_seconds)
+            if self._going.wait(max(0.0, wake - time.monotonic())):
+                return None
+
+    def _next_stage(self, job_id: str, finished: str | None) -> RunManifest | None:
+        """The next stage's manifest when the control plane has this instance run the stage
+        after `finished` (None: not, or not yet)."""
+        try:
+            control = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
+            stage = control.get("stage") if control.get("action") == CONTROL_RUN_STAGE else None
+            if stage is not None and stage != finished:
+                raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
+                manifest = RunManifest.from_json(raw)
+                if manifest.stage == stage:
+                    return manifest
+        except Exception:  # noqa: S110 - no instruction yet (or unreadable): look again
+            pass
         return None
 
-    def _run_once(self, manifest: RunManifest, job_base: dict[str, str]) -> RunOutcome:
+    def _run_once(self, manifest: RunManifest, base: dict[str, str], key: str) -> dict[str, Any]:
         """Run one manifest's container, with heartbeats, metrics and the control watch, and
-        report its start and its end."""
+        report its start and its end (noted in the ledger before it is sent); the finish
+        report."""
         job_id = manifest.job_id
-        base = {**job_base, "stage": manifest.stage} if manifest.stage else job_base
         self._report(DETAIL_NODE_STARTED, base, "started")
+        # Noted once its start is told (a start that could not be is no run: a restart runs it).
+        self._ledger.note_started(key)
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
@@ -277,8 +386,10 @@ class NodeAgent:
             finished.set()
             for helper in helpers:
                 helper.join()
-        self._report(DETAIL_NODE_FINISHED, base, "finished", outcome, interrupted.is_set())
-        return outcome
+        finish = _detail(base, "finished", outcome, interrupted.is_set())
+        self._ledger.note_finished(key, finish)
+        self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
+        return finish
 
     def _claimed_job(self) -> str:
         """The job this instance runs: tagged at launch, or when a launch claims a warm-pool
@@ -287,7 +398,7 @@ class NodeAgent:
             job_id = self._identity.tags().get(TAG_JOB_ID)
             if job_id:
                 return job_id
-            time.sleep(self._claim_poll_seconds)
+            self._going.wait(self._claim_poll_seconds)
 
     def _heartbeat(self, base: dict[str, str], finished: threading.Event) -> None:
         while not finished.wait(self._heartbeat_seconds):
@@ -352,13 +463,39 @@ class NodeAgent:
         base: dict[str, str],
         phase: str,
         outcome: RunOutcome | None = None,
-        interrupted: bool = False,
-    ) -> None:
-        detail: dict[str, Any] = {**base, "phase": phase}
-        if outcome is not None:
-            detail.update(exit_code=outcome.exit_code, reason=outcome.reason[:2000])
-        if interrupted:
-            detail["interrupted"] = True
-        if outcome is not None and outcome.oom:
-            detail["oom"] = True
+    ) -> dict[str, Any]:
+        detail = _detail(base, phase, outcome)
         self._reporter.report(AGENT_SOURCE, detail_type, detail)
+        return detail
+
+
+def _base_of(manifest: RunManifest, job_base: dict[str, str]) -> dict[str, str]:
+    """What every report of a run names: the job and instance, and the stage it ran."""
+    return {**job_base, "stage": manifest.stage} if manifest.stage else job_base
+
+
+def _detail(
+    base: Mapping[str, Any],
+    phase: str,
+    outcome: RunOutcome | None = None,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """A report's detail: the run it is about, the phase and, at the end, how it ended."""
+    detail: dict[str, Any] = {**base, "phase": phase}
+    if outcome is not None:
+        detail.update(exit_code=outcome.exit_code, reason=outcome.reason[:2000])
+    if interrupted:
+        detail["interrupted"] = True
+    if outcome is not None and outcome.oom:
+        detail["oom"] = True
+    return detail
+
+
+def _outcome_of(detail: Mapping[str, Any]) -> RunOutcome:
+    """The outcome a finish report tells of."""
+    exit_code = detail.get("exit_code")
+    return RunOutcome(
+        exit_code=exit_code if isinstance(exit_code, int) else None,
+        reason=str(detail.get("reason", "")),
+        oom=bool(detail.get("oom", False)),
+    )

@@ -25,7 +25,7 @@ import boto3
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
-from gpufleet.emulator import account_baseline
+from gpufleet.emulator import account_baseline, executions
 from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
 
 REGION = "us-east-1"
@@ -156,6 +156,7 @@ def embedded_account(
     mock.start()
     patches = install(recorder, _write_log)
     undo_baseline = account_baseline.install()
+    silence_executions = executions.install()
     try:
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config())
@@ -163,10 +164,12 @@ def embedded_account(
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
+        silence_executions()  # the workflows stopped below are the account's end, no job's
         with acting_as(EMULATOR):
             _stop_executions(account)
     finally:
         undo_baseline()
+        silence_executions()
         patches.remove()
         mock.stop()
         _forget_cold_starts()
@@ -201,6 +204,7 @@ def _forget_cold_starts() -> None:
         common.lifecycle,
         common.dispatcher,
         common.reconciler,
+        common.backstop,
         common.actions,
         common.idempotency_store,
     ):

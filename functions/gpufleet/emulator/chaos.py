@@ -12,7 +12,11 @@ The control plane's code runs as it is.
 - a share of handler runs crash right after one of their writes, and are retried as Lambda
   (asynchronous: two retries) or the state machine's `Retry` would;
 - a share of the control plane's DynamoDB requests are throttled (the SDK retries them);
-- on every tick of the schedule a second dispatch pass races the scheduled one.
+- on every tick of the schedule a second dispatch pass races the scheduled one;
+- events are lost, every copy (as when each delivery fails into the dead-letter queue): a share
+  of the jobs lose their node's first finish report, a share of the interrupted ones their spot
+  warning and their instance's state change, and a share are reclaimed without a warning, their
+  node gone with the instance, and lose the state change that was all that told of it.
 
 The verdict comes from what an operator could see, never from the control plane's own answer:
 the specs submitted, the jobs table, EC2 (every launch and termination, as CloudTrail would
@@ -22,6 +26,7 @@ show them, and what runs at the end), and the behaviour each job was given.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import random
@@ -47,6 +52,7 @@ from gpufleet.emulator.faults import (
     CrashAfterWrites,
     DynamoThrottling,
     HookSpec,
+    LostEvents,
     injected,
 )
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
@@ -60,6 +66,9 @@ from gpufleet.emulator.patches import (
 from gpufleet.emulator.scheduler import ScheduleRunner
 from gpufleet.topology import (
     DETAIL_JOB_SUBMITTED,
+    DETAIL_NODE_FINISHED,
+    DETAIL_SPOT_WARNING,
+    DETAIL_STATE_CHANGE,
     DISPATCH,
     INTAKE_FROM_EVENT,
     INTAKE_FROM_S3,
@@ -70,13 +79,20 @@ from gpufleet.topology import (
     SUBMIT_SOURCE,
     TAG_JOB_ID,
     TAG_MANAGED,
+    execution_arn,
 )
 
 # Short waits so that hundreds of jobs finish in minutes; nothing else differs from the demo.
 CHAOS_ENV = {
     "GPUFLEET_RETRY_WAIT_SECONDS": "1",
     "GPUFLEET_CAPACITY_MEMORY_SECONDS": "5",
+    # The reconciler's waits at the run's scale (a "minute" is one schedule period, 2 s): 5
+    # minutes before it judges an instance, 15 before it ends a job its workflow left.
+    "GPUFLEET_RECONCILE_GRACE_SECONDS": "10",
+    "GPUFLEET_ABANDONED_AFTER_SECONDS": "30",
 }
+# The events a run loses (every copy), and how each loss is made up for (docs/chaos.md).
+LOST_KINDS = frozenset({DETAIL_NODE_FINISHED, DETAIL_SPOT_WARNING, DETAIL_STATE_CHANGE})
 TEAMS = ("vision", "nlp", "audio")
 # The emulator runs every function in one process, where Lambda gives each its own execution
 # environments. The two intake handlers share one Powertools idempotency layer
@@ -102,6 +118,10 @@ class ChaosConfig:
     crash_max_write: int = 6  # a crashing run dies after its Nth write, N in 1..this
     crash_sweep_every: int = 3  # and each function's crash points are swept (faults.py)
     throttle_share: float = 0.05  # of the control plane's DynamoDB requests
+    lost_report_share: float = 0.1  # of jobs: their node's first finish report is lost
+    lost_warning_share: float = 0.5  # of interrupted jobs: their warning and state change
+    unwarned_reclaim_share: float = 0.05  # of jobs on spot: reclaimed unwarned, unheard
+    finish_resend_seconds: float = 4.0  # the agent's copies of its finish report (2 minutes)
     schedule_period_seconds: float = 2.0  # one "minute" of the schedule
     # A node boots in about a minute on EC2, i.e. one period of the schedule.
     boot_seconds: float = 2.0
@@ -118,6 +138,8 @@ class ChaosJob:
     document: dict[str, Any]
     behaviour: Behaviour
     spot_capacity_errors: bool
+    # Kinds of event whose first one about the job is lost, every copy of it.
+    lost_events: frozenset[str] = frozenset()
 
     def expected(self) -> tuple[str, int]:
         """The final status and exit code the job's behaviour implies. Every run of it exits
@@ -128,52 +150,91 @@ class ChaosJob:
 
 
 def plan_workload(config: ChaosConfig) -> list[ChaosJob]:
-    """The jobs of a run, drawn from the seed alone. The shares of interrupted and spot-short
-    jobs are exact (at least one job each when the share is not 0)."""
+    """The jobs of a run, drawn from the seed alone. The shares of interrupted, spot-short and
+    lost-event jobs are exact (at least one job each when the share is not 0)."""
     rng = random.Random(f"workload-{config.seed}")
     interrupted = _some(rng, config.jobs, config.interruption_share)
     short_of_spot = _some(rng, config.jobs, config.spot_capacity_error_share)
-    jobs = []
-    for index in range(config.jobs):
-        name = f"chaos-{index:04d}"
-        exit_code = rng.choices([0, RETRYABLE_EXIT, NON_RETRYABLE_EXIT], weights=[75, 15, 10])[0]
-        document: dict[str, Any] = {
-            "name": name,
-            "team": rng.choice(TEAMS),
-            "priority": rng.choice(["low", "normal", "normal", "high"]),
-            "image": "public.ecr.aws/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
-            "command": ["python", "train.py", "--seed", str(index)],
-            "resources": {
-                "gpus": rng.choice([1, 1, 1, 2, 4]),
-                "nodes": 2 if rng.random() < 0.05 else 1,
-            },
-            "spot": rng.choice(["auto", "auto", "auto", "never"]),
-            "checkpoint": f"s3://chaos-checkpoints/{name}/",
-            "max_retries": rng.randint(0, 2),
-            "no_retry_exit_codes": [NON_RETRYABLE_EXIT],
-            "timeout": "1h",
-        }
-        # Long enough for an interruption to land mid-run.
-        duration = rng.uniform(1.2, 2.0) if index in interrupted else rng.uniform(0.5, 1.5)
-        jobs.append(
-            ChaosJob(
-                name=name,
-                via="event" if rng.random() < 0.3 else "s3",
-                document=document,
-                behaviour=Behaviour(
-                    duration_seconds=duration,
-                    exit_code=exit_code,
-                    interrupt_after_seconds=rng.uniform(0.4, 0.8) if index in interrupted else None,
-                ),
-                spot_capacity_errors=index in short_of_spot,
+    jobs = [
+        _job(rng, index, index in interrupted, index in short_of_spot)
+        for index in range(config.jobs)
+    ]
+    return _with_lost_events(jobs, config)
+
+
+def _with_lost_events(jobs: list[ChaosJob], config: ChaosConfig) -> list[ChaosJob]:
+    """The lost events of the run, drawn apart (the rest of the workload is as without them):
+    finish reports, the warnings and state changes of interrupted jobs, and the state changes
+    of jobs spot reclaims unwarned (chosen among jobs that launch on spot and are not
+    interrupted otherwise)."""
+    rng = random.Random(f"lost-{config.seed}")
+    interrupted = [i for i, job in enumerate(jobs) if job.behaviour.interrupt_after_seconds]
+    on_spot = [
+        i
+        for i, job in enumerate(jobs)
+        if job.document["spot"] != "never" and not job.spot_capacity_errors and i not in interrupted
+    ]
+    lost_report = _some(rng, len(jobs), config.lost_report_share)
+    lost_warning = {interrupted[i] for i in _some(rng, len(interrupted), config.lost_warning_share)}
+    unwarned = {on_spot[i] for i in _some(rng, len(on_spot), config.unwarned_reclaim_share)}
+    planned = []
+    for index, job in enumerate(jobs):
+        lost: set[str] = set()
+        behaviour = job.behaviour
+        if index in lost_report:
+            lost.add(DETAIL_NODE_FINISHED)
+        if index in lost_warning:
+            lost |= {DETAIL_SPOT_WARNING, DETAIL_STATE_CHANGE}
+        if index in unwarned:
+            lost.add(DETAIL_STATE_CHANGE)
+            behaviour = dataclasses.replace(
+                behaviour,
+                duration_seconds=rng.uniform(1.2, 2.0),
+                interrupt_after_seconds=rng.uniform(0.4, 0.8),
+                warned=False,
             )
-        )
-    return jobs
+        planned.append(dataclasses.replace(job, behaviour=behaviour, lost_events=frozenset(lost)))
+    return planned
+
+
+def _job(rng: random.Random, index: int, interrupted: bool, short_of_spot: bool) -> ChaosJob:
+    """One job of the workload, drawn in turn from the workload's generator."""
+    name = f"chaos-{index:04d}"
+    exit_code = rng.choices([0, RETRYABLE_EXIT, NON_RETRYABLE_EXIT], weights=[75, 15, 10])[0]
+    document: dict[str, Any] = {
+        "name": name,
+        "team": rng.choice(TEAMS),
+        "priority": rng.choice(["low", "normal", "normal", "high"]),
+        "image": "public.ecr.aws/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+        "command": ["python", "train.py", "--seed", str(index)],
+        "resources": {
+            "gpus": rng.choice([1, 1, 1, 2, 4]),
+            "nodes": 2 if rng.random() < 0.05 else 1,
+        },
+        "spot": rng.choice(["auto", "auto", "auto", "never"]),
+        "checkpoint": f"s3://chaos-checkpoints/{name}/",
+        "max_retries": rng.randint(0, 2),
+        "no_retry_exit_codes": [NON_RETRYABLE_EXIT],
+        "timeout": "1h",
+    }
+    # Long enough for an interruption to land mid-run.
+    duration = rng.uniform(1.2, 2.0) if interrupted else rng.uniform(0.5, 1.5)
+    return ChaosJob(
+        name=name,
+        via="event" if rng.random() < 0.3 else "s3",
+        document=document,
+        behaviour=Behaviour(
+            duration_seconds=duration,
+            exit_code=exit_code,
+            interrupt_after_seconds=rng.uniform(0.4, 0.8) if interrupted else None,
+        ),
+        spot_capacity_errors=short_of_spot,
+    )
 
 
 def _some(rng: random.Random, count: int, share: float) -> set[int]:
     """`share` of the indexes below `count`, at least one unless the share is 0."""
-    if share <= 0:
+    if share <= 0 or count == 0:
         return set()
     return set(rng.sample(range(count), max(1, round(count * share))))
 
@@ -551,6 +612,10 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         random.Random(f"crash-{config.seed}"),
         sweep_every=config.crash_sweep_every,
     )
+    lost_by_name = {job.name: job.lost_events for job in workload}
+    lost = LostEvents(
+        BUCKET_NAME, LOST_KINDS, lambda kind, name: kind in lost_by_name.get(name, ())
+    )
     delivery = ChaoticDelivery(config, random.Random(f"delivery-{config.seed}"), crashes)
     ledger = Ec2Ledger(clock=lambda: time.monotonic() - started)
     result = ChaosResult(seed=config.seed, jobs=config.jobs)
@@ -560,10 +625,11 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         metrics_seconds=30.0,  # no GPU alarms in this run: the datapoints only cost CPU
         notice_seconds=1.0,
         behaviours={job.name: job.behaviour for job in workload},
+        finish_resend_seconds=config.finish_resend_seconds,
     )
     with (
         _shared_service_models(),
-        injected(capacity, throttling, crashes, ledger),
+        injected(capacity, throttling, crashes, ledger, lost),
         embedded_account(extra_env=CHAOS_ENV) as account,
     ):
         # The emulator's own clients (harness and nodes): one per service for the whole run
@@ -609,6 +675,9 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         "handler_crashes": len(crashes.crashes),
         "dynamodb_throttles": throttling.injected,
         "rival_dispatch_passes": schedule.rival_passes,
+        "lost_finish_reports": lost.lost[DETAIL_NODE_FINISHED],
+        "lost_spot_warnings": lost.lost[DETAIL_SPOT_WARNING],
+        "lost_state_changes": lost.lost[DETAIL_STATE_CHANGE],
     }
     result.wall_seconds = time.monotonic() - started
     say(
@@ -708,12 +777,11 @@ def _with_history(account: Account, entries: list[dict[str, Any]]) -> list[dict[
     entered and those that failed: what went wrong where."""
     sfn = account.client("stepfunctions")
     arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
-    prefix = arn.replace(":stateMachine:", ":execution:")
     described = []
     for entry in entries:
         status, events = None, []
         if entry["job_id"] is not None:
-            execution = f"{prefix}:{entry['job_id']}"
+            execution = execution_arn(arn, entry["job_id"])
             with contextlib.suppress(sfn.exceptions.ExecutionDoesNotExist):
                 status = sfn.describe_execution(executionArn=execution)["status"]
                 events = sfn.get_execution_history(executionArn=execution, maxResults=1000)[

@@ -24,6 +24,7 @@ from gpufleet.topology import (
     INTAKE_PREFIX,
     JOB_LIFECYCLE,
     JOBS_TABLE,
+    execution_arn,
 )
 
 EVENTS_DIR = Path(__file__).resolve().parents[3] / "events"
@@ -49,6 +50,9 @@ class DemoScenario:
     spot_capacity_errors: frozenset[str] = frozenset()
     timeout_seconds: float = 180.0
     config: FleetConfig | None = None  # None: the repository's gpufleet.yaml
+    # Jobs whose workflow is stopped once they run (StopExecution, as from the console): the
+    # backstop ends them.
+    stop_workflows: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -271,6 +275,9 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                         say(f"{job.job_id} {job.spec.name:<16} {status}{where}{reason}")
                         if job.status.value == "RUNNING":
                             running_since.setdefault(job.spec.name, time.monotonic())
+                            if job.spec.name in scenario.stop_workflows:
+                                _stop_workflow(account, job.job_id)
+                                say(f"{job.job_id} {job.spec.name:<16} workflow stopped")
                 for submission in list(held_back):
                     since = running_since.get(submission.after_running or "")
                     if since is not None and time.monotonic() - since >= submission.delay_seconds:
@@ -312,6 +319,11 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
     }
+
+
+def _stop_workflow(account: Account, job_id: str) -> None:
+    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
+    account.client("stepfunctions").stop_execution(executionArn=execution_arn(arn, job_id))
 
 
 def _executions(account: Account) -> list[dict[str, Any]]:

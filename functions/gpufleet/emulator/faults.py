@@ -10,6 +10,9 @@
 - `CrashAfterWrites`: a share of handler runs die right after one of their writes succeeded (the
   write happened; what the handler meant to do next did not), as a Lambda does that times out
   or is killed mid-way. Whoever invoked it then retries as Lambda or the state machine would.
+- `LostEvents`: chosen events never reach their rule's target, every copy of them, as when each
+  delivery fails until it ends in the dead-letter queue (or, for AWS's own events, which are
+  best effort, is never sent): PutEvents answers as EventBridge does, and nothing is delivered.
 
 Hooks are active for clients created inside `injected(...)` (handlers create theirs at cold
 start, inside the embedded account).
@@ -21,6 +24,7 @@ import json
 import random
 import re
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +35,7 @@ import botocore.handlers
 from botocore.awsrequest import AWSResponse
 
 from gpufleet.emulator.patches import CONTROL_PLANE, current_actor
-from gpufleet.topology import IDEMPOTENCY_TABLE, RUNS_PREFIX
+from gpufleet.topology import IDEMPOTENCY_TABLE, RUNS_PREFIX, TAG_JOB_ID
 
 _JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
 
@@ -288,3 +292,66 @@ class CrashAfterWrites:
             what = f"{run.function_name} after {operation} (write {run.writes})"
             self.crashes.append(what)
         raise HandlerCrashed(f"injected crash: {what}")
+
+
+def _job_of_instance(instance_id: str) -> str:
+    """The job an instance was launched for, from its tags in the backend (not an API call)."""
+    from moto.ec2.models import ec2_backends
+
+    from gpufleet.emulator.account import ACCOUNT_ID, REGION
+
+    return str(ec2_backends[ACCOUNT_ID][REGION].tags.get(instance_id, {}).get(TAG_JOB_ID, ""))
+
+
+_LOST = "gpufleet_lost_event"
+
+
+class LostEvents:
+    """The first event of each kind in `kinds` about a job `lose(kind, job name)` picks is lost:
+    PutEvents takes it (its answer says so, with an event id) and delivers it nowhere. Later
+    events of the kind about the same job (a report sent again) get through. A job is found
+    from the event's `job_id` (node reports) or `instance-id` (EC2's events)."""
+
+    def __init__(
+        self, bucket: str, kinds: frozenset[str], lose: Callable[[str, str], bool]
+    ) -> None:
+        self._bucket = bucket
+        self._kinds = kinds
+        self._lose = lose
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str]] = set()
+        self.lost: Counter[str] = Counter()  # by detail type
+
+    def hooks(self) -> list[HookSpec]:
+        return [
+            ("before-parameter-build.eventbridge.PutEvents", self._note),
+            ("before-call.eventbridge.PutEvents", self._answer),
+        ]
+
+    def _note(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        entries = params.get("Entries", [])
+        if len(entries) != 1 or entries[0].get("DetailType") not in self._kinds:
+            return  # gpufleet puts one event at a time
+        [entry] = entries
+        kind = str(entry["DetailType"])
+        detail = json.loads(entry.get("Detail", "{}"))
+        job_id = str(detail.get("job_id") or _job_of_instance(str(detail.get("instance-id", ""))))
+        if not job_id or not self._lose(kind, _job_name(self._bucket, job_id)):
+            return
+        with self._lock:
+            if (kind, job_id) in self._seen:
+                return
+            self._seen.add((kind, job_id))
+            self.lost[kind] += 1
+        context[_LOST] = True
+
+    @staticmethod
+    def _answer(context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        if not context.get(_LOST):
+            return None
+        parsed = {
+            "FailedEntryCount": 0,
+            "Entries": [{"EventId": str(uuid.uuid4())}],
+            "ResponseMetadata": {"HTTPStatusCode": 200},
+        }
+        return AWSResponse("https://events.us-east-1.amazonaws.com/", 200, {}, None), parsed

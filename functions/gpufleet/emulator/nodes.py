@@ -43,6 +43,9 @@ class Behaviour:
     # Spot reclaims the instance this long into the job's first run: a two-minute warning
     # (scaled to `NodeScenario.notice_seconds`), then termination.
     interrupt_after_seconds: float | None = None
+    # False: that reclaim comes without warning or notice and takes the node with it, as a
+    # hardware failure would: its agent reports nothing, only EC2's state change tells.
+    warned: bool = True
     # Runs out of GPU memory on GPUs with less memory than this.
     needs_gpu_memory_gib: float = 0.0
     gpu_utilization: float = 90.0  # what its GPUs report while it runs
@@ -75,6 +78,10 @@ class NodeScenario:
     default: Behaviour = field(default_factory=Behaviour)
     # How long a node that finished a stage waits to be told to run the next one there.
     stage_wait_seconds: float = 10.0
+    # The agent sends its finish report again this often, this many times at most, while its
+    # instance lives (every 2 minutes on EC2; the emulator's minutes are seconds).
+    finish_resend_seconds: float = 10.0
+    finish_resends: int = 10
 
     def behaviour(self, job_name: str, stage: str | None = None) -> Behaviour:
         if stage is not None and f"{job_name}/{stage}" in self.behaviours:
@@ -181,6 +188,8 @@ class SimulatedRuntime:
             if time.monotonic() - looked >= _ALIVE_CHECK_SECONDS:
                 looked = time.monotonic()
                 if not self._alive():
+                    if not behaviour.warned:
+                        raise NodeVanished(self._instance_id)  # gone with its machine
                     return RunOutcome(exit_code=None, reason="the instance was terminated")
         if behaviour.vanishes:
             raise NodeVanished(self._instance_id)
@@ -269,6 +278,8 @@ class NodeSimulator:
         self.interrupted_jobs: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # Per instance, set once it no longer runs: its agent stops waiting (it would be dead).
+        self._gone: dict[str, threading.Event] = {}
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
 
@@ -284,6 +295,8 @@ class NodeSimulator:
 
     def stop(self) -> None:
         self._stop.set()
+        for gone in list(self._gone.values()):
+            gone.set()
         self._watcher.join(timeout=5)
         for thread in self._threads:
             thread.join(timeout=5)
@@ -305,11 +318,17 @@ class NodeSimulator:
     def _watch(self) -> None:
         with acting_as(EMULATOR):
             while not self._stop.is_set():
-                for instance in self._managed_instances():
+                instances = self._managed_instances()
+                running = {i["InstanceId"] for i in instances if i["State"]["Name"] == "running"}
+                for instance_id, gone in list(self._gone.items()):
+                    if instance_id not in running:
+                        gone.set()
+                for instance in instances:
                     instance_id = instance["InstanceId"]
-                    if instance_id in self._seen or instance["State"]["Name"] != "running":
+                    if instance_id in self._seen or instance_id not in running:
                         continue
                     self._seen.add(instance_id)
+                    self._gone[instance_id] = threading.Event()
                     thread = threading.Thread(
                         target=self._boot, args=(instance_id,), name=instance_id, daemon=True
                     )
@@ -353,6 +372,9 @@ class NodeSimulator:
                 metrics_seconds=self._scenario.metrics_seconds,
                 job_metrics=job_metrics,
                 stage_wait_seconds=self._scenario.stage_wait_seconds,
+                finish_resend_seconds=self._scenario.finish_resend_seconds,
+                finish_resends=self._scenario.finish_resends,
+                going=self._gone[instance_id],
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
@@ -379,7 +401,9 @@ class NodeSimulator:
                 return
             self.interrupted_jobs.add(job_id)
         timer = threading.Timer(
-            behaviour.interrupt_after_seconds, self._interrupt, args=(instance_id,)
+            behaviour.interrupt_after_seconds,
+            self._interrupt,
+            args=(instance_id, behaviour.warned),
         )
         timer.daemon = True
         timer.start()
@@ -393,15 +417,18 @@ class NodeSimulator:
             return ""
         return str(json.loads(raw).get("name", ""))
 
-    def _interrupt(self, instance_id: str) -> None:
+    def _interrupt(self, instance_id: str, warned: bool) -> None:
         """What EC2 does when it reclaims a spot instance: the warning event and IMDS notice,
-        two minutes later the termination and its state-change event."""
+        two minutes later the termination and its state-change event (unwarned: only the
+        termination and its event)."""
         with acting_as(EMULATOR):
-            self.notices[instance_id] = json.dumps({"action": "terminate"})
-            self._aws_event(
-                DETAIL_SPOT_WARNING, {"instance-id": instance_id, "instance-action": "terminate"}
-            )
-            time.sleep(self._scenario.notice_seconds)
+            if warned:
+                self.notices[instance_id] = json.dumps({"action": "terminate"})
+                self._aws_event(
+                    DETAIL_SPOT_WARNING,
+                    {"instance-id": instance_id, "instance-action": "terminate"},
+                )
+                time.sleep(self._scenario.notice_seconds)
             self._ec2.terminate_instances(InstanceIds=[instance_id])
             self._aws_event(
                 DETAIL_STATE_CHANGE, {"instance-id": instance_id, "state": "terminated"}

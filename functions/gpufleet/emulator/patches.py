@@ -119,6 +119,7 @@ _NAMING_PARAMS = (
     "Key",
     "VersionId",  # a read of one version is s3:GetObjectVersion
     "stateMachineArn",
+    "executionArn",
     "InstanceIds",
     "GroupName",
     "TagSpecifications",

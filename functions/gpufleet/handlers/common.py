@@ -25,6 +25,7 @@ from gpufleet.settings import Settings
 if TYPE_CHECKING:
     from gpufleet.ports import Ports
     from gpufleet.services.actions import MetricActions
+    from gpufleet.services.backstop import BackstopService
     from gpufleet.services.dispatcher import DispatcherService
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
@@ -98,7 +99,14 @@ def actions() -> MetricActions:
 def reconciler() -> ReconcilerService:
     from gpufleet.services.factory import build_reconciler
 
-    return build_reconciler(ports(), settings())
+    return build_reconciler(ports(), settings(), lifecycle())
+
+
+@cache
+def backstop() -> BackstopService:
+    from gpufleet.services.factory import build_backstop
+
+    return build_backstop(ports(), lifecycle())
 
 
 @cache

@@ -123,3 +123,21 @@ class AlarmDetail(_Open):
 
 class AlarmEvent(EventBridgeModel):
     detail: AlarmDetail
+
+
+class ExecutionStatusDetail(_Open):
+    """What Step Functions says of an execution that changed status: what DescribeExecution
+    says (input and output, which the backstop does not need, are left out)."""
+
+    executionArn: str = Field(max_length=2048)
+    stateMachineArn: str = Field(max_length=2048)
+    name: str = Field(max_length=80)
+    status: str = Field(max_length=32)
+    error: str | None = Field(default=None, max_length=256)
+    cause: str | None = Field(default=None, max_length=32768)
+
+
+class ExecutionStatusChange(EventBridgeModel):
+    """`Step Functions Execution Status Change` (aws.states, default bus)."""
+
+    detail: ExecutionStatusDetail

@@ -1,4 +1,5 @@
-"""Schedule -> terminate instances that no live job holds."""
+"""Schedule -> terminate instances that no live job holds; end the runs and jobs whose events
+were lost."""
 
 from __future__ import annotations
 
@@ -19,4 +20,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     metrics.add_metric(name="OrphansTerminated", unit="Count", value=len(result.terminated))
     if result.terminated:
         logger.warning("terminated orphaned instances", extra={"instances": result.terminated})
+    if result.runs_ended or result.jobs_ended:
+        # Each one is an event that never arrived: worth a look when it happens often.
+        logger.warning(
+            "ended what lost events left behind",
+            extra={"runs": result.runs_ended, "jobs": result.jobs_ended},
+        )
     return asdict(result)

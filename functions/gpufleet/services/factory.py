@@ -11,6 +11,7 @@ from gpufleet.domain.planning import LaunchPlan, plan_launch
 from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import Ports
 from gpufleet.services.actions import MetricActions
+from gpufleet.services.backstop import BackstopService
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
@@ -28,13 +29,21 @@ def build_dispatcher(
     return DispatcherService(ports, lifecycle, settings.config.queue)
 
 
-def build_reconciler(ports: Ports, settings: Settings) -> ReconcilerService:
+def build_reconciler(
+    ports: Ports, settings: Settings, lifecycle: LifecycleService
+) -> ReconcilerService:
     return ReconcilerService(
         ports,
+        lifecycle,
         grace_seconds=settings.reconcile_grace_seconds,
         boot_allowance_seconds=settings.boot_allowance_seconds,
+        abandoned_after_seconds=settings.abandoned_after_seconds,
         warm_pool=settings.config.warm_pool,
     )
+
+
+def build_backstop(ports: Ports, lifecycle: LifecycleService) -> BackstopService:
+    return BackstopService(ports, lifecycle)
 
 
 def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> MetricActions:

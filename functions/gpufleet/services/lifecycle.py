@@ -433,11 +433,12 @@ class LifecycleService:
         self.drain(job_id, INTERRUPTED)
         return job_id
 
-    def instance_gone(self, instance_id: str, state: str) -> str | None:
+    def instance_gone(self, instance_id: str, state: str, job_id: str | None = None) -> str | None:
         """An instance of a running job stopped or terminated without gpufleet releasing it
         (a spot reclaim, a hardware failure, someone's console): the run ends now, and the
-        release step decides between requeue (spot) and retry."""
-        job_id = self._ports.fleet.job_of(instance_id)
+        release step decides between requeue (spot) and retry. `job_id`: the job the caller
+        knows it for (else read from the instance's tags)."""
+        job_id = job_id or self._ports.fleet.job_of(instance_id)
         if job_id is None:
             return None
         job = self._ports.jobs.get(job_id)
@@ -449,12 +450,14 @@ class LifecycleService:
             or instance_id not in placement.instance_ids
         ):
             return None  # released by us, or an instance the job no longer holds
-        result = {
-            "exit_code": None,
-            "reason": f"instance {instance_id} is {state}",
-            "interrupted": placement.capacity_type == CapacityType.SPOT.value,
-        }
-        job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+        result = job.run_result  # the run's end is on record (a call that died after writing it)
+        if result is None:
+            result = {
+                "exit_code": None,
+                "reason": f"instance {instance_id} is {state}",
+                "interrupted": placement.capacity_type == CapacityType.SPOT.value,
+            }
+            job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
         return job_id
@@ -713,10 +716,7 @@ class LifecycleService:
         here = self._next_stage_here(job, state)
         if here is not None:
             return here
-        terminated = self._ports.fleet.terminate_job_instances(job_id)
-        self._ports.alarms.delete(job_id)
-        if job.effective_spec.resources.nodes > 1:
-            self._ports.fleet.delete_placement_group(job_id)
+        terminated = self._release_instances(job)
         if finished is not None:
             settled = self._settle_in_one_write(finished, state, terminated)
             if settled is not None:
@@ -724,6 +724,40 @@ class LifecycleService:
             # The job changed since its node finished (or its share did): settle from the record.
             job = self._ports.jobs.get(job_id)
         return self._settle(job, state, terminated)
+
+    def end_abandoned(self, job_id: str, error: str, cause: str) -> dict[str, Any]:
+        """End a job whose workflow ended without settling it (a step that failed through its
+        retries, an execution stopped or timed out, one that never started): what Release does,
+        without the way back to the queue, where no workflow is left to wait. Its instances are
+        terminated, its wait in the queue and its share of the quotas end, and it gets its
+        final status and cost: its run's own end when its node finished and Release would not
+        have requeued it, else FAILED with `error` and `cause`. A job that ended already keeps
+        its status (and gets its cost, if it had none yet)."""
+        job = self._ports.jobs.get(job_id)
+        terminated = self._release_instances(job)
+        if job.status is JobStatus.QUEUED:
+            self._ports.queue.remove(job_id)
+        # The share before the final status: a job ended has nothing left to release it again,
+        # while a live one is found (and this finished) by the next reconciler pass.
+        if self._ports.queue.release(job_id):
+            self._capacity_freed(job_id)
+        state: dict[str, Any] = {"run": job.run_result}
+        if job.run_result is None or self._verdict(job, state, self._released_at(job)).requeue:
+            # Whatever was to come next (a requeue, a retry) cannot: the workflow's end is the
+            # job's, and no drain that was to send it back to the queue has a say.
+            state = {"error": {"Error": error, "Cause": cause}}
+            job = job.model_copy(update={"drain_reason": None})
+        released_at, _verdict, released = self._run_end(job, state)
+        return {**self._finish(job, state, released_at, released), "terminated": terminated}
+
+    def _release_instances(self, job: Job) -> list[str]:
+        """Terminate every instance of the job, and what lives with them (its alarms, the
+        placement group of a multi-node job)."""
+        terminated = self._ports.fleet.terminate_job_instances(job.job_id)
+        self._ports.alarms.delete(job.job_id)
+        if job.effective_spec.resources.nodes > 1:
+            self._ports.fleet.delete_placement_group(job.job_id)
+        return terminated
 
     def _released_at(self, job: Job) -> float | None:
         if job.released_at is None and job.placement is not None:

@@ -6,6 +6,16 @@ Every few minutes the reconciler lists the instances tagged `gpufleet:managed=tr
 terminates those that no live job holds, or that a job holds but has not started on within the
 boot allowance (a node that never came up).
 
+It is also the second line behind two events that may never arrive (EventBridge delivers AWS
+service events on a best-effort basis, and a delivery can end in a dead-letter queue):
+
+- an instance of a launching or running job that is no longer running while its node never
+  reported the end of the run (its "EC2 Instance State-change Notification" was lost): the run
+  ends now, as that event would have ended it (`LifecycleService.instance_gone`);
+- a job that is not terminal while its workflow has not run for `abandoned_after_seconds` (its
+  "Step Functions Execution Status Change" was lost, or the workflow never started): the job is
+  ended as the backstop ends it (`BackstopService`).
+
 It also tends the warm pool, when the config has one: idle warm instances are nobody's orphans;
 the pool is topped up while launches ask for its type and released when they stop asking
 (`domain.warm_pool`).
@@ -16,9 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.domain.config import WarmPool
-from gpufleet.domain.job import JobNotFound, JobStatus
+from gpufleet.domain.job import Job, JobNotFound, JobStatus
 from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
 from gpufleet.ports import ManagedInstance, Ports
+from gpufleet.services.backstop import BackstopService
+from gpufleet.services.lifecycle import LifecycleService
+
+# The statuses of a job that its workflow has yet to settle.
+LIVE_STATUSES = (JobStatus.QUEUED, JobStatus.LAUNCHING, JobStatus.RUNNING)
+# Jobs read per status and pass: the newest, so a backlog larger than this is looked at in part.
+LIVE_JOBS_PER_STATUS = 5000
 
 
 @dataclass
@@ -28,27 +45,35 @@ class ReconcileResult:
     placement_groups_deleted: list[str] = field(default_factory=list)  # by job id
     warm_launched: list[str] = field(default_factory=list)
     warm_released: list[str] = field(default_factory=list)
+    runs_ended: dict[str, str] = field(default_factory=dict)  # job id -> the instance found gone
+    jobs_ended: list[str] = field(default_factory=list)  # live jobs whose workflow had ended
 
 
 class ReconcilerService:
     def __init__(
         self,
         ports: Ports,
+        lifecycle: LifecycleService,
         *,
         grace_seconds: int,
         boot_allowance_seconds: int,
+        abandoned_after_seconds: int,
         warm_pool: WarmPool | None = None,
     ) -> None:
         self._ports = ports
+        self._lifecycle = lifecycle
+        self._backstop = BackstopService(ports, lifecycle)
         self._grace = grace_seconds
         self._boot_allowance = boot_allowance_seconds
+        self._abandoned_after = abandoned_after_seconds
         self._warm_pool = warm_pool
 
     def run(self) -> ReconcileResult:
         now = self._ports.clock.now()
         result = ReconcileResult()
         doomed: dict[str, str] = {}
-        for instance in self._ports.fleet.managed_instances():
+        managed = self._ports.fleet.managed_instances()
+        for instance in managed:
             if instance.warm:
                 continue  # waiting for a job: the warm pool's, below
             result.checked += 1
@@ -61,9 +86,32 @@ class ReconcilerService:
         for job_id in self._ports.fleet.placement_group_jobs():
             if self._ended(job_id) and self._ports.fleet.delete_placement_group(job_id):
                 result.placement_groups_deleted.append(job_id)
+        live = [job for status in LIVE_STATUSES for job in self._live_jobs(status)]
+        running = {instance.instance_id for instance in managed}
+        for job in live:
+            gone = self._instance_gone(job, running, now)
+            if gone and self._lifecycle.instance_gone(gone, "not running", job.job_id):
+                result.runs_ended[job.job_id] = gone
+        result.jobs_ended = self._backstop.abandoned(live, now, self._abandoned_after)
         if self._warm_pool is not None:
             self._tend_warm_pool(self._warm_pool, now, result)
         return result
+
+    def _live_jobs(self, status: JobStatus) -> list[Job]:
+        return self._ports.jobs.list_jobs(status, limit=LIVE_JOBS_PER_STATUS)
+
+    def _instance_gone(self, job: Job, running: set[str], now: float) -> str | None:
+        """An instance the job's run holds that no longer runs, while nobody released it (None:
+        there is none). Its run's end is told again on every pass until Release records the
+        release: a pass that died half way, or a waiting task that missed it, gets it then."""
+        placement = job.placement
+        if (
+            placement is None
+            or job.released_at is not None
+            or now - placement.launched_at < self._grace  # EC2 may not list it yet
+        ):
+            return None
+        return next((i for i in placement.instance_ids if i not in running), None)
 
     def _tend_warm_pool(self, pool: WarmPool, now: float, result: ReconcileResult) -> None:
         status = self._ports.fleet.warm_pool()

@@ -8,6 +8,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.ports import WorkflowRun
+from gpufleet.topology import execution_arn
+
 # Errors that mean the task is no longer waiting: it finished, timed out, or was completed by a
 # duplicate report. Completing it again is a harmless no-op.
 _STALE_TOKEN_ERRORS = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
@@ -39,6 +42,29 @@ class StepFunctionsWorkflow:
 
     def heartbeat(self, token: str) -> bool:
         return self._unless_stale(lambda: self._client.send_task_heartbeat(taskToken=token))
+
+    def running_jobs(self) -> frozenset[str]:
+        pages = self._client.get_paginator("list_executions").paginate(
+            stateMachineArn=self._arn, statusFilter="RUNNING"
+        )
+        return frozenset(e["name"] for page in pages for e in page["executions"])
+
+    def run_of(self, job_id: str) -> WorkflowRun | None:
+        try:
+            execution = self._client.describe_execution(
+                executionArn=execution_arn(self._arn, job_id)
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
+                return None
+            raise
+        stopped = execution.get("stopDate")
+        return WorkflowRun(
+            status=str(execution["status"]),
+            stopped_at=stopped.timestamp() if stopped is not None else None,
+            error=str(execution.get("error") or ""),
+            cause=str(execution.get("cause") or ""),
+        )
 
     @staticmethod
     def _unless_stale(call: Callable[[], object]) -> bool:

@@ -30,6 +30,7 @@ from gpufleet.ports import (
     RunningShare,
     StatusChange,
     WarmPoolStatus,
+    WorkflowRun,
 )
 
 
@@ -172,6 +173,7 @@ class RecordingWorkflow:
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # each start's state
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
     heartbeats: list[str] = field(default_factory=list)
+    ended: dict[str, WorkflowRun] = field(default_factory=dict)  # set by tests: how runs ended
 
     def start(self, job_id: str, state: Mapping[str, Any]) -> None:
         if job_id not in self.started:
@@ -189,6 +191,14 @@ class RecordingWorkflow:
             return False
         self.heartbeats.append(token)
         return True
+
+    def running_jobs(self) -> frozenset[str]:
+        return frozenset(job_id for job_id in self.started if job_id not in self.ended)
+
+    def run_of(self, job_id: str) -> WorkflowRun | None:
+        if job_id in self.ended:
+            return self.ended[job_id]
+        return WorkflowRun("RUNNING") if job_id in self.started else None
 
 
 class InMemoryCapacityMemory:
