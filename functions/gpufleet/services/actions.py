@@ -65,10 +65,11 @@ class MetricActions:
         """Flag the job, and checkpoint-and-release it when its spec says so."""
         if job.status is not JobStatus.RUNNING:
             return job.flags
-        flags = self._flag(job, FLAG_LOW_UTILIZATION)
+        # The action is asked for before the flag says so: a run that ends once it is flagged
+        # (its owner watching the flag) must still end as a drained one.
         if job.effective_spec.on_idle == "release":
             self._lifecycle.drain(job.job_id, IDLE)
-        return flags
+        return self._flag(job, FLAG_LOW_UTILIZATION)
 
     def gpus_hot(self, job_id: str) -> list[str]:
         """A GPU of the job ran above the temperature limit: tell the operators, and move the
@@ -76,15 +77,14 @@ class MetricActions:
         job = self._ports.jobs.get(job_id)
         if job.status is not JobStatus.RUNNING:
             return job.flags
-        flags = self._flag(job, FLAG_OVERHEATING)
         self._ports.notifier.notify(
             f"gpufleet: job {job.spec.name} overheating",
             f"A GPU of job {job_id} ({job.spec.name}, team {job.spec.team}){_where(job)} ran "
             f"above {self._policy.hot_temperature_celsius:g} C. The job is checkpointed and "
             "moved to other hardware; check the instance's cooling and health.",
         )
-        self._lifecycle.drain(job_id, OVERHEATED)
-        return flags
+        self._lifecycle.drain(job_id, OVERHEATED)  # before the flag, as for an idle job
+        return self._flag(job, FLAG_OVERHEATING)
 
     def scale_out(self, job_id: str) -> list[str]:
         """Busy GPUs, or the job's own metric says it is short of them: a step more nodes, up
@@ -102,7 +102,6 @@ class MetricActions:
         job = self._ports.jobs.get(job_id)
         if job.status is not JobStatus.RUNNING:
             return job.flags
-        flags = self._flag(job, FLAG_MEMORY_LEAK)
         restart = _steady(job) and job.retries < job.spec.max_retries
         then = (
             "It is checkpointed and restarted (counted as a retry)."
@@ -117,8 +116,8 @@ class MetricActions:
             f"{self._policy.period_seconds} s. {then}",
         )
         if restart:
-            self._lifecycle.drain(job_id, MEMORY_LEAK)
-        return flags
+            self._lifecycle.drain(job_id, MEMORY_LEAK)  # before the flag, as for an idle job
+        return self._flag(job, FLAG_MEMORY_LEAK)
 
     def _flag(self, job: Job, flag: str) -> list[str]:
         """Add `flag` to the job's flags and say so on the bus (`Job Flagged`)."""
