@@ -3,7 +3,7 @@
 The functions publish them with Powertools Metrics (CloudWatch embedded metric format) in the
 `GpuFleet` namespace, only through `handlers.common.count`, which takes one of these; the
 dashboard and alarms in `infra/constructs/operations.py` read the same definitions, so the two
-cannot drift (tests/integration/test_metrics_published.py checks both ways on the demos).
+cannot drift (tests/integration/test_spot_demo.py checks both ways on the demos).
 Every dimension takes a bounded set of values (a priority class, a job status, a capacity
 type, a launch error category): never a job id, a team name from user input or an instance
 id, which would make a metric per value.

@@ -1,6 +1,6 @@
 """The functions' metrics are telemetry's definitions, published through one function.
 
-tests/integration/test_metrics_published.py checks what the demo publishes against what the
+tests/integration/test_spot_demo.py checks what the demo publishes against what the
 stack reads; these check the code paths the demo does not take: every definition has a handler
 that publishes it, and no handler names a metric of its own.
 """

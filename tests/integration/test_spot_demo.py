@@ -1,6 +1,7 @@
-"""Every metric the stack reads is one the code publishes, and every one published is read.
+"""The spot demo, run once: what it does, and the metrics it publishes against what the stack
+reads. Every metric the stack reads is one the code publishes, and every one published is read.
 
-Published, in one run of the spot demo on the embedded account (with the basic demo's event
+Published, in the run of the spot demo on the embedded account (with the basic demo's event
 submission and broken upload added: both intake functions, and a rejection):
 
 - the functions' metrics: the embedded-metric-format lines Powertools prints, which the emulator
@@ -33,9 +34,11 @@ import botocore.handlers
 import pytest
 
 from gpufleet import telemetry
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.demo import EVENTS_DIR, DemoResult, Submission, run_demo, spot_scenario
 from gpufleet.emulator.metrics import PublishedMetric
 from tests.infrastructure.conftest import STACK_NAME, Synth, build_app
+from tests.integration.test_demo import by_name
 
 # Read by the stack, published by a path the demo does not take (or takes only when a race goes
 # one way): metric -> the path. tests/unit/test_telemetry.py checks that a handler publishes it.
@@ -84,7 +87,7 @@ def _not_aws(metrics: set[Metric]) -> set[Metric]:
     return {m for m in metrics if not m.namespace.startswith("AWS/")}
 
 
-# -- what the code published -------------------------------------------------------------------
+# -- the run (the extra submissions take both intake functions, and one is rejected) --------
 
 
 def _scenario() -> Any:
@@ -114,6 +117,50 @@ def run() -> tuple[DemoResult, list[dict[str, Any]]]:
     assert result.completed, f"the demo did not finish: {result.to_json()}"
     assert requests, "the demo's jobs got no alarms"
     return result, requests
+
+
+# -- what the demo did ----------------------------------------------------------------------
+
+
+def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand(
+    run: tuple[DemoResult, list[dict[str, Any]]],
+) -> None:
+    result, _ = run
+    assert result.completed and result.instances_running == 0
+    assert result.rejected == 1  # the broken upload
+    jobs = by_name(result)
+    interrupted, fallback = jobs["interrupted-train"], jobs["no-spot-capacity"]
+    assert interrupted["status"] == "SUCCEEDED"
+    assert interrupted["interruptions"] == 1 and interrupted["retries"] == 0
+    assert interrupted["resumed_from_checkpoint"]
+    assert fallback["status"] == "SUCCEEDED"
+    assert fallback["ondemand_fallback"] and fallback["capacity_type"] == "on-demand"
+    assert not interrupted["ondemand_fallback"]
+    for job in result.jobs:  # also over several runs on different instance types
+        assert job["cost_usd"] == pytest.approx(
+            job["hourly_usd"] * job["held_seconds"] / 3600 + job["storage_usd"],
+            rel=1e-3,
+            abs=1e-6,
+        )
+    # A job that leaves its GPU idle is flagged by its utilization alarm; the others are not.
+    assert jobs["idle-notebook"]["flags"] == ["low-utilization"]
+    assert jobs["idle-notebook"]["status"] == "SUCCEEDED"  # on_idle: flag
+    assert interrupted["flags"] == fallback["flags"] == []
+    # Out of GPU memory on 16 and 24 GiB GPUs: retried until it ran on GPUs with more.
+    oom = jobs["oom-finetune"]
+    assert oom["status"] == "SUCCEEDED" and oom["retries"] >= 1
+    assert load_bundled().instance_type(oom["instance_type"]).gpu_memory_gib >= 40
+    # Its own metric (samples/s, printed on stdout) stays low: scaled out to two nodes, once.
+    elastic = jobs["elastic-train"]
+    assert elastic["status"] == "SUCCEEDED" and elastic["flags"] == ["scaled-out"]
+    assert elastic["retries"] == elastic["preemptions"] == 0
+    # GPU memory growing: restarted once (its one retry), then only flagged.
+    leaky = jobs["leaky-finetune"]
+    assert leaky["status"] == "SUCCEEDED" and leaky["flags"] == ["memory-leak"]
+    assert leaky["retries"] == 1
+
+
+# -- what the code published -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
