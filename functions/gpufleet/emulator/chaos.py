@@ -40,8 +40,6 @@ from itertools import combinations
 from typing import Any, TextIO
 
 import botocore.handlers
-import botocore.loaders
-import botocore.session
 import yaml
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
@@ -495,28 +493,6 @@ class _LiveNodes(NodeSimulator):
         return instances
 
 
-@contextmanager
-def _shared_service_models() -> Iterator[None]:
-    """Every botocore session of the run shares one loader of service models. The emulator
-    makes a session per client, and each new session parses the models' JSON again, which
-    would dominate a long run's CPU; the models are only read, so nothing else changes."""
-    original = botocore.session.create_loader
-    loaders: dict[str | None, botocore.loaders.Loader] = {}
-    lock = threading.Lock()
-
-    def shared(search_path_string: str | None = None) -> botocore.loaders.Loader:
-        with lock:
-            if search_path_string not in loaders:
-                loaders[search_path_string] = original(search_path_string)
-            return loaders[search_path_string]
-
-    botocore.session.create_loader = shared
-    try:
-        yield
-    finally:
-        botocore.session.create_loader = original
-
-
 @dataclass
 class ChaosResult:
     seed: int
@@ -628,7 +604,6 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         finish_resend_seconds=config.finish_resend_seconds,
     )
     with (
-        _shared_service_models(),
         injected(capacity, throttling, crashes, ledger, lost),
         embedded_account(extra_env=CHAOS_ENV) as account,
     ):
