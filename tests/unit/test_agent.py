@@ -7,15 +7,18 @@ import json
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.agent import __main__ as agent_main
-from gpufleet.agent.aws import EventBridgeReporter, ReportNotSent
+from gpufleet.agent.aws import EventBridgeReporter, Imds, ReportNotSent
 from gpufleet.agent.docker import (
     DOCKER_CLI_VARIABLES,
     ContainerLogs,
@@ -701,3 +704,53 @@ def test_a_checkpoint_request_stops_the_container_with_its_grace(tmp_path: Path)
 @pytest.mark.parametrize(("returncode", "status"), [(0, 0), (137, 137), (-9, 137), (-15, 143)])
 def test_a_death_by_signal_is_reported_as_docker_reports_it(returncode: int, status: int) -> None:
     assert exit_status(returncode) == status
+
+
+# -- IMDSv2 -------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeImds:
+    """The metadata service: a token lasts the TTL it was asked for (on `now`); a request with
+    an expired or unknown token answers 401, as IMDSv2 does."""
+
+    now: float = 0.0
+    notice: str = '{"action": "terminate", "time": "2026-01-01T00:00:00Z"}'
+    tokens: dict[str, float] = field(default_factory=dict)  # token -> expiry
+    issued: int = 0
+    refused: int = 0
+
+    def urlopen(self, request: urllib.request.Request, timeout: float) -> io.BytesIO:
+        if request.get_method() == "PUT":
+            ttl = float(request.get_header("X-aws-ec2-metadata-token-ttl-seconds") or 0)
+            assert 1 <= ttl <= 21600  # IMDSv2's bounds
+            token = f"token-{self.issued}"
+            self.issued += 1
+            self.tokens[token] = self.now + ttl
+            return io.BytesIO(token.encode())
+        token = request.get_header("X-aws-ec2-metadata-token") or ""
+        if self.tokens.get(token, -1.0) <= self.now:
+            self.refused += 1
+            raise urllib.error.HTTPError(request.full_url, 401, "Unauthorized", Message(), None)
+        if request.full_url.endswith("/spot/instance-action"):
+            return io.BytesIO(self.notice.encode())
+        raise urllib.error.HTTPError(request.full_url, 404, "Not Found", Message(), None)
+
+
+def test_the_imds_token_is_renewed_before_it_expires() -> None:
+    imds = FakeImds()
+    identity = Imds(urlopen=imds.urlopen, clock=lambda: imds.now)
+    assert identity.interruption_notice() == imds.notice
+    for hours in range(1, 13):
+        imds.now = hours * 3600 + 1.0  # at 6 h 1 s, the first token is over
+        assert identity.interruption_notice() == imds.notice
+    assert imds.refused == 0  # renewed before: no call ever went out with an expired token
+    assert imds.issued == 3
+
+
+def test_a_token_the_service_no_longer_takes_is_replaced_once() -> None:
+    imds = FakeImds()
+    identity = Imds(urlopen=imds.urlopen, clock=lambda: imds.now)
+    imds.tokens.clear()  # the service forgot it (a restarted IMDS)
+    assert identity.interruption_notice() == imds.notice
+    assert imds.refused == 1 and imds.issued == 2
