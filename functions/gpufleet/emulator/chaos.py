@@ -241,12 +241,20 @@ class ChaoticDelivery:
     """The account's asynchronous deliveries under the chaos plan (a `patches.FaultPlan`):
     every event `copies_per_event` times, some copies late, failed runs retried twice as
     Lambda retries asynchronous invocations (one "minute", then two, later), and every handler
-    run exposed to crashes."""
+    run exposed to crashes. `later(delay, run)` runs a late delivery (on a timer thread when
+    not given; a test runs them by hand)."""
 
-    def __init__(self, config: ChaosConfig, rng: random.Random, crashes: CrashAfterWrites) -> None:
+    def __init__(
+        self,
+        config: ChaosConfig,
+        rng: random.Random,
+        crashes: CrashAfterWrites,
+        later: Callable[[float, Callable[[], None]], None] | None = None,
+    ) -> None:
         self._config = config
         self._rng = rng
         self._crashes = crashes
+        self._schedule = later or _on_a_timer
         self._lock = threading.Condition()
         self._pending = 0  # late deliveries and retries not yet run
         self._closed = False
@@ -304,9 +312,7 @@ class ChaoticDelivery:
     def _later(self, delay: float, attempt: Callable[[], bool], retries_left: int) -> None:
         with self._lock:
             self._pending += 1
-        timer = threading.Timer(delay, self._run_later, args=(attempt, retries_left))
-        timer.daemon = True
-        timer.start()
+        self._schedule(delay, functools.partial(self._run_later, attempt, retries_left))
 
     def _run_later(self, attempt: Callable[[], bool], retries_left: int) -> None:
         try:
@@ -331,6 +337,12 @@ class ChaoticDelivery:
         with self._lock:
             self._lock.wait_for(lambda: self._pending == 0, timeout)
             self._closed = True
+
+
+def _on_a_timer(delay: float, run: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, run)
+    timer.daemon = True
+    timer.start()
 
 
 @dataclass
