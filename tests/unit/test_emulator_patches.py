@@ -8,10 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import boto3
 import pytest
 
+from gpufleet.adapters.aws import runtime
 from gpufleet.emulator import patches
 from gpufleet.emulator.patches import PATCHES, Patch, PatchDoesNotFit
+from gpufleet.emulator.sessions import SessionsSharingModels
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda patch: patch.name)
@@ -102,3 +105,34 @@ def test_a_builtin_is_shadowed_only_while_the_module_calls_it(
     patch = Patch(module, "print", "a reason", shadows_builtin=True)
 
     assert patch.problems() == [f"{module}.print: the module no longer calls print()"]
+
+
+def test_the_accounts_sessions_share_one_loader_of_the_service_models() -> None:
+    sessions = SessionsSharingModels()
+    first, second = sessions(), sessions()
+    loader = first._session.get_component("data_loader")
+    assert second._session.get_component("data_loader") is loader
+    paths = list(loader.search_paths)
+    sessions()
+    assert loader.search_paths == paths  # boto3's own path, once
+
+
+def test_the_control_planes_clients_come_from_the_sessions_handed_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")  # a client is made offline, never called
+    made: list[boto3.session.Session] = []
+
+    def counted() -> boto3.session.Session:
+        made.append(boto3.session.Session())
+        return made[-1]
+
+    undo = runtime.use_sessions(counted)
+    try:
+        runtime.client("s3", "us-east-1")
+        assert len(made) == 1
+    finally:
+        undo()
+    runtime.client("s3", "us-east-1")
+    assert len(made) == 1

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from gpufleet import topology
+from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.patches import (
@@ -74,7 +73,7 @@ class Account:
     notify_topic_arn: str = ""
 
     def client(self, service: str) -> Any:
-        return boto3.session.Session().client(service, region_name=self.region)
+        return new_session().client(service, region_name=self.region)
 
     def function_environment(self, function: topology.Function) -> dict[str, str]:
         """The deployment variables of one function, as the stack sets them."""

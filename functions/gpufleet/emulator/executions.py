@@ -25,8 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import boto3
-
+from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.topology import DETAIL_EXECUTION_STATUS_CHANGE
 
@@ -98,7 +97,7 @@ def _emit(execution: Any) -> None:
         return
     region = str(execution.exec_arn).split(":")[3]
     with acting_as(EMULATOR):
-        boto3.session.Session().client("events", region_name=region).put_events(
+        new_session().client("events", region_name=region).put_events(
             Entries=[
                 {
                     "Source": "aws.states",

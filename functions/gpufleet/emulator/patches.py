@@ -5,10 +5,13 @@ no public seam reaches it; `install` applies them all (and nothing else replaces
 `tests/unit/test_emulator_patches.py` fails, naming the patch, when the pinned moto (or botocore,
 Powertools) no longer has what a patch replaces, and `install` refuses to start then.
 
-Everything else the account adds goes through public seams: botocore's event system (hooks for
-every new session: placement groups and EC2's launch rules, the faults of a chaos run, and the
-`Recorder` of who called), the AWS APIs themselves (the stack's resources, the account's
-baseline), and the emulator's own loops (nodes, schedules, alarms).
+Everything else the account adds goes through seams: botocore's event system (handlers added to
+`botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups and
+EC2's launch rules, the faults of a chaos run, and the `Recorder` of who called); the control
+plane's port for sessions (`runtime.use_sessions`: sessions that share one loader of the
+service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
+`topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
+schedules, alarms).
 
 The registry (`PATCHES`), and why each cannot be avoided:
 
@@ -38,9 +41,6 @@ The registry (`PATCHES`), and why each cannot be avoided:
   waits on returns (see `executions`).
 - `ServiceQuotasBackend.get_service_quota`: moto's Service Quotas knows VPC quotas only; EC2's
   vCPU quotas are answered from the backend, for HTTP callers too (see `account_baseline`).
-- `botocore.session.create_loader`: every new botocore session parses the service models' JSON
-  again (about 0.3 s a client); the emulator, its nodes and every handler's cold start make
-  sessions by the hundred. The models are only read: one loader is shared (CPU only).
 - `print` in Powertools' metrics modules: EMF metrics are printed. The print writes to the
   invocation's log, whatever `sys.stdout` is at the time (test harnesses swap it).
 
@@ -209,12 +209,6 @@ EC2_VCPU_QUOTAS = Patch(
     "EC2's vCPU quotas are answered (moto knows VPC quotas only)",
     ("self", "service_code", "quota_code"),
 )
-SHARED_SERVICE_MODELS = Patch(
-    "botocore.session",
-    "create_loader",
-    "every session shares one loader of the service models (CPU only)",
-    ("search_path_string",),
-)
 EMF_PRINTS = tuple(
     Patch(module, "print", "EMF metrics go to the invocation's log", shadows_builtin=True)
     for module in (
@@ -234,7 +228,6 @@ PATCHES: tuple[Patch, ...] = (
     EXECUTION_ENDED,
     EXECUTION_STOPPED,
     EC2_VCPU_QUOTAS,
-    SHARED_SERVICE_MODELS,
     *EMF_PRINTS,
 )
 
@@ -462,9 +455,11 @@ class Installed:
 def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Installed:
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
     stores a handler's output."""
+    from gpufleet.adapters.aws import runtime
     from gpufleet.emulator import account_baseline, executions
     from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.placement_groups import PlacementGroups
+    from gpufleet.emulator.sessions import SessionsSharingModels
 
     write_lock = threading.RLock()
     replacements: dict[Patch, Callable[[Any], Any]] = {
@@ -478,7 +473,6 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Instal
         EXECUTION_ENDED: executions.emit_on_end,
         EXECUTION_STOPPED: executions.end_at_once,
         EC2_VCPU_QUOTAS: account_baseline.answer_ec2_vcpu_quotas,
-        SHARED_SERVICE_MODELS: _shared,
         **{patch: lambda _none: _routed_print for patch in EMF_PRINTS},
     }
     groups = PlacementGroups()
@@ -486,6 +480,7 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Instal
     try:
         for patch in PATCHES:
             installed._undo.append((patch, patch.apply(replacements[patch])))
+        installed._undo.append((None, runtime.use_sessions(SessionsSharingModels())))
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
         for hook in [*groups.hooks(), *installed.ec2_rules.hooks(), *recorder.hooks()]:
@@ -619,19 +614,6 @@ def _told_of_an_earlier_result(original: Callable[..., Any]) -> Callable[..., An
         return endpoint
 
     return setup_heartbeat_endpoint
-
-
-def _shared(original: Callable[..., Any]) -> Callable[..., Any]:
-    loaders: dict[str | None, Any] = {}
-    lock = threading.Lock()
-
-    def create_loader(search_path_string: str | None = None) -> Any:
-        with lock:
-            if search_path_string not in loaders:
-                loaders[search_path_string] = original(search_path_string)
-            return loaders[search_path_string]
-
-    return create_loader
 
 
 def invoke_async(account_id: str, function_arn: str, event: Any) -> bool:
