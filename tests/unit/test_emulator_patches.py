@@ -32,6 +32,9 @@ def test_the_registry_names_each_patch_once_and_the_docstring_lists_them_all() -
     doc = patches.__doc__ or ""
     for patch in PATCHES:
         assert patch.attribute.split(".")[-1] in doc, f"{patch.name} is not described"
+    of_moto = sum(patch.module.startswith("moto.") for patch in PATCHES)
+    stated = f"{len(PATCHES)} attributes, {of_moto} of moto and {len(PATCHES) - of_moto} of"
+    assert stated in " ".join(doc.split()), "the docstring miscounts the patches"
 
 
 def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> str:
