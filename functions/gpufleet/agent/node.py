@@ -145,7 +145,7 @@ class Clock(Protocol):
         ...
 
 
-class SystemClock:
+class MonotonicClock:
     def now(self) -> float:
         return time.monotonic()
 
@@ -253,7 +253,7 @@ class NodeAgent:
         its finish report is sent `finish_resends` more times (the entry point sends
         DEFAULT_FINISH_RESENDS); `going`, when set, tells the agent its node is going away: it
         stops waiting and returns. Every wait and every reading of time goes through `clock`
-        (the system's when not given)."""
+        (the system's monotonic clock when not given)."""
         self._identity = identity
         self._manifests = manifests
         self._reporter = reporter
@@ -271,7 +271,7 @@ class NodeAgent:
         self._finish_resends = finish_resends
         self._manifest_retry_seconds = manifest_retry_seconds
         self._going = going or threading.Event()
-        self._clock = clock or SystemClock()
+        self._clock = clock or MonotonicClock()
 
     def run(self) -> RunOutcome:
         """Run the job's runs on this instance, each at most once, and report how each ended.
