@@ -171,8 +171,13 @@ def report_end(job: Job, as_json: bool, raw: bool) -> int:
         text = f"{job.job_id}: {end['status']} on {where}"
         if end["exit_code"] is not None:
             text += f", exit code {end['exit_code']}"
-        if end["failure_reason"] and job.status is not JobStatus.SUCCEEDED:
-            text += f" ({end['failure_reason']})"
+        reason = end["failure_reason"]
+        if (
+            reason
+            and job.status is not JobStatus.SUCCEEDED
+            and reason != f"exit code {job.exit_code}"
+        ):
+            text += f" ({reason})"
         text += f", cost ${end['cost_usd'] or 0:.6f}"
         print(f"gpufleet: {printable(text, raw)}", file=sys.stderr, flush=True)
     return int(end["cli_exit_code"])
