@@ -86,10 +86,7 @@ class RunningEmulator:
 
     def deployment(self) -> dict[str, str]:
         """The deployment variables a deployed stack's outputs would give."""
-        everything = {**self.account.environment(), topology.ENV_AGENT_LOG_GROUP: AGENT_LOG_GROUP}
-        return {
-            var: value for var in topology.STACK_OUTPUTS.values() if (value := everything.get(var))
-        }
+        return deployment(self.account)
 
     def environment(self) -> dict[str, str]:
         """What a shell exports to talk to the emulator, with `gpufleet` or any AWS client."""
@@ -101,6 +98,13 @@ class RunningEmulator:
             **_CREDENTIALS,
             ENV_TOKEN: self.token,
         }
+
+
+def deployment(account: Account) -> dict[str, str]:
+    """The deployment variables of the account's resources, as a deployed stack's outputs give
+    them (the agent log group included)."""
+    everything = {**account.environment(), topology.ENV_AGENT_LOG_GROUP: AGENT_LOG_GROUP}
+    return {var: value for var in topology.STACK_OUTPUTS.values() if (value := everything.get(var))}
 
 
 class _Server:
@@ -169,7 +173,7 @@ def serve(
             server.start()
             emulator = RunningEmulator(account, server.endpoint_url, token)
             with acting_as(EMULATOR):
-                _publish_stack(account, emulator.deployment())
+                publish_stack(account)
                 simulator = NodeSimulator(account, nodes or NodeScenario())
                 loops = [ScheduleRunner(account), AlarmEvaluator(account)]
                 simulator.start()
@@ -190,13 +194,14 @@ def serve(
             os.environ["AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"] = saved
 
 
-def _publish_stack(account: Account, deployment: dict[str, str]) -> None:
-    """A stack whose outputs name the emulator's resources, as the deployed stack's do, and
-    whose parameters read the public SSM parameters the deployed stack reads."""
+def publish_stack(account: Account) -> None:
+    """A stack named STACK_NAME whose outputs name the account's resources, as the deployed
+    stack's do, and whose parameters read the public SSM parameters the deployed stack reads."""
+    variables = deployment(account)
     outputs = {
-        key: {"Value": deployment[var]}
+        key: {"Value": variables[var]}
         for key, var in topology.STACK_OUTPUTS.items()
-        if var in deployment
+        if var in variables
     }
     # CloudFormation wants a resource; this one creates nothing (moto warns it cannot).
     template = {
