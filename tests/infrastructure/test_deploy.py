@@ -231,3 +231,12 @@ def test_the_check_finds_a_fixed_name() -> None:
         f"Logs.LogGroupName = '/x/{STACK_NAME}'",
         "Table.TableName = 'jobs'",
     ]
+
+
+def test_the_cdk_cli_is_pinned_to_one_release_the_guide_names() -> None:
+    root = Path(__file__).resolve().parents[2]
+    package = json.loads((root / "package.json").read_text())
+    pinned = package["devDependencies"]["aws-cdk"]
+    assert pinned.replace(".", "").isdigit(), f"{pinned}: a range, not one release"
+    assert package["engines"]["node"] == ">=22"  # Node 22 LTS: Node 20 is past its end of life
+    assert f"`aws-cdk` {pinned}" in (root / "docs" / "deploy.md").read_text()
