@@ -8,6 +8,10 @@ sets off) is recorded and turned into the IAM actions it needs. Then, both ways:
 - every action a policy grants was called by one of its commands, or is in `NOT_REACHED` with
   the code path that calls it and this test does not take.
 
+And every call that names its resource (a table or index, an object, the bus, an instance, the
+topic) is on one its policy names, the placeholders filled in from the published stack as
+docs/deploy.md fills them.
+
 `gpufleet run` makes the calls of `submit`, `status` and `logs` (it is built of them); `doctor
 --smoke` those of `submit` and `cancel`.
 """
@@ -28,8 +32,8 @@ from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP
 from gpufleet.emulator.patches import EMULATOR, ApiCall, acting_as
-from gpufleet.emulator.server import STACK_NAME, publish_stack
-from gpufleet.topology import JOB_LIFECYCLE
+from gpufleet.emulator.server import STACK_NAME, deployment, publish_stack
+from tests.helpers import stop_running_executions
 
 IAM = Path(__file__).resolve().parents[2] / "docs" / "iam"
 CONFIG = FleetConfig(
@@ -70,13 +74,26 @@ NOT_REACHED: dict[str, dict[str, str]] = {
 }
 
 
-def iam_actions(call: ApiCall) -> list[str]:
-    """The IAM actions a call needs: a transaction's items one by one, S3's own names."""
+Request = tuple[str, str | None]  # an IAM action and the resource it is on (None: not named)
+
+
+def iam_requests(call: ApiCall, region: str, account_id: str) -> list[Request]:
+    """What IAM judges a call as: each action with its resource; a transaction's items one by
+    one, S3's own action names."""
     params = call.params
+
+    def table(request: dict[str, Any]) -> str:
+        index = f"/index/{request['IndexName']}" if request.get("IndexName") else ""
+        return f"arn:aws:dynamodb:{region}:{account_id}:table/{request['TableName']}{index}"
+
     if call.action == "dynamodb:TransactWriteItems":
         return [
-            f"dynamodb:{_ITEM_ACTIONS[kind]}" for entry in params["TransactItems"] for kind in entry
+            (f"dynamodb:{_ITEM_ACTIONS[kind]}", table(request))
+            for entry in params["TransactItems"]
+            for kind, request in entry.items()
         ]
+    if call.service == "dynamodb":
+        return [(call.action, table(params) if "TableName" in params else None)]
     if call.service == "s3":
         version = "Version" if params.get("VersionId") else ""
         named = {
@@ -85,8 +102,21 @@ def iam_actions(call: ApiCall) -> list[str]:
             "ListObjectVersions": "s3:ListBucketVersions",
             "ListObjectsV2": "s3:ListBucket",
         }
-        return [named.get(call.operation, call.action)]
-    return [] if call.action in _UNGOVERNED else [call.action]
+        key = f"/{params['Key']}" if "Key" in params else ""
+        return [(named.get(call.operation, call.action), f"arn:aws:s3:::{params['Bucket']}{key}")]
+    if call.action == "events:PutEvents":
+        return [
+            (call.action, f"arn:aws:events:{region}:{account_id}:event-bus/{e['EventBusName']}")
+            for e in params["Entries"]
+        ]
+    if call.action == "ec2:TerminateInstances":
+        return [
+            (call.action, f"arn:aws:ec2:{region}:{account_id}:instance/{instance}")
+            for instance in params["InstanceIds"]
+        ]
+    if "TopicArn" in params:
+        return [(call.action, params["TopicArn"])]
+    return [] if call.action in _UNGOVERNED else [(call.action, None)]
 
 
 def granted(policy: dict[str, Any]) -> set[str]:
@@ -102,6 +132,27 @@ def allows(grants: set[str], action: str) -> bool:
     return any(fnmatchcase(action, grant) for grant in grants)
 
 
+def filled(name: str, persona: Persona) -> dict[str, Any]:
+    """A policy of docs/iam with its placeholders filled in as docs/deploy.md does, from the
+    stack the embedded account publishes."""
+    text = (IAM / name).read_text()
+    values = {
+        "ACCOUNT_ID": persona.account_id,
+        "REGION": persona.account.region,
+        "STACK_NAME": STACK_NAME,
+        **deployment(persona.account),
+    }
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, value)
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
+def on_resources(statement: dict[str, Any]) -> list[str]:
+    resources = statement["Resource"]
+    return [resources] if isinstance(resources, str) else list(resources)
+
+
 @pytest.fixture(scope="module")
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
     with embedded_account(config=CONFIG) as created:
@@ -110,12 +161,7 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
             # The node simulator makes it when a node first writes; none runs here.
             created.client("logs").create_log_group(logGroupName=AGENT_LOG_GROUP)
         yield created
-        sfn = created.client("stepfunctions")
-        arn = created.state_machine_arns[JOB_LIFECYCLE.construct_id]
-        for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")[
-            "executions"
-        ]:
-            sfn.stop_execution(executionArn=execution["executionArn"])
+        stop_running_executions(created)
 
 
 class Persona:
@@ -125,6 +171,7 @@ class Persona:
         self.account = account
         self.workdir = workdir
         self.calls: list[ApiCall] = []
+        self.account_id: str = account.client("sts").get_caller_identity()["Account"]
         (workdir / "gpufleet.yaml").write_text(json.dumps(CONFIG.model_dump(mode="json")))
 
     def __call__(self, *argv: str) -> tuple[int, Any]:
@@ -142,8 +189,13 @@ class Persona:
         path.write_text(SPEC.format(name=name, team=team))
         return str(path)
 
+    def requests(self) -> set[Request]:
+        account_id = self.account_id
+        region = self.account.region
+        return {r for call in self.calls for r in iam_requests(call, region, account_id)}
+
     def actions(self) -> set[str]:
-        return {action for call in self.calls for action in iam_actions(call)}
+        return {action for action, _ in self.requests()}
 
 
 def _document(text: str) -> Any:
@@ -234,6 +286,26 @@ def test_every_call_a_persona_makes_is_granted_and_every_grant_is_used(
     assert not_granted == [], f"{name} lacks {not_granted}"
     unused = sorted(g for g in grants if not any(fnmatchcase(a, g) for a in called))
     assert unused == sorted(NOT_REACHED[name]), f"{name} grants {unused}, never called"
+
+
+@pytest.mark.parametrize("name", ["submitter.json", "operator.json"])
+def test_every_call_is_on_a_resource_its_policy_names(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    persona: Persona = request.getfixturevalue(name.removesuffix(".json"))
+    statements = [s for s in filled(name, persona)["Statement"] if s["Effect"] == "Allow"]
+    named = [(action, resource) for action, resource in persona.requests() if resource]
+    assert named, "no call named its resource"
+    outside = sorted(
+        (action, resource)
+        for action, resource in named
+        if not any(
+            allows(set(s["Action"]), action)
+            and any(fnmatchcase(resource, r) for r in on_resources(s))
+            for s in statements
+        )
+    )
+    assert outside == [], f"{name} does not cover {outside}"
 
 
 def test_the_operator_may_do_all_a_submitter_may() -> None:

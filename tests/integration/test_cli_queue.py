@@ -22,10 +22,10 @@ from gpufleet.topology import (
     AGENT_SOURCE,
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
-    JOB_LIFECYCLE,
     JOBS_TABLE,
     NODE_REPORT,
 )
+from tests.helpers import stop_running_executions
 
 T = TypeVar("T")
 CONFIG = FleetConfig(
@@ -39,12 +39,7 @@ CONFIG = FleetConfig(
 def account() -> Iterator[Account]:
     with embedded_account(config=CONFIG) as created:
         yield created
-        sfn = created.client("stepfunctions")
-        arn = created.state_machine_arns[JOB_LIFECYCLE.construct_id]
-        for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")[
-            "executions"
-        ]:
-            sfn.stop_execution(executionArn=execution["executionArn"])
+        stop_running_executions(created)
 
 
 @pytest.fixture(scope="module")

@@ -140,19 +140,27 @@ def job_exit_code(job: Job) -> int:
     return job.exit_code if job.exit_code else EXIT_JOB_FAILED
 
 
+def job_event(event: str, job: Job) -> dict[str, Any]:
+    """What every event of a followed job says: which job, its status, where it runs."""
+    placement = job.placement
+    return {
+        "event": event,
+        "job_id": job.job_id,
+        "status": job.status.value,
+        "instance_type": placement.instance_type if placement else None,
+        "capacity_type": placement.capacity_type if placement else None,
+        "zone": placement.zone if placement else None,
+    }
+
+
 def ending(job: Job) -> dict[str, Any]:
     """How the job ended, as the last line of a follow says it."""
     from gpufleet.services.reports import job_costs, utc_time
 
-    placement = job.placement
     return {
-        "event": "ended",
-        "job_id": job.job_id,
-        "status": job.status.value,
+        **job_event("ended", job),
         "exit_code": job.exit_code,
         "failure_reason": job.failure_reason,
-        "instance_type": placement.instance_type if placement else None,
-        "capacity_type": placement.capacity_type if placement else None,
         "cost_usd": job_costs(job)["cost_usd"],
         "ended_at": utc_time(job.updated_at),
         "cli_exit_code": job_exit_code(job),

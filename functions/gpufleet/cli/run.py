@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.cli.jobs import add_submit_wait, submit_file
-from gpufleet.cli.logs import add_poll_argument, follow_job, log_line, report_end
+from gpufleet.cli.logs import add_poll_argument, follow_job, job_event, log_line, report_end
 from gpufleet.cli.output import EXIT_INTERRUPTED, EXIT_UNEXPECTED, CliError, ErrorCode
 from gpufleet.cli.table import add_raw_argument, printable
 from gpufleet.cli.target import add_target_arguments
@@ -103,17 +103,7 @@ def _interrupted(args: argparse.Namespace, connection: Any, job_id: str) -> int:
 def _status_event(job: Job) -> dict[str, Any]:
     from gpufleet.services.reports import utc_time
 
-    placement = job.placement
-    return {
-        "event": "status",
-        "job_id": job.job_id,
-        "status": job.status.value,
-        "time": utc_time(job.updated_at),
-        "instance_type": placement.instance_type if placement else None,
-        "capacity_type": placement.capacity_type if placement else None,
-        "zone": placement.zone if placement else None,
-        "stage": job.stage_name,
-    }
+    return {**job_event("status", job), "time": utc_time(job.updated_at), "stage": job.stage_name}
 
 
 def _status_text(job: Job) -> str:
