@@ -8,13 +8,12 @@ PYTEST_WORKERS ?= 2
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test lint typecheck unit integration infra synth cdk-cli bench simulate lock clean
+.PHONY: help install demo test lint typecheck unit integration infra synth bench simulate lock clean
 
 help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
 	@echo "make test       lint, type-check and run every test"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
-	@echo "make cdk-cli    install the CDK CLI package.json pins (then: npx cdk deploy ...)"
 	@echo "make bench      print selection, admission, simulator, per-job overhead and cold-start figures"
 	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
 
@@ -53,6 +52,7 @@ synth: $(STAMP)
 	@echo "template: cdk.out/GpuFleetStack.template.json"
 
 # The CDK CLI version package.json pins, in node_modules/: `npx cdk` runs it (docs/deploy.md).
+.PHONY: cdk-cli
 cdk-cli: package.json
 	npm install --no-audit --no-fund
 	npx --no-install cdk --version

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
 from gpufleet.domain.job import Job
@@ -15,9 +15,6 @@ from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService, queued_job
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
-
-if TYPE_CHECKING:
-    from gpufleet.emulator.account import Account
 
 SPEC_YAML = b"""
 name: resnet
@@ -78,14 +75,14 @@ def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
     raise AssertionError("condition not met in time")
 
 
-def jobs_from(store: JobStore, source: str) -> list[Job]:
-    """The jobs a submission (its `source`) made."""
-    return [job for job in store.list_jobs() if job.source == source]
-
-
-def stop_running_executions(account: Account) -> None:
+def stop_running_executions(account: Any) -> None:
     """Stop the lifecycle executions a module's jobs left waiting, before its account closes."""
     sfn = account.client("stepfunctions")
     arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
     for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]:
         sfn.stop_execution(executionArn=execution["executionArn"])
+
+
+def jobs_from(store: JobStore, source: str) -> list[Job]:
+    """The jobs a submission (its `source`) made."""
+    return [job for job in store.list_jobs() if job.source == source]
