@@ -54,21 +54,6 @@ class ConfigError(ValueError):
     """A context value that cannot be used."""
 
 
-def check_stack_name(name: str) -> None:
-    """A name CloudFormation takes whose alarms (`<stack name>-<alarm>`) the GpuAlarmRule does
-    not mistake for per-job GPU alarms (it hands those named `gpufleet-...` to MetricAlarm)."""
-    if not _STACK_NAME.match(name) or len(name) > MAX_STACK_NAME:
-        raise ConfigError(
-            f"stack_name {name!r} must start with a letter, hold only letters, digits and "
-            f"hyphens, and be at most {MAX_STACK_NAME} characters"
-        )
-    if f"{name}-".startswith(topology.ALARM_PREFIX):
-        raise ConfigError(
-            f"stack_name {name!r}: its alarm names would start with {topology.ALARM_PREFIX!r}, "
-            "which the per-job GPU alarms use"
-        )
-
-
 def _is_cdk_key(key: str) -> bool:
     return key.startswith("@") or ":" in key or key in _CDK_OWN_KEYS
 
@@ -196,8 +181,23 @@ class GpuFleetConfig:
                 "(docs/deploy.md)"
             )
 
+    @staticmethod
+    def check_stack_name(name: str) -> None:
+        """A name CloudFormation takes whose alarms (`<stack name>-<alarm>`) the GpuAlarmRule does
+        not mistake for per-job GPU alarms (it hands those named `gpufleet-...` to MetricAlarm)."""
+        if not _STACK_NAME.match(name) or len(name) > MAX_STACK_NAME:
+            raise ConfigError(
+                f"stack_name {name!r} must start with a letter, hold only letters, digits and "
+                f"hyphens, and be at most {MAX_STACK_NAME} characters"
+            )
+        if f"{name}-".startswith(topology.ALARM_PREFIX):
+            raise ConfigError(
+                f"stack_name {name!r}: its alarm names would start with {topology.ALARM_PREFIX!r}, "
+                "which the per-job GPU alarms use"
+            )
+
     def validate(self) -> None:
-        check_stack_name(self.stack_name)
+        self.check_stack_name(self.stack_name)
         if not _BUS_NAME.match(self.bus_name) or self.bus_name == "default":
             raise ConfigError(f"bus_name {self.bus_name!r} is not a valid custom bus name")
         if self.powertools_layer_arn and not _LAYER_VERSION_ARN.match(self.powertools_layer_arn):

@@ -29,7 +29,7 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, DroppedReport
 from gpufleet.domain.launch import CapacityType, ErrorCategory
 from gpufleet.domain.spec import Priority
-from infra.config import GpuFleetConfig, check_stack_name
+from infra.config import GpuFleetConfig
 from infra.constructs.fleet import CWAGENT_CONFIG
 
 PERIOD = Duration.minutes(5)
@@ -136,7 +136,7 @@ class Operations(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self._alarm_prefix = f"{stack.stack_name}-"
-        check_stack_name(stack.stack_name)  # ours are no per-job alarms
+        GpuFleetConfig.check_stack_name(stack.stack_name)  # ours are no per-job alarms
         self._action = cloudwatch_actions.SnsAction(alerts)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         hot = fleet_config.metrics.hot_temperature_celsius
