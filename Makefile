@@ -1,9 +1,10 @@
-# gpufleet: `make demo` and `make test` do all set-up on a fresh machine (Python 3.11+, Node 20).
+# gpufleet: `make demo` and `make test` do all set-up on a fresh machine (Python 3.11+, Node 22 LTS).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
+# Node 22 LTS is the prerequisite; this only quiets jsii on a machine still running Node 20.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
@@ -54,6 +55,12 @@ infra: $(STAMP)
 synth: $(STAMP)
 	$(BIN)/python infra/app.py
 	@echo "template: cdk.out/GpuFleetStack.template.json"
+
+# The CDK CLI version package.json pins, in node_modules/: `npx cdk` runs it (docs/deploy.md).
+.PHONY: cdk-cli
+cdk-cli: package.json
+	npm install --no-audit --no-fund
+	npx --no-install cdk --version
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_selection.py

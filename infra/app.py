@@ -28,7 +28,7 @@ import aws_cdk as cdk  # noqa: E402
 from gpufleet.domain.config import ConfigFileError, config_from_yaml  # noqa: E402
 from infra.config import ConfigError, GpuFleetConfig  # noqa: E402
 from infra.constructs.code import code_source  # noqa: E402
-from infra.stack import STACK_NAME, GpuFleetStack  # noqa: E402
+from infra.stack import GpuFleetStack  # noqa: E402
 
 
 def cdk_json_context(path: Path = ROOT / "cdk.json") -> dict[str, Any]:
@@ -49,6 +49,7 @@ def build_app(
     elif "CDK_OUTDIR" not in os.environ:
         app_kwargs["outdir"] = str(ROOT / "cdk.out")
     app = cdk.App(**app_kwargs)
+    GpuFleetConfig.check_keys(app.node.get_all_context())  # cdk.json's and every -c key=value
     config = GpuFleetConfig.from_context(app.node.try_get_context)
     code = code_source(config.lambda_asset, ROOT)
     config_path = Path(config.config_file)
@@ -63,7 +64,7 @@ def build_app(
     # Environment-agnostic: account and region come from the deploy's credentials.
     stack = GpuFleetStack(
         app,
-        STACK_NAME,
+        config.stack_name,
         config=config,
         fleet_config=fleet_config,
         code=code,
@@ -89,12 +90,12 @@ def _parse_args(argv: Sequence[str]) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        app, _ = build_app(_parse_args(sys.argv[1:] if argv is None else argv))
+        app, stack = build_app(_parse_args(sys.argv[1:] if argv is None else argv))
     except ConfigError as exc:
         print(f"gpufleet: bad context: {exc}", file=sys.stderr)
         return 2
     assembly = app.synth()
-    print(f"synthesized {STACK_NAME} into {assembly.directory}", file=sys.stderr)
+    print(f"synthesized {stack.stack_name} into {assembly.directory}", file=sys.stderr)
     return 0
 
 

@@ -2,15 +2,20 @@
 
 Values come from `cdk.json` (defaults), from `cdk deploy -c key=value` (always strings) or from
 `python infra/app.py -c key=value`. Everything is parsed and validated here, once, so the
-constructs only see typed values.
+constructs only see typed values; a key the app does not know (a typo: `-c subnet_id=...`) is
+refused with the known ones named, rather than silently ignored. docs/deploy.md lists every key
+(tests/infrastructure/test_stack.py checks that it does).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from gpufleet import topology
 
 DEFAULT_AMI_SSM_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -36,8 +41,21 @@ _LAYER_VERSION_ARN = re.compile(
 )
 
 
+DEFAULT_STACK_NAME = "GpuFleetStack"
+# CloudFormation stack names; the stack's names built on it must fit their own limits: the
+# state machine's (80 characters) is the tightest.
+_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+MAX_STACK_NAME = 80 - 1 - max(len(m.construct_id) for m in topology.STATE_MACHINES)
+# Context the CDK itself keeps (feature flags, the CLI's settings, cached lookups), not the app's.
+_CDK_OWN_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
+
+
 class ConfigError(ValueError):
     """A context value that cannot be used."""
+
+
+def _is_cdk_key(key: str) -> bool:
+    return key.startswith("@") or ":" in key or key in _CDK_OWN_KEYS
 
 
 def _to_int(key: str, value: Any, minimum: int, maximum: int) -> int:
@@ -79,6 +97,8 @@ class Checkpoints:
 
 @dataclass(frozen=True)
 class GpuFleetConfig:
+    # One stack per trust domain (SECURITY.md): each its own name, and its own everything.
+    stack_name: str = DEFAULT_STACK_NAME
     bus_name: str = "gpufleet"
     # A folder to zip as the code instead of the bundle synth builds (infra/constructs/code.py).
     lambda_asset: str = ""
@@ -147,7 +167,37 @@ class GpuFleetConfig:
         result.validate()
         return result
 
+    @classmethod
+    def check_keys(cls, keys: Iterable[str]) -> None:
+        """Refuse a context key that is neither the app's nor the CDK's, naming the closest."""
+        known = [f.name for f in fields(cls)]
+        for key in sorted(keys):
+            if key in known or _is_cdk_key(key):
+                continue
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"unknown context key {key!r}{hint}; the keys are {', '.join(known)} "
+                "(docs/deploy.md)"
+            )
+
+    @staticmethod
+    def check_stack_name(name: str) -> None:
+        """A name CloudFormation takes whose alarms (`<stack name>-<alarm>`) the GpuAlarmRule does
+        not mistake for per-job GPU alarms (it hands those named `gpufleet-...` to MetricAlarm)."""
+        if not _STACK_NAME.match(name) or len(name) > MAX_STACK_NAME:
+            raise ConfigError(
+                f"stack_name {name!r} must start with a letter, hold only letters, digits and "
+                f"hyphens, and be at most {MAX_STACK_NAME} characters"
+            )
+        if f"{name}-".startswith(topology.ALARM_PREFIX):
+            raise ConfigError(
+                f"stack_name {name!r}: its alarm names would start with {topology.ALARM_PREFIX!r}, "
+                "which the per-job GPU alarms use"
+            )
+
     def validate(self) -> None:
+        self.check_stack_name(self.stack_name)
         if not _BUS_NAME.match(self.bus_name) or self.bus_name == "default":
             raise ConfigError(f"bus_name {self.bus_name!r} is not a valid custom bus name")
         if self.powertools_layer_arn and not _LAYER_VERSION_ARN.match(self.powertools_layer_arn):

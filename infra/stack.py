@@ -9,7 +9,7 @@ from aws_cdk import Annotations, CfnOutput, Stack
 from constructs import Construct
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig
-from infra.config import GpuFleetConfig
+from infra.config import DEFAULT_STACK_NAME, GpuFleetConfig
 from infra.constructs.code import CodeSource, code_asset
 from infra.constructs.fleet import Fleet
 from infra.constructs.functions import Functions
@@ -20,7 +20,7 @@ from infra.constructs.operations import Operations
 from infra.constructs.schedules import Schedules
 from infra.constructs.workflow import Workflow, executions_arn, state_machine_arn
 
-STACK_NAME = "GpuFleetStack"
+STACK_NAME = DEFAULT_STACK_NAME  # the default: -c stack_name=... names another
 
 
 class GpuFleetStack(Stack):

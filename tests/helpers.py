@@ -15,6 +15,7 @@ from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService, queued_job
 from gpufleet.settings import Settings
+from gpufleet.topology import JOB_LIFECYCLE
 
 SPEC_YAML = b"""
 name: resnet
@@ -73,6 +74,14 @@ def wait_for(condition: Callable[[], Any], seconds: float = 30.0) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def stop_running_executions(account: Any) -> None:
+    """Stop the lifecycle executions a module's jobs left waiting, before its account closes."""
+    sfn = account.client("stepfunctions")
+    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
+    for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]:
+        sfn.stop_execution(executionArn=execution["executionArn"])
 
 
 def jobs_from(store: JobStore, source: str) -> list[Job]:

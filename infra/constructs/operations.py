@@ -24,7 +24,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
-from gpufleet import telemetry, topology
+from gpufleet import telemetry
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, DroppedReport
 from gpufleet.domain.launch import CapacityType, ErrorCategory
@@ -136,12 +136,7 @@ class Operations(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self._alarm_prefix = f"{stack.stack_name}-"
-        # The MetricAlarm function handles alarms named like the per-job ones; ours are not jobs.
-        if self._alarm_prefix.startswith(topology.ALARM_PREFIX):
-            raise ValueError(
-                f"stack {stack.stack_name!r}: its alarm names would start with "
-                f"{topology.ALARM_PREFIX!r}, which the per-job GPU alarms use"
-            )
+        GpuFleetConfig.check_stack_name(stack.stack_name)  # ours are no per-job alarms
         self._action = cloudwatch_actions.SnsAction(alerts)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         hot = fleet_config.metrics.hot_temperature_celsius

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ from infra.constructs.functions import powertools_layer
 from infra.stack import STACK_NAME
 
 from gpufleet import topology
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.readiness import vcpu_needs
+from gpufleet.emulator.account import repository_config
 
 if TYPE_CHECKING:
     from conftest import Synth
@@ -231,3 +235,19 @@ def test_the_check_finds_a_fixed_name() -> None:
         f"Logs.LogGroupName = '/x/{STACK_NAME}'",
         "Table.TableName = 'jobs'",
     ]
+
+
+def test_the_cdk_cli_is_pinned_to_one_release_the_guide_names() -> None:
+    root = Path(__file__).resolve().parents[2]
+    package = json.loads((root / "package.json").read_text())
+    pinned = package["devDependencies"]["aws-cdk"]
+    assert pinned.replace(".", "").isdigit(), f"{pinned}: a range, not one release"
+    assert package["engines"]["node"] == ">=22"  # Node 22 LTS: Node 20 is past its end of life
+    assert f"`aws-cdk` {pinned}" in (root / "docs" / "deploy.md").read_text()
+
+
+def test_the_guide_s_quota_table_is_what_doctor_works_out_for_the_shipped_config() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    table = dict(re.findall(r"^\| [^|]+ \| `(L-[0-9A-F]+)` \| (\d+) \|", guide, re.MULTILINE))
+    needs = vcpu_needs(repository_config(), load_bundled(), "us-east-1")
+    assert table == {code: str(need.vcpus) for code, need in needs.items()}

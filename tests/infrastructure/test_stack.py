@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,6 +25,7 @@ from gpufleet.emulator.account import repository_config
 if TYPE_CHECKING:
     from conftest import Synth
 
+ROOT = Path(__file__).resolve().parents[2]
 MANAGED = topology.TAG_MANAGED
 # Actions AWS offers no resource-level permissions for: the only ones allowed on Resource "*".
 RESOURCE_STAR_ACTIONS = {
@@ -798,11 +801,43 @@ def test_config_parses_cli_strings() -> None:
         {"bus_name": "default"},
         {"powertools_layer_arn": "arn:aws:lambda:eu-west-1:017000801446:function:f"},
         {"powertools_layer_arn": "AWSLambdaPowertoolsPythonV3-python312-x86_64:21"},
+        {"stack_name": "1gpufleet"},
+        {"stack_name": "gpu_fleet"},
+        {"stack_name": "G" * 80},
+        {"stack_name": "gpufleet-prod"},
     ],
 )
 def test_config_rejects_bad_values(context: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         GpuFleetConfig.from_context(context)
+
+
+def test_a_stack_name_for_each_trust_domain() -> None:
+    assert GpuFleetConfig.from_context({"stack_name": "GpuFleet-Vision"}).stack_name == (
+        "GpuFleet-Vision"
+    )
+    assert GpuFleetConfig.from_context({}).stack_name == STACK_NAME
+
+
+def test_an_unknown_context_key_is_refused_naming_the_closest() -> None:
+    with pytest.raises(ConfigError, match=r"unknown context key 'subnet_id'.*'subnet_ids'"):
+        GpuFleetConfig.check_keys(["vpc_id", "subnet_id"])
+    # the CDK's own: feature flags, cached lookups, its CLI's settings
+    GpuFleetConfig.check_keys(["@aws-cdk/core:checkSecretUsage", "availability-zones:1:r"])
+
+
+def test_synth_refuses_an_unknown_key_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.app import main
+
+    assert main(["-c", "subnet_id=subnet-0a1b2c3d4e5f60718"]) == 2
+    assert "did you mean 'subnet_ids'?" in capsys.readouterr().err
+
+
+def test_every_context_key_is_in_the_deploy_guide() -> None:
+    guide = (ROOT / "docs" / "deploy.md").read_text()
+    table = set(re.findall(r"^\| `(\w+)`", guide, flags=re.MULTILINE))
+    table |= set(re.findall(r"^\| `\w+` / `(\w+)`", guide, flags=re.MULTILINE))
+    assert {f.name for f in fields(GpuFleetConfig)} <= table
 
 
 def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth) -> None:

@@ -9,7 +9,6 @@ answered by a `before-call` hook from the real-shaped pages in tests/fixtures/pr
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
@@ -24,6 +23,7 @@ from moto import mock_aws
 
 from gpufleet.adapters.aws.catalog_source import CatalogSource
 from gpufleet.cli import catalog as catalog_cli
+from gpufleet.cli import main
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.catalog_refresh import (
     PRICING_ENDPOINT_REGION,
@@ -209,16 +209,12 @@ def test_selection_works_on_the_refreshed_catalog(refreshed: Catalog) -> None:
 def test_cli_refresh_writes_a_loadable_catalog(
     aws: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser(prog="gpufleet")
-    catalog_cli.register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "refreshed" / "catalog.json"
-    args = parser.parse_args(
-        ["catalog", "refresh", "--region", "us-east-1", "--out", str(out), "--json"]
-    )
+    argv = ["catalog", "refresh", "--region", "us-east-1", "--out", str(out), "--json"]
     entry = ("before-call.pricing.GetProducts", RecordedPricing())
     botocore.handlers.BUILTIN_HANDLERS.append(entry)  # clients the CLI creates get the hook
     try:
-        assert args.run(args) == 0
+        assert main(argv) == 0
     finally:
         botocore.handlers.BUILTIN_HANDLERS.remove(entry)
     summary = json.loads(capsys.readouterr().out)
@@ -230,24 +226,18 @@ def test_cli_refresh_writes_a_loadable_catalog(
 
 
 def test_cli_rejects_a_local_zone_region(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="gpufleet")
-    catalog_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["catalog", "refresh", "--region", "us-east-1-atl-1"])
-    assert args.run(args) == 2
+    assert main(["catalog", "refresh", "--region", "us-east-1-atl-1"]) == 2
     assert "not a standard AWS region" in capsys.readouterr().err
 
 
 def test_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="gpufleet")
-    catalog_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["catalog", "show", "--region", "us-east-1", "--json"])
-    assert args.run(args) == 0
+    assert main(["catalog", "show", "--price-region", "us-east-1", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert list(shown["regions"]) == ["us-east-1"]
     assert any(d["instance_type"] == "p5.48xlarge" for d in shown["detail"])
-    args = parser.parse_args(["catalog", "show"])
-    assert args.run(args) == 0
+    assert shown["prices_as_of"]["date"] == shown["generated"]
+    assert main(["catalog", "show"]) == 0
     text = capsys.readouterr().out
     assert "instance types" in text and "sources:" in text
-    args = parser.parse_args(["catalog", "show", "--region", "xx-nowhere-1"])
-    assert args.run(args) == 2
+    assert f"prices: catalog of {shown['generated']} (" in text  # prices show their date
+    assert main(["catalog", "show", "--price-region", "xx-nowhere-1"]) == 2

@@ -1,8 +1,9 @@
 """The everyday commands against `gpufleet emulator`, as a user runs them.
 
-The emulator runs in its own process, as `gpufleet emulator --env-file`; the commands run here
-with the variables it wrote, so every AWS call they make crosses HTTP to it. One emulator and
-one job that runs to SUCCEEDED serve the whole module.
+The emulator runs in its own process, as `gpufleet emulator --env-file --scenario`; the commands
+run here with the variables it wrote, so every AWS call they make crosses HTTP to it. One
+emulator serves the whole module, with few jobs that launch (they are slow): one that runs to
+SUCCEEDED, one `gpufleet run` whose container exits 3; the others wait in a parked team.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from contextlib import contextmanager, redirect_stdout
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +30,7 @@ import boto3
 import pytest
 
 import gpufleet
+from gpufleet.cli import logs as logs_cli
 from gpufleet.cli import main
 from gpufleet.emulator.private import ENV_TOKEN, TOKEN_HEADER
 from gpufleet.emulator.server import STACK_NAME
@@ -50,6 +53,8 @@ queue:
     vision: {gpus: 8}
     parked: {gpus: 0, borrow: 0}
 """
+# How the emulator's nodes run jobs, by name (the format of events/demo-scenario.json).
+SCENARIO = {"boot_seconds": 1.0, "jobs": {"exits-3": {"duration_seconds": 1.0, "exit_code": 3}}}
 Cli = Callable[..., tuple[int, str, str]]
 
 
@@ -71,6 +76,8 @@ def emulator(workdir: Path) -> Iterator[dict[str, str]]:
     environment = {**os.environ, **stale, "PYTHONPATH": functions}
     command = [sys.executable, "-m", "gpufleet.cli", "emulator", "--port", "0"]
     command += ["--env-file", str(env_file), "--config", str(workdir / "gpufleet.yaml")]
+    (workdir / "scenario.json").write_text(json.dumps(SCENARIO))
+    command += ["--scenario", str(workdir / "scenario.json")]
     # Its output goes to a file: a pipe nobody reads would fill up and stall it.
     log = workdir / "emulator.log"
     with log.open("w") as output:
@@ -140,9 +147,9 @@ def wait_for(
         time.sleep(0.5)
 
 
-def write_spec(workdir: Path, name: str, team: str) -> Path:
+def write_spec(workdir: Path, name: str, team: str, extra: str = "") -> Path:
     path = workdir / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, team=team))
+    path.write_text(SPEC.format(name=name, team=team) + extra)
     return path
 
 
@@ -198,11 +205,12 @@ def test_an_invalid_spec_is_refused_with_its_fields_and_never_uploaded(
 ) -> None:
     bad = workdir / "broken.yaml"
     bad.write_text("name: Not A Name\nteam: vision\nimage: img\ncommand: python train.py\n")
-    code, out, _ = cli("submit", str(bad), "--json")
-    assert code == 2
-    refusal = json.loads(out)
-    assert refusal["accepted"] is False
-    assert {f["field"] for f in refusal["error"]["fields"]} == {"name", "command"}
+    code, out, err = cli("submit", str(bad), "--json")
+    assert (code, out) == (2, "")
+    refusal = json.loads(err)  # the contract's error, on stderr
+    assert refusal["error"] == "InvalidJobSpec"
+    assert refusal["details"]["key"] == "jobs/broken.yaml"
+    assert {f["field"] for f in refusal["details"]["fields"]} == {"name", "command"}
     code, _, err = cli("submit", str(bad))
     assert code == 2 and "name:" in err and "command:" in err
     s3 = boto3.client(
@@ -266,14 +274,19 @@ def test_logs_print_the_containers_output_from_cloudwatch(
     assert code == 0
     events = [json.loads(line) for line in out.splitlines()]
     assert events, "the node wrote no output"
+    assert {e["event"] for e in events} == {"log"}
     assert {e["instance_id"] for e in events} == set(status["instances"])
     assert events[-1]["message"] == "training finished, exit code 0"
     assert [e["time"] for e in events] == sorted(e["time"] for e in events)
-    # Following a job that has ended prints the same and returns.
-    code, followed, _ = cli("logs", status["id"], "--follow")
+    # Following a job that has ended prints the same, says how it ended, exits with its code.
+    code, followed, err = cli("logs", status["id"], "--follow")
     assert code == 0
     assert followed.splitlines()[-1].endswith("training finished, exit code 0")
     assert status["instances"][0] in followed
+    assert f"{status['id']}: SUCCEEDED on {status['instance_type']} (spot), exit code 0" in err
+    code, followed, _ = cli("logs", status["id"], "--follow", "--json")
+    end = json.loads(followed.splitlines()[-1])
+    assert (code, end["event"], end["status"], end["exit_code"]) == (0, "ended", "SUCCEEDED", 0)
 
 
 def test_cost_adds_up_by_team_job_and_day(cli: Cli, finished: dict[str, Any]) -> None:
@@ -306,23 +319,98 @@ def test_cost_adds_up_by_team_job_and_day(cli: Cli, finished: dict[str, Any]) ->
     assert rows[-1].split()[0] == "total"
 
 
-def test_queue_shows_a_waiting_job_and_cancel_takes_it_out(cli: Cli, workdir: Path) -> None:
+def park(cli: Cli) -> None:
+    """A booking far ahead for team "parked": intake takes its jobs, which then wait."""
     window = ("--from", "2099-01-01T00:00Z", "--to", "2099-01-01T01:00Z")
     assert cli("book", "--team", "parked", "--gpus", "1", *window)[0] == 0
-    code, out, _ = cli("submit", str(write_spec(workdir, "parked-job", "parked")), "--json")
-    assert code == 0
-    job_id = json.loads(out)["job_id"]
-    waiting = wait_for(
+
+
+def waiting_row(cli: Cli, job_id: str) -> dict[str, Any]:
+    """The job's row in `gpufleet queue --json`, once it waits there."""
+    listing = wait_for(
         cli,
         ("queue", "--json"),
         lambda doc: any(w["job_id"] == job_id and w["reason"] == "quota" for w in doc["waiting"]),
     )
-    assert next(w for w in waiting["waiting"] if w["job_id"] == job_id)["team"] == "parked"
-    code, out, _ = cli("cancel", job_id, "--json")
-    assert code == 0 and json.loads(out)["status"] == "CANCELLED"
-    assert json.loads(cli("status", job_id, "--json")[1])["status"] == "CANCELLED"
+    row: dict[str, Any] = next(w for w in listing["waiting"] if w["job_id"] == job_id)
+    return row
+
+
+def test_queue_shows_a_waiting_job_and_cancel_takes_it_out(cli: Cli, workdir: Path) -> None:
+    park(cli)
+    path = write_spec(workdir, "parked-job", "parked")
+    code, out, _ = cli("submit", str(path), "--json")
+    assert code == 0
+    job_id = json.loads(out)["job_id"]
+    row = waiting_row(cli, job_id)
+    assert row["team"] == "parked"
+    # A waiting job's status counts the wait so far (the queue counts from the submission).
+    waited = json.loads(cli("status", job_id, "--json")[1])["waited_seconds"]
+    later = waiting_row(cli, job_id)["waited_seconds"]
+    assert 0 < waited <= later + 0.1
+    # The same file again is a new upload, hence a new job, as docs/cli.md says.
+    code, out, _ = cli("submit", str(path), "--json")
+    again = json.loads(out)["job_id"]
+    assert code == 0 and again != job_id
+    for cancelled in (job_id, again):
+        code, out, _ = cli("cancel", cancelled, "--json")
+        assert code == 0 and json.loads(out)["status"] == "CANCELLED"
+    status = json.loads(cli("status", job_id, "--json")[1])
+    assert status["status"] == "CANCELLED"
+    assert status["waited_seconds"] >= waited  # the wait it ended is kept
     remaining = json.loads(cli("queue", "--json")[1])["waiting"]
-    assert job_id not in [w["job_id"] for w in remaining]
+    assert not {job_id, again} & {w["job_id"] for w in remaining}
+
+
+def test_run_shows_the_status_changes_then_the_output_and_exits_with_the_jobs_code(
+    cli: Cli, workdir: Path
+) -> None:
+    path = write_spec(workdir, "exits-3", "vision", "max_retries: 0\n")
+    code, out, err = cli("run", str(path), "--poll-seconds", "0.5")
+    assert code == 3  # the container's exit code
+    progress = err.splitlines()
+    job_id = progress[0].split()[1]
+    statuses = [line.split()[3] for line in progress[1:-1]]
+    # Each change once, in order (a poll may miss a short one), and the end.
+    order = ["QUEUED", "LAUNCHING", "RUNNING", "FAILED"]
+    assert statuses[-1] == "FAILED" and len(statuses) >= 2
+    assert [order.index(status) for status in statuses] == sorted(
+        {order.index(status) for status in statuses}
+    )
+    assert out.splitlines()[-1].endswith("training finished, exit code 3")
+    assert progress[-1].startswith(f"gpufleet: {job_id}: FAILED on ")
+    assert progress[-1].count("exit code 3") == 1
+    # Following it again says the same, as JSON lines.
+    code, out, _ = cli("logs", job_id, "--follow", "--json")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 3 and events[-1]["event"] == "ended"
+    assert (events[-1]["status"], events[-1]["exit_code"]) == ("FAILED", 3)
+
+
+def test_ctrl_c_detaches_from_run_unless_asked_to_cancel(
+    cli: Cli, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while run waits for the job's next change
+
+    park(cli)
+    with monkeypatch.context() as patched:
+        patched.setattr(logs_cli, "time", SimpleNamespace(sleep=interrupted))
+        code, out, _ = cli("run", str(write_spec(workdir, "detached", "parked")), "--json")
+        assert code == 130
+        detached = json.loads(out.splitlines()[-1])
+        assert detached["event"] == "detached"
+        code, out, _ = cli(
+            "run", str(write_spec(workdir, "dropped", "parked")), "--cancel-on-interrupt"
+        )
+        assert code == 130
+    parked = json.loads(cli("list", "--team", "parked", "--json")[1])
+    by_name = {job["name"]: job["status"] for job in parked if job["name"] != "parked-job"}
+    assert by_name == {"detached": "QUEUED", "dropped": "CANCELLED"}
+    # The detached job runs on (waits, here); `logs --follow` sees it to its end.
+    assert cli("cancel", detached["job_id"])[0] == 0
+    code, _, err = cli("logs", detached["job_id"], "--follow")
+    assert code == 126 and f"{detached['job_id']}: CANCELLED" in err
 
 
 def test_the_stack_name_and_endpoint_flag_find_the_same_gpufleet(

@@ -22,10 +22,10 @@ from gpufleet.topology import (
     AGENT_SOURCE,
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
-    JOB_LIFECYCLE,
     JOBS_TABLE,
     NODE_REPORT,
 )
+from tests.helpers import stop_running_executions
 
 T = TypeVar("T")
 CONFIG = FleetConfig(
@@ -39,12 +39,7 @@ CONFIG = FleetConfig(
 def account() -> Iterator[Account]:
     with embedded_account(config=CONFIG) as created:
         yield created
-        sfn = created.client("stepfunctions")
-        arn = created.state_machine_arns[JOB_LIFECYCLE.construct_id]
-        for execution in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")[
-            "executions"
-        ]:
-            sfn.stop_execution(executionArn=execution["executionArn"])
+        stop_running_executions(created)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +139,9 @@ def test_book_then_queue_shows_the_booking(
     assert code == 0
     booking = json.loads(out)
     assert booking in bookings(capsys, config_file)
+    # Times are ISO 8601 in every command's JSON, as given (to the second, UTC).
+    assert booking["start"] == datetime.fromisoformat(window[1]).isoformat(timespec="seconds")
+    assert datetime.fromisoformat(booking["end"]) == datetime.fromisoformat(window[3])
 
 
 @pytest.mark.parametrize(
@@ -191,7 +189,7 @@ def test_a_resize_to_a_shape_nothing_can_hold_is_refused_as_plan_refuses_it(
     assert code == 2
     planned, _, said = refusal(capsys, "plan", *shape)
     assert planned == 2 and "16 GPUs with >= 200 GiB" in said
-    assert refused.removeprefix("gpufleet: ") == said.removeprefix("gpufleet plan: ")
+    assert refused.removeprefix("gpufleet: ") == said.removeprefix("gpufleet: ")
     assert launched(account, "shapely") == job  # not a field changed: no checkpoint, no requeue
 
 

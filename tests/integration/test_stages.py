@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.cli.jobs import render_detail
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.demo import DemoScenario, Submission, run_demo, stages_scenario
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
@@ -33,6 +34,25 @@ def test_the_stages_demo_runs_each_stage_on_its_own_type_and_adds_up_their_cost(
     assert not any(s["reused_previous"] for s in stages)
     assert all(s["cost_usd"] > 0 and s["held_seconds"] > 0 for s in stages)
     assert job["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in stages), abs=1e-6)
+    # Each stage's price per hour is one its instances had; the job shows none of its own (an
+    # average of three types would be a price no instance had).
+    assert job["hourly_usd"] is None
+    for stage, instance_type in zip(stages, types, strict=True):
+        prices = {
+            o.hourly_usd
+            for o in CATALOG.offerings("us-east-1")
+            if o.instance_type.name == instance_type.name
+            and o.capacity_type == stage["capacity_type"]
+        }
+        assert stage["hourly_usd"] in prices, stage
+    # `gpufleet status ID` prints the stages as a table, not as Python dicts.
+    text = render_detail(job)
+    assert "{" not in text
+    header, *rows = text.split("\nstages:\n")[1].splitlines()
+    assert header.split()[:4] == ["stage", "status", "instance", "capacity"]
+    assert [row.split()[:3] for row in rows] == [
+        [s["name"], s["status"], s["instance_type"]] for s in stages
+    ]
 
 
 STAGED = """\

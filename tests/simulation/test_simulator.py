@@ -4,7 +4,6 @@ the CLI's JSON and its settings, and the report."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.cli import simulate as simulate_cli
+from gpufleet.cli import main
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.domain.spec import Priority
@@ -274,12 +273,7 @@ def write_philly_csv(path: Path, jobs: list[TraceJob]) -> Path:
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpufleet")
-    commands = parser.add_subparsers(dest="command", required=True)
-    simulate_cli.register(commands)
-    args = parser.parse_args(["simulate", *argv])
-    code: int = args.run(args)
-    return code
+    return main(["simulate", *argv])
 
 
 @pytest.fixture
@@ -321,10 +315,18 @@ def test_cli_defaults_to_the_measured_market(
 ) -> None:
     argv = ["--trace", str(trace_csv), "--format", "philly", "--json", "--compare", "none"]
     missing = tmp_path / "no-data"
-    assert cli([*argv, "--data", str(missing)]) == 2
-    err = capsys.readouterr().err
-    assert "--interruptions measured needs the measured spot traces" in err
-    assert str(missing / "traces" / "aws-spot-preemption-bamboo") in err
+    # Asked for by flag, the measured market without its data is an error naming what it needs.
+    assert cli([*argv, "--data", str(missing), "--interruptions", "measured"]) == 2
+    error = json.loads(capsys.readouterr().err)
+    assert error["error"] == "DataMissing"
+    assert "--interruptions measured needs the measured spot traces" in error["message"]
+    assert str(missing / "traces" / "aws-spot-preemption-bamboo") in error["message"]
+    # Left at its defaults, the market without its data is the data-free one, and says so.
+    assert cli([*argv, "--data", str(missing)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["settings"]["interruptions"] == "advisor"
+    assert document["settings"]["spot_capacity"] == "unlimited"
+    assert str(missing) in document["market_fallback"]
     if not (DATA / "traces" / "skypilot-spot-traces-nsdi24").is_dir():
         pytest.skip(f"../shared/data is absent at {DATA}")
     assert cli([*argv, "--data", str(DATA)]) == 0
@@ -336,6 +338,35 @@ def test_cli_defaults_to_the_measured_market(
         "spot_pool_instances": 16,
         "data": str(DATA),
     }
+    assert document["market_fallback"] is None
+
+
+def test_a_fresh_clone_simulates_the_sample_that_ships_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No shared data folder: Philly's week-long sample, on the data-free market."""
+    argv = ["--format", "philly", "--data", str(tmp_path / "no-shared-data"), "--days", "1"]
+    assert cli([*argv, "--compare", "none"]) == 0
+    out, err = capsys.readouterr()
+    assert "sim/data/philly-sample" in err and "SOURCE.md" in err  # where it came from
+    assert "data-free market" in err
+    assert "simulating gpufleet (1/1)" in err  # progress, on stderr
+    assert "philly-sample" in out.splitlines()[0]
+    assert cli([*argv, "--compare", "none", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # no progress under --json
+    document = json.loads(out)
+    assert document["trace"]["sample"] is True and document["trace"]["jobs"] > 0
+    sample = Path(document["trace"]["path"])
+    assert (sample / "SOURCE.md").is_file() and (
+        sample / "LICENSE-adaptdl-Apache-2.0.txt"
+    ).is_file()
+    assert sum(f.stat().st_size for f in sample.iterdir()) < 200_000
+    # The other formats ship no sample: the error says what is needed and where.
+    assert cli(["--format", "itp", "--data", str(tmp_path), "--json"]) == 2
+    error = json.loads(capsys.readouterr().err)
+    assert error["error"] == "DataMissing"
+    assert "microsoft-itp-elasticflow-2021" in error["message"] and "--trace" in error["message"]
 
 
 def test_cli_compare_none_and_errors(trace_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:

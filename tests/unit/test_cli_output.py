@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.cli.logs import _line
+from gpufleet.cli.logs import log_line
 from gpufleet.cli.table import printable, render, render_fields
 
 HOSTILE = {
@@ -46,9 +46,9 @@ def test_tables_and_fields_escape_every_value_and_key() -> None:
 
 def test_a_log_line_is_printed_escaped_and_json_stays_json() -> None:
     event = {"logStreamName": "j-1/i-0abc", "timestamp": 0, "message": "\x1b[2Jdone\r\n"}
-    assert _line(event, as_json=False, raw=False).endswith("i-0abc  \\x1b[2Jdone")
-    assert _line(event, as_json=False, raw=True).endswith("\x1b[2Jdone")
-    assert json.loads(_line(event, as_json=True, raw=False))["message"] == "\x1b[2Jdone\r\n"
+    assert log_line(event, as_json=False, raw=False).endswith("i-0abc  \\x1b[2Jdone")
+    assert log_line(event, as_json=False, raw=True).endswith("\x1b[2Jdone")
+    assert json.loads(log_line(event, as_json=True, raw=False))["message"] == "\x1b[2Jdone\r\n"
 
 
 def test_plan_refuses_a_duration_too_large_for_a_float(
@@ -56,6 +56,9 @@ def test_plan_refuses_a_duration_too_large_for_a_float(
 ) -> None:
     spec = tmp_path / "forever.yaml"
     spec.write_text("name: x\nteam: t\nimage: i\ncommand: [x]\ntimeout: 1" + "0" * 400 + "\n")
-    assert main(["plan", str(spec)]) == 2
+    assert main(["plan", str(spec), "--json"]) == 2
     refusal = json.loads(capsys.readouterr().err)
-    assert [f["field"] for f in refusal["fields"]] == ["timeout"]
+    assert refusal["error"] == "InvalidJobSpec"
+    assert [f["field"] for f in refusal["details"]["fields"]] == ["timeout"]
+    assert main(["plan", str(spec)]) == 2
+    assert "  timeout: " in capsys.readouterr().err

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from gpufleet.cli import plan
+from gpufleet.cli import main
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpufleet")
-    commands = parser.add_subparsers(dest="command", required=True)
-    plan.register(commands)
-    args = parser.parse_args(["plan", *argv])
-    code: int = args.run(args)
-    return code
+    return main(["plan", *argv])
 
 
 SPEC = """\
@@ -76,7 +70,7 @@ def test_json_output_best_first(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_spot_never_nodes_hours_region(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--gpus", "1", "--nodes", "2", "--spot", "never", "--region", "us-west-2"]
+    argv = ["--gpus", "1", "--nodes", "2", "--spot", "never", "--price-region", "us-west-2"]
     assert run([*argv, "--hours", "10", "--json"]) == 0
     offerings = json.loads(capsys.readouterr().out)["offerings"]
     assert {o["capacity_type"] for o in offerings} == {"on-demand"}
@@ -109,12 +103,14 @@ def test_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(SPEC.replace("gpus: 8", "gpus: -1"))
-    assert run([str(spec)]) == 2
+    assert run([str(spec), "--json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     error = json.loads(captured.err)
     assert error["error"] == "InvalidJobSpec"
-    assert any(f["field"] == "resources.gpus" for f in error["fields"])
+    assert any(f["field"] == "resources.gpus" for f in error["details"]["fields"])
+    assert run([str(spec)]) == 2
+    assert "  resources.gpus: " in capsys.readouterr().err
 
 
 def test_no_match_is_exit_2_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,7 +128,7 @@ def test_no_match_is_exit_2_with_reason(capsys: pytest.CaptureFixture[str]) -> N
         (["job.yaml", "--gpus", "1"], "not both"),
         (["/nonexistent/job.yaml"], "cannot read"),
         (["--gpus", "99"], "--gpus"),
-        (["--gpus", "1", "--region", "mars-north-1"], "mars-north-1"),
+        (["--gpus", "1", "--price-region", "mars-north-1"], "mars-north-1"),
         (["--gpus", "1", "--limit", "0"], "--limit"),
     ],
 )
@@ -141,10 +137,9 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
     assert message in capsys.readouterr().err
 
 
-def test_bad_hours_is_an_argparse_error() -> None:
-    with pytest.raises(SystemExit) as info:
-        run(["--gpus", "1", "--hours", "0"])
-    assert info.value.code == 2
+def test_bad_hours_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--gpus", "1", "--hours", "0"]) == 2
+    assert "--hours" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ def test_json_lists_every_template_with_the_plans_first_choice(
 ) -> None:
     assert main(["templates", "--config", str(REPO_CONFIG), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["region"] == "us-east-1"
+    assert doc["price_region"] == "us-east-1"
+    assert doc["prices_as_of"]["date"] == load_bundled().generated
     by_name = {t["name"]: t for t in doc["templates"]}
     assert list(by_name) == ["cpu-preprocess", "gpu-train", "gpu-train-large", "tune-small"]
     for entry in doc["templates"]:
@@ -46,14 +47,16 @@ def test_a_template_nothing_fits_is_listed_with_the_reason(
     config = tmp_path / "fleet.yaml"
     config.write_text("templates:\n  cpu: {gpus: 0}\n  huge: {gpus: 1, gpu_memory_gib: 1000}\n")
     # CPU-only types are priced in us-east-1 and us-west-2 only.
-    assert main(["templates", "--config", str(config), "--region", "eu-west-1", "--json"]) == 0
+    assert (
+        main(["templates", "--config", str(config), "--price-region", "eu-west-1", "--json"]) == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert [t["instance"] for t in doc["templates"]] == [None, None]
     cpu, huge = doc["templates"]
     assert "no CPU-only instance type is priced in eu-west-1" in cpu["no_instance"]
     assert ">= 1000 GiB" in huge["no_instance"]
 
-    assert main(["templates", "--config", str(config), "--region", "eu-west-1"]) == 0
+    assert main(["templates", "--config", str(config), "--price-region", "eu-west-1"]) == 0
     out = capsys.readouterr().out
     assert "no instance for huge:" in out
 
@@ -61,6 +64,8 @@ def test_a_template_nothing_fits_is_listed_with_the_reason(
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["templates", "--config", str(REPO_CONFIG)]) == 0
     lines = capsys.readouterr().out.splitlines()
+    # "INSTANCE NOW" is at the catalog's prices, and the first line says of which day.
+    assert f"prices: catalog of {load_bundled().generated} (" in lines[0]
     header = next(line for line in lines if line.startswith("TEMPLATE"))
     start = header.index("INSTANCE NOW")
     rows = {line.split()[0]: line for line in lines[lines.index(header) + 1 :]}

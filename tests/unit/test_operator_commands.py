@@ -112,7 +112,7 @@ def plan_says(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     """What `gpufleet plan` answers for a shape it refuses."""
     capsys.readouterr()
     assert main(["plan", *flags]) == 2
-    return capsys.readouterr().err.removeprefix("gpufleet plan: ").strip()
+    return capsys.readouterr().err.removeprefix("gpufleet: ").strip()
 
 
 # -- resize ------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ in each region and the Price List API (us-east-1 endpoint) with the default AWS 
 keeps interruption buckets from the bundled catalog (they are in no AWS API), checks that the
 result loads, and writes it (default ./catalog.json). It does not replace the bundled catalog.
 
+`show` (and `show --price-region R`) prints the catalog's date with its prices.
+
 Exit codes: 0 ok, 1 the APIs could not be read or gave no usable catalog, 2 bad input.
 """
 
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpufleet.domain.catalog import Catalog, CatalogError
+from gpufleet.cli.output import EXIT_UNEXPECTED, CliError, ErrorCode, invalid, print_json
+from gpufleet.domain.catalog import Catalog, CatalogError, load_bundled
 from gpufleet.domain.catalog_refresh import (
     PRICING_ENDPOINT_REGION,
     STD_REGION,
@@ -48,8 +50,9 @@ def register(commands: Any) -> None:
         description="Summarise the bundled catalog: instance types, regions, offerings, "
         "sources and their dates. With --region, the region's instance types and prices.",
     )
-    show.add_argument("--region", help="one region in detail")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument(
+        "--price-region", metavar="REGION", help="one region's instance types and prices"
+    )
     show.set_defaults(run=run_show)
     refresh = actions.add_parser(
         "refresh",
@@ -69,13 +72,12 @@ def register(commands: Any) -> None:
     refresh.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="catalog JSON to write (%(default)s)"
     )
-    refresh.add_argument("--json", action="store_true", help="print the summary as JSON")
     refresh.set_defaults(run=run_refresh)
 
 
-def _error(message: str, code: int = 2) -> int:
-    print(f"gpufleet catalog: {message}", file=sys.stderr)
-    return code
+def _unusable(message: str) -> CliError:
+    """The APIs could not be read, or gave nothing usable: exit 1."""
+    return CliError(message, ErrorCode.AWS_ERROR, exit_code=EXIT_UNEXPECTED)
 
 
 def bundled_document() -> dict[str, Any]:
@@ -120,23 +122,22 @@ def run_refresh(args: argparse.Namespace) -> int:
     regions: list[str] = list(dict.fromkeys(args.region))
     bad = [r for r in regions if not STD_REGION.match(r)]
     if bad:
-        return _error(f"not a standard AWS region: {', '.join(bad)}")
+        raise invalid(f"not a standard AWS region: {', '.join(bad)}")
     try:
+        # Credentials, access denied, no network: the runner reports botocore's errors.
         doc = refresh(regions, now=datetime.now(UTC))
     except (RefreshError, CatalogError) as exc:
-        return _error(f"no usable catalog: {exc}", 1)
-    except Exception as exc:  # botocore errors: credentials, access denied, throttling
-        return _error(f"cannot read the AWS APIs: {type(exc).__name__}: {exc}", 1)
+        raise _unusable(f"no usable catalog: {exc}") from None
     text = dumps(doc)
     out: Path = args.out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
     except OSError as exc:
-        return _error(f"cannot write {out}: {exc.strerror}", 1)
+        raise CliError(f"cannot write {out}: {exc.strerror}", exit_code=EXIT_UNEXPECTED) from None
     summary = {"out": str(out), "bytes": len(text.encode()), **summarize(doc)}
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         print(f"wrote {out} ({summary['bytes'] / 1024:.0f} KiB)")
         print(render(summary))
@@ -290,18 +291,25 @@ def render_region(detail: list[dict[str, Any]]) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from gpufleet.cli.plan import prices_as_of, prices_note
+
     doc = bundled_document()
-    region: str | None = getattr(args, "region", None)
+    region: str | None = args.price_region
     summary = summarize(doc, region)
     if region and region not in summary["regions"]:
         known = sorted({o["region"] for o in doc["offerings"]})
-        return _error(f"no offerings in {region!r}; regions: {', '.join(known)}")
+        raise CliError(
+            f"no offerings in {region!r}; regions: {', '.join(known)}", ErrorCode.NOT_FOUND
+        )
     detail = region_detail(doc, region) if region else None
-    if getattr(args, "json", False):
-        print(json.dumps({**summary, "detail": detail} if detail else summary, indent=2))
+    prices = prices_as_of(load_bundled())
+    if args.json:
+        document = {**summary, "prices_as_of": prices}
+        print_json({**document, "detail": detail} if detail else document)
         return 0
     print(render(summary))
     if detail:
         print()
         print(render_region(detail))
+    print(prices_note(prices))
     return 0

@@ -10,12 +10,12 @@ cost, storage, ...); prices per hour are shown per job, never added up.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, date, datetime
 from typing import Any
 
+from gpufleet.cli.output import print_json
 from gpufleet.cli.table import add_raw_argument, render
-from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
+from gpufleet.cli.target import add_target_arguments, connect
 
 # Every job the store holds is read: a report over all of history is the point.
 ALL_JOBS = 1_000_000
@@ -32,7 +32,6 @@ def register(commands: Any) -> None:
         "--since", type=_day, metavar="YYYY-MM-DD", help="jobs submitted on or after this day"
     )
     add_target_arguments(parser)
-    parser.add_argument("--json", action="store_true")
     add_raw_argument(parser)
     parser.set_defaults(run=run)
 
@@ -54,10 +53,7 @@ def run(args: argparse.Namespace) -> int:
         total_cost,
     )
 
-    try:
-        connection = connect(args)
-    except TargetError as exc:
-        return fail(str(exc))
+    connection = connect(args)
     since = (
         datetime.combine(args.since, datetime.min.time(), UTC).timestamp() if args.since else None
     )
@@ -72,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             "rows": rows,
             "total": total,
         }
-        print(json.dumps(document, indent=2))
+        print_json(document)
         return 0
     if not rows:
         print("(no jobs)")

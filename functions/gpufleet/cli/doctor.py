@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -26,8 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.cli.output import invalid, print_json
 from gpufleet.cli.table import render
-from gpufleet.cli.target import Connection, TargetError, add_target_arguments, connect, fail
+from gpufleet.cli.target import Connection, TargetError, add_target_arguments, connect
 from gpufleet.domain.readiness import (
     RELEASE_STATE,
     Check,
@@ -70,7 +70,6 @@ def register(commands: Any) -> None:
         "the target points at; --smoke then runs one CPU-only job end to end.",
     )
     add_target_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from gpufleet.services.doctor import Target, diagnose, diagnose_without_region
 
     if args.smoke_timeout <= 0:
-        return fail("--smoke-timeout must be > 0")
+        raise invalid("--smoke-timeout must be > 0")
     connection: Connection | None = None
     error = None
     try:
@@ -124,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             "checks": [check.to_dict() for check in checks],
             "smoke": smoke,
         }
-        print(json.dumps(document, indent=2))
+        print_json(document)
     else:
         found = "" if config_found else " (not found: the defaults, no templates)"
         print(

@@ -1,18 +1,23 @@
 """`gpufleet emulator`: the embedded AWS account as a local endpoint, until Ctrl-C.
 
     gpufleet emulator [--port 5000] [--env-file PATH] [--config gpufleet.yaml] [--cors ORIGIN]
+                      [--scenario events/demo-scenario.json] [--json]
 
 It prints the variables to export (endpoint, credentials, table names, bucket, bus, state
 machine, agent log group, and this start's token for moto's control endpoints); `--env-file`
 also writes them to a file (`NAME=value` lines) only its owner can read. Every `gpufleet`
 command, the AWS CLI and boto3 then talk to it. It listens on 127.0.0.1 unless told otherwise,
 answers no web page unless `--cors` names its origin, and refuses `/moto-api/...` (reset,
-configuration) without the token.
+configuration) without the token. `--scenario` sets how long each job (by name) "trains" and the
+exit code its container ends with, as `events/demo-scenario.json` does for the demo; without it
+every job runs a few seconds and exits 0. With `--json` the endpoint and the variables are one
+JSON object on stdout. A port in use is an error (exit 2) before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -20,9 +25,9 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpufleet.cli.target import fail
+from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 
 
 def register(commands: Any) -> None:
@@ -47,6 +52,12 @@ def register(commands: Any) -> None:
         help="the one web origin (e.g. http://localhost:3000) that may call it from a browser; "
         "by default none may",
     )
+    parser.add_argument(
+        "--scenario",
+        metavar="PATH",
+        help="how jobs behave, by name: run time and exit code (the format of "
+        "events/demo-scenario.json); default: every job runs a few seconds and exits 0",
+    )
     parser.set_defaults(run=run)
 
 
@@ -58,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the emulator pulls in moto, which the other commands do not need.
     from gpufleet.domain.config import ConfigFileError, config_from_yaml
     from gpufleet.emulator.private import is_origin
-    from gpufleet.emulator.server import STACK_NAME, serve
+    from gpufleet.emulator.server import STACK_NAME, PortTaken, serve
 
     if args.cors is not None and not is_origin(args.cors):
-        return fail(f"--cors takes one origin, scheme://host[:port]: not {args.cors!r}")
+        raise invalid(f"--cors takes one origin, scheme://host[:port]: not {args.cors!r}")
     config_path = Path(args.config)
     try:
         config = (
@@ -70,27 +81,51 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
     except ConfigFileError as exc:
-        return fail(f"{args.config}: {exc}")
+        raise CliError(f"{args.config}: {exc}", ErrorCode.INVALID_CONFIG) from None
+    nodes = _scenario(args.scenario) if args.scenario else None
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        with serve(args.host, args.port, config, cors_origin=args.cors) as emulator:
+        with serve(args.host, args.port, config, nodes, cors_origin=args.cors) as emulator:
             variables = emulator.environment()
             if args.env_file:
                 _write_atomically(
                     Path(args.env_file),
                     "".join(f"{k}={shlex.quote(v)}\n" for k, v in variables.items()),
                 )
-            print(f"gpufleet emulator on {emulator.endpoint_url} (Ctrl-C stops it)")
-            print("# export these, then use gpufleet (or --stack " + STACK_NAME + "):")
-            for name, value in variables.items():
-                print(f"export {name}={shlex.quote(value)}")
+            if args.json:
+                print_json(
+                    {"endpoint_url": emulator.endpoint_url, "stack": STACK_NAME, "env": variables}
+                )
+            else:
+                print(f"gpufleet emulator on {emulator.endpoint_url} (Ctrl-C stops it)")
+                print("# export these, then use gpufleet (or --stack " + STACK_NAME + "):")
+                for name, value in variables.items():
+                    print(f"export {name}={shlex.quote(value)}")
             sys.stdout.flush()
             threading.Event().wait()
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # e.g. the port is taken
-        return fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}")
+    except PortTaken as exc:
+        raise CliError(f"cannot serve: {exc.strerror}", details={"port": exc.port}) from None
+    except OSError as exc:  # an address this machine does not have, a port it may not use
+        raise CliError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0
+
+
+if TYPE_CHECKING:
+    from gpufleet.emulator.nodes import NodeScenario
+
+
+def _scenario(path: str) -> NodeScenario:
+    from gpufleet.emulator.demo import nodes_from_config
+
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        return nodes_from_config(document)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise invalid(f"{path} is not a scenario like events/demo-scenario.json: {exc}") from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

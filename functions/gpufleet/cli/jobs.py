@@ -4,15 +4,15 @@
     gpufleet status ID [--json] [--raw]
     gpufleet list [--status S] [--team T] [--limit N] [--json] [--raw]
 
-Every command takes the target arguments (`--stack`, `--endpoint-url`, ...). Exit codes: 0 ok,
-2 bad input, a refused spec, or no target (message on stderr). Names, keys and reasons are
-printed with control characters escaped (`--raw`: as they are).
+Every command takes the target arguments (`--stack`, `--endpoint-url`, ...) and keeps the output
+contract (gpufleet.cli.output): exit 0 ok, 2 bad input, a refused spec, an unknown job or no
+target. Names, keys and reasons are printed with control characters escaped (`--raw`: as they
+are).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.cli.table import add_raw_argument, printable, render, render_fields
-from gpufleet.cli.target import Connection, TargetError, add_target_arguments, connect, fail
+from gpufleet.cli.target import Connection, add_target_arguments, connect
 from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
 from gpufleet.domain.spec import SpecError, format_for, parse_spec
 from gpufleet.services.intake import ERROR_SUFFIX, ErrorReport, key_refusal
@@ -48,15 +49,8 @@ def register(commands: Any) -> None:
         "submit", help="validate a job spec and upload it to the intake bucket"
     )
     submit.add_argument("file", metavar="FILE", help="job spec, YAML or JSON")
-    submit.add_argument(
-        "--wait",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the control plane to take the job (%(default)s; 0: not)",
-    )
+    add_submit_wait(submit)
     add_target_arguments(submit)
-    submit.add_argument("--json", action="store_true")
     add_raw_argument(submit)
     submit.set_defaults(run=run_submit)
 
@@ -64,14 +58,12 @@ def register(commands: Any) -> None:
     status.add_argument("job_id", nargs="?", metavar="ID")
     _add_list_filters(status)
     add_target_arguments(status)
-    status.add_argument("--json", action="store_true")
     add_raw_argument(status)
     status.set_defaults(run=run_status)
 
     listing = commands.add_parser("list", help="jobs, newest first")
     _add_list_filters(listing)
     add_target_arguments(listing)
-    listing.add_argument("--json", action="store_true")
     add_raw_argument(listing)
     listing.set_defaults(run=run_list)
 
@@ -82,51 +74,37 @@ def _add_list_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=50, help="at most this many (%(default)s)")
 
 
-def _print_json(document: Any) -> None:
-    print(json.dumps(document, indent=2))
+def add_submit_wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the control plane to take the job (%(default)s; 0: not)",
+    )
 
 
 # -- submit ------------------------------------------------------------------------------------
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return fail(f"cannot read {args.file}: {exc.strerror}")
-    key = f"{INTAKE_PREFIX}{path.name}"
-    # The same checks intake makes, format chosen by the same rule: a spec refused here would
-    # be refused there, so it is not uploaded.
-    try:
-        refusal = key_refusal(key)
-        if refusal is not None:
-            raise refusal
-        parse_spec(raw, format_for(key))
-    except SpecError as exc:
-        return _refused(args, key, exc.to_dict())
-    try:
-        connection = connect(args)
-    except TargetError as exc:
-        return fail(str(exc))
-    upload, job_id, job, report = submit_spec(connection, key, raw, args.wait)
-    if report is not None:
-        # Refused by the control plane (e.g. a template its config does not define).
-        return _refused(args, key, report)
+    _, upload, job_id, job = submit_file(args)
     status = job.status.value if job else None
     document = {
         "accepted": True,
         "job_id": job_id,
         "status": status,
         "failure_reason": job.failure_reason if job else None,
-        "key": key,
+        "key": upload.key,
         "version_id": upload.version_id,
     }
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         print(
-            printable(f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{key})", args.raw)
+            printable(
+                f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{upload.key})", args.raw
+            )
         )
     if job is not None and job.failure_reason:
         # Taken, but it will not run (e.g. nothing in the catalog fits it).
@@ -140,17 +118,39 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refused(args: argparse.Namespace, key: str, error: dict[str, Any]) -> int:
-    if args.json:
-        _print_json({"accepted": False, "key": key, "error": error})
-    else:
-        what = printable(f"{key} refused: {error.get('message')}", args.raw)
-        print(f"gpufleet: {what}", file=sys.stderr)
-        for problem in error.get("fields", []):
-            print(
-                printable(f"  {problem['field']}: {problem['message']}", args.raw), file=sys.stderr
-            )
-    return 2
+def submit_file(args: argparse.Namespace) -> tuple[Connection, Upload, str, Job | None]:
+    """`args.file` checked as intake checks it, uploaded and waited for (`args.wait`): the one
+    submission of `submit` and `run`. Raises CliError for a file it cannot read or a spec
+    refused here or by intake (nothing is uploaded when it is refused here)."""
+    path = Path(args.file)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
+    key = f"{INTAKE_PREFIX}{path.name}"
+    # The same checks intake makes, format chosen by the same rule: a spec refused here would
+    # be refused there, so it is not uploaded.
+    try:
+        refusal = key_refusal(key)
+        if refusal is not None:
+            raise refusal
+        parse_spec(raw, format_for(key))
+    except SpecError as exc:
+        raise _refused(key, exc.to_dict()) from None
+    if args.wait < 0:
+        raise invalid("--wait must be >= 0")
+    connection = connect(args)
+    upload, job_id, job, report = submit_spec(connection, key, raw, args.wait)
+    if report is not None:
+        # Refused by the control plane (e.g. a template its config does not define).
+        raise _refused(key, report)
+    return connection, upload, job_id, job
+
+
+def _refused(key: str, error: dict[str, Any]) -> CliError:
+    """A refused spec as the contract reports it: intake's report, keyed as every error is."""
+    details = {"key": key, **{k: v for k, v in error.items() if k not in ("error", "message")}}
+    return CliError(f"{key} refused: {error.get('message')}", ErrorCode.INVALID_JOB_SPEC, details)
 
 
 def submit_spec(
@@ -245,32 +245,50 @@ def run_status(args: argparse.Namespace) -> int:
         return run_list(args)
     from gpufleet.services.reports import job_detail
 
-    try:
-        connection = connect(args)
-        detail = job_detail(connection.jobs.get(args.job_id))
-    except (TargetError, JobNotFound) as exc:
-        return fail(str(exc))
+    connection = connect(args)
+    job = connection.jobs.get(args.job_id)
+    detail = job_detail(job, current_wait_seconds=connection.current_wait_seconds(job))
     if args.json:
-        _print_json(detail)
+        print_json(detail)
     else:
-        print(render_fields(detail, args.raw))
+        print(render_detail(detail, args.raw))
     return 0
+
+
+def render_detail(detail: dict[str, Any], raw: bool = False) -> str:
+    """`status ID` for people: a line per field, then a multi-stage job's stages as a table."""
+    stages = detail.get("stages") or []
+    fields = render_fields({k: v for k, v in detail.items() if k != "stages"}, raw)
+    if not stages:
+        return fields
+    return f"{fields}\nstages:\n{render(stages, STAGE_COLUMNS, raw)}"
+
+
+STAGE_COLUMNS = (
+    ("name", "stage"),
+    ("status", "status"),
+    ("instance_type", "instance"),
+    ("capacity_type", "capacity"),
+    ("gpus", "gpus"),
+    ("hourly_usd", "$/hour"),
+    ("held_seconds", "held s"),
+    ("cost_usd", "cost $"),
+    ("retries", "retries"),
+    ("reused_previous", "reused"),
+)
 
 
 def run_list(args: argparse.Namespace) -> int:
     from gpufleet.services.reports import find_jobs, job_detail
 
     if args.limit < 1:
-        return fail("--limit must be >= 1")
-    try:
-        connection = connect(args)
-    except TargetError as exc:
-        return fail(str(exc))
+        raise invalid("--limit must be >= 1")
+    connection = connect(args)
     status = JobStatus(args.status) if args.status else None
     jobs = find_jobs(connection.jobs, status, args.team, args.limit)
     details = [job_detail(job) for job in jobs]
     if args.json:
-        _print_json(details)
+        print_json(details)
     elif details:
         print(render(details, LIST_COLUMNS, args.raw))
     else:

@@ -2,8 +2,10 @@
 
     gpufleet plan job.yaml
     gpufleet plan --gpus 8 --gpu-memory-gib 80 [--gpu-model H100 ...] [--nodes 2]
-                  [--spot auto|required|never] [--region us-east-1] [--hours 4] [--json]
+                  [--spot auto|required|never] [--price-region us-east-1] [--hours 4] [--json]
 
+`--price-region` is the region whose catalog prices are ranked (not a stack's region: `plan`
+talks to no AWS API). The prices are the catalog's, of the date it names: the output says it.
 Exit codes: 0 ok, 2 bad input or nothing feasible (message on stderr).
 """
 
@@ -12,15 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.duration import DEFAULT_SECONDS, DurationEstimate, estimate_duration
-from gpufleet.domain.selection import NoFeasibleOffering, Selection, select
-from gpufleet.domain.spec import Resources, SpecError, SpotPolicy, parse_spec
+from gpufleet.domain.selection import Selection, select
+from gpufleet.domain.spec import Resources, SpotPolicy, parse_spec
 
 DEFAULT_REGION = "us-east-1"
 # A spec that names a checkpoint URI but no interval is assumed to checkpoint this often.
@@ -62,7 +66,7 @@ def register(commands: Any) -> None:
         choices=[p.value for p in SpotPolicy],
         help="spot policy (default: the spec's, else auto)",
     )
-    parser.add_argument("--region", default=DEFAULT_REGION, help="AWS region (%(default)s)")
+    add_price_region_argument(parser)
     parser.add_argument(
         "--catalog",
         metavar="PATH",
@@ -79,14 +83,56 @@ def register(commands: Any) -> None:
         help="checkpoint interval in hours (default: none, or "
         f"{DEFAULT_CHECKPOINT_HOURS:g} h when the spec names a checkpoint URI)",
     )
-    parser.add_argument("--limit", type=int, default=10, help="offerings to show (%(default)s)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=10,
+        help="offerings to show, in the text and the JSON alike (%(default)s)",
+    )
     parser.set_defaults(run=run)
 
 
-def _error(message: str) -> int:
-    print(f"gpufleet plan: {message}", file=sys.stderr)
-    return 2
+def add_price_region_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--price-region",
+        default=DEFAULT_REGION,
+        metavar="REGION",
+        help="the region whose catalog prices are ranked (%(default)s)",
+    )
+
+
+def prices_as_of(catalog: Catalog, today: date | None = None) -> dict[str, Any]:
+    """The date of the catalog's prices and their age in days, for every output that shows a
+    price (the bundled catalog is a snapshot; `gpufleet catalog refresh` reads today's)."""
+    if catalog.generated is None:
+        return {"date": None, "age_days": None}
+    generated = date.fromisoformat(catalog.generated)
+    return {
+        "date": catalog.generated,
+        "age_days": ((today or datetime.now(UTC).date()) - generated).days,
+    }
+
+
+def prices_note(prices: dict[str, Any]) -> str:
+    if prices["date"] is None:
+        return "prices: undated catalog"
+    age = prices["age_days"]
+    stale = "; `gpufleet catalog refresh` reads today's" if age > 30 else ""
+    return f"prices: catalog of {prices['date']} ({age} days old{stale})"
+
+
+def load_catalog(path: str | None) -> Catalog:
+    """The bundled catalog, or one `gpufleet catalog refresh` wrote."""
+    if path is None:
+        return load_bundled()
+    try:
+        return Catalog.from_document(json.loads(Path(path).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise CliError(
+            f"cannot read the catalog {path}: {exc.strerror}", ErrorCode.NOT_FOUND
+        ) from None
+    except ValueError as exc:
+        raise invalid(f"cannot load the catalog {path}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,22 +145,20 @@ def run(args: argparse.Namespace) -> int:
     )
     checkpoint: float | None = args.checkpoint_hours
     if args.limit < 1:
-        return _error("--limit must be >= 1")
+        raise invalid("--limit must be >= 1")
     if args.file:
         if flags:
-            return _error(
+            raise invalid(
                 "give a spec FILE or resource flags, not both "
                 f"(got --{', --'.join(f.replace('_', '-') for f in flags)})"
             )
         try:
             raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
         except OSError as exc:
-            return _error(f"cannot read {args.file}: {exc.strerror}")
-        try:
-            spec = parse_spec(raw)
-        except SpecError as exc:
-            print(json.dumps(exc.to_dict(), indent=2), file=sys.stderr)
-            return 2
+            raise CliError(
+                f"cannot read {args.file}: {exc.strerror}", ErrorCode.NOT_FOUND
+            ) from None
+        spec = parse_spec(raw)  # a SpecError is reported with its fields
         resources = spec.resources
         if not args.spot:
             spot = spec.spot
@@ -124,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint = DEFAULT_CHECKPOINT_HOURS
     else:
         if not flags:
-            return _error("give a spec FILE or at least --gpus (see gpufleet plan --help)")
+            raise invalid("give a spec FILE or at least --gpus (see gpufleet plan --help)")
         values: dict[str, Any] = {
             "gpus": args.gpus,
             "gpu_memory_gib": args.gpu_memory_gib,
@@ -141,36 +185,31 @@ def run(args: argparse.Namespace) -> int:
                 f"--{'-'.join(str(p) for p in e['loc'][:1]).replace('_', '-')}: {e['msg']}"
                 for e in exc.errors(include_url=False)
             )
-            return _error(problems)
+            raise invalid(problems) from None
     hours = estimate.seconds / 3600
-    try:
-        catalog = (
-            Catalog.from_document(json.loads(Path(args.catalog).read_text(encoding="utf-8")))
-            if args.catalog
-            else load_bundled()
-        )
-    except (OSError, ValueError) as exc:
-        return _error(f"cannot load the catalog {args.catalog}: {exc}")
-    try:
-        selection = select(
-            resources,
-            spot,
-            catalog,
-            args.region,
-            expected_hours=hours,
-            checkpoint_interval_hours=checkpoint,
-            limit=args.limit,
-        )
-    except NoFeasibleOffering as exc:
-        return _error(str(exc))
+    catalog = load_catalog(args.catalog)
+    selection = select(  # NoFeasibleOffering is reported with the constraint that ruled out all
+        resources,
+        spot,
+        catalog,
+        args.price_region,
+        expected_hours=hours,
+        checkpoint_interval_hours=checkpoint,
+        limit=args.limit,
+    )
+    prices = prices_as_of(catalog)
     if args.json:
         document = to_json(selection)
+        document["more_feasible"] = selection.feasible_count - len(selection.ranked)
+        document["price_region"] = selection.region
+        document["prices_as_of"] = prices
         document["expected_duration"] = {"seconds": estimate.seconds, "source": estimate.source}
-        print(json.dumps(document, indent=2))
+        print_json(document)
     else:
         print(render(selection, resources, spot, hours, checkpoint))
         source = "--hours" if estimate.source == "flag" else estimate.describe()
         print(f"\nexpected run time {_duration(estimate.seconds)}: {source}")
+        print(prices_note(prices))
     return 0
 
 

@@ -1,15 +1,19 @@
-"""`gpufleet queue`, `gpufleet cancel ID`, `gpufleet book`: the admission queue by hand."""
+"""`gpufleet queue`, `gpufleet cancel ID`, `gpufleet resize ID`, `gpufleet book`: the admission
+queue by hand. Times are printed (and read) as ISO 8601, UTC."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpufleet.cli.output import invalid, print_json
 from gpufleet.cli.table import add_raw_argument, printable
-from gpufleet.cli.target import TargetError, add_target_arguments, connect, fail
+from gpufleet.cli.target import add_target_arguments, connect
+
+if TYPE_CHECKING:
+    from gpufleet.domain.queueing import Booking
 
 
 def register(commands: Any) -> None:
@@ -17,14 +21,12 @@ def register(commands: Any) -> None:
         "queue", help="waiting jobs in admission order, with the reason each waits"
     )
     add_target_arguments(queue)
-    queue.add_argument("--json", action="store_true")
     add_raw_argument(queue)
     queue.set_defaults(run=run_queue)
 
     cancel = commands.add_parser("cancel", help="cancel a waiting or running job")
     cancel.add_argument("job_id", metavar="ID")
     add_target_arguments(cancel)
-    cancel.add_argument("--json", action="store_true")
     cancel.set_defaults(run=run_cancel)
 
     resize = commands.add_parser(
@@ -35,7 +37,6 @@ def register(commands: Any) -> None:
     resize.add_argument("--nodes", type=int)
     resize.add_argument("--gpu-memory-gib", type=float)
     add_target_arguments(resize)
-    resize.add_argument("--json", action="store_true")
     resize.set_defaults(run=run_resize)
 
     book = commands.add_parser("book", help="book GPUs for a team over a future window")
@@ -46,26 +47,30 @@ def register(commands: Any) -> None:
     )
     book.add_argument("--to", dest="end", required=True, help="ISO time")
     add_target_arguments(book)
-    book.add_argument("--json", action="store_true")
     book.set_defaults(run=run_book)
+
+
+def booking_document(booking: Booking) -> dict[str, Any]:
+    """A booking as every command prints it: its window in ISO 8601."""
+    from gpufleet.services.reports import utc_time
+
+    return {**asdict(booking), "start": utc_time(booking.start), "end": utc_time(booking.end)}
 
 
 def run_queue(args: argparse.Namespace) -> int:
     from gpufleet.services.dispatcher import queue_listing
 
-    try:
-        connection = connect(args)
-        ports = connection.ports
-    except TargetError as exc:
-        return fail(str(exc))
+    connection = connect(args)
+    ports = connection.ports
     rows, bookings = queue_listing(ports, connection.settings.config.queue)
     names = {row.job_id: ports.jobs.get(row.job_id).spec.name for row in rows}
     if args.json:
-        document = {
-            "waiting": [{**asdict(row), "name": names[row.job_id]} for row in rows],
-            "bookings": [asdict(b) for b in bookings],
-        }
-        print(json.dumps(document, indent=2))
+        print_json(
+            {
+                "waiting": [{**asdict(row), "name": names[row.job_id]} for row in rows],
+                "bookings": [booking_document(b) for b in bookings],
+            }
+        )
         return 0
     header = (
         f"{'#':>3}  {'job':<24}{'name':<20}{'team':<12}{'priority':<10}{'gpus':>5}  "
@@ -83,54 +88,52 @@ def run_queue(args: argparse.Namespace) -> int:
     if not rows:
         print("  (no job is waiting)")
     for booking in bookings:
-        start = datetime.fromtimestamp(booking.start, UTC).isoformat(timespec="minutes")
-        end = datetime.fromtimestamp(booking.end, UTC).isoformat(timespec="minutes")
-        line = f"booked: {booking.team} {booking.gpus} GPUs {start} .. {end} ({booking.booking_id})"
+        shown = booking_document(booking)
+        line = (
+            f"booked: {booking.team} {booking.gpus} GPUs {shown['start']} .. {shown['end']} "
+            f"({booking.booking_id})"
+        )
         print(printable(line, args.raw))
     return 0
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from gpufleet.domain.job import JobNotFound
-    from gpufleet.services.lifecycle import JobAlreadyEnded
-
-    try:
-        summary = connect(args).lifecycle.cancel(args.job_id)
-    except (TargetError, JobNotFound, JobAlreadyEnded) as exc:
-        return fail(str(exc))
-    print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: {summary['status']}")
+    summary = connect(args).lifecycle.cancel(args.job_id)
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{args.job_id}: {summary['status']}")
     return 0
 
 
 def _parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # as every time the CLI prints: UTC
+    return moment.timestamp()
 
 
 def run_book(args: argparse.Namespace) -> int:
-    from gpufleet.domain.queueing import BookingRefused
     from gpufleet.services.bookings import book
 
     try:
         start, end = _parse_time(args.start), _parse_time(args.end)
     except ValueError as exc:
-        return fail(f"bad time: {exc}")
-    try:
-        connection = connect(args)
-        booking = book(
-            connection.ports, connection.settings.config.queue, args.team, args.gpus, start, end
-        )
-    except (TargetError, BookingRefused) as exc:
-        return fail(str(exc))
-    print(json.dumps(asdict(booking)) if args.json else f"booked {booking.booking_id}")
+        raise invalid(f"bad time (ISO 8601, e.g. 2026-12-01T08:00Z): {exc}") from None
+    connection = connect(args)
+    booking = book(
+        connection.ports, connection.settings.config.queue, args.team, args.gpus, start, end
+    )
+    if args.json:
+        print_json(booking_document(booking))
+    else:
+        shown = booking_document(booking)
+        print(f"booked {booking.booking_id}: {shown['start']} .. {shown['end']}")
     return 0
 
 
 def run_resize(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
-
-    from gpufleet.domain.job import JobNotFound
-    from gpufleet.domain.selection import NoFeasibleOffering
-    from gpufleet.services.lifecycle import JobAlreadyEnded
 
     changes = {
         key: value
@@ -142,14 +145,15 @@ def run_resize(args: argparse.Namespace) -> int:
         if value is not None
     }
     if not changes:
-        return fail("give at least one of --gpus, --nodes, --gpu-memory-gib")
+        raise invalid("give at least one of --gpus, --nodes, --gpu-memory-gib")
     try:
         summary = connect(args).lifecycle.resize(args.job_id, changes)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in error["loc"])
-        return fail(f"invalid shape: {where + ': ' if where else ''}{error['msg']}")
-    except (TargetError, JobNotFound, JobAlreadyEnded, NoFeasibleOffering) as exc:
-        return fail(str(exc))
-    print(json.dumps(summary, indent=2) if args.json else f"{args.job_id}: resized")
+        raise invalid(f"invalid shape: {where + ': ' if where else ''}{error['msg']}") from None
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{args.job_id}: resized")
     return 0

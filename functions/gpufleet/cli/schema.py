@@ -1,11 +1,12 @@
-"""`gpufleet schema`: print the JSON Schema of a job spec."""
+"""`gpufleet schema`: print the JSON Schema of a job spec (JSON either way: `--json` is
+accepted, as by every command, and changes nothing)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from gpufleet.cli.output import print_json
 from gpufleet.domain.spec import json_schema
 
 
@@ -17,5 +18,5 @@ def register(commands: Any) -> None:
 
 
 def run(_args: argparse.Namespace) -> int:
-    print(json.dumps(json_schema(), indent=2))
+    print_json(json_schema())
     return 0

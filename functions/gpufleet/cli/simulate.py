@@ -1,7 +1,7 @@
 """`gpufleet simulate`: replay a real cluster trace through the domain core and compare policies.
 
     gpufleet simulate --format philly|itp|openb [--trace PATH] [--data DIR]
-                      [--start-days S] [--days D] [--region us-east-1]
+                      [--start-days S] [--days D] [--price-region us-east-1]
                       [--min-gpu-memory-gib 16] [--high-share 0.1] [--seed N]
                       [--interruptions measured|advisor] [--spot-capacity finite|unlimited]
                       [--durations history|oracle] [--policy gpufleet]
@@ -15,6 +15,14 @@ spot traces there at run time, and `--trace` defaults to the format's folder und
 `--json` one JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG
 plots and DIR/index.html.
 
+Without the shared data folder (a fresh clone), `--format philly` runs on the week of Philly
+that ships in gpufleet/sim/data/philly-sample (see its SOURCE.md), and a market left at its
+defaults runs data-free (`--interruptions advisor --spot-capacity unlimited`: the measured
+traces carry no licence to copy them); both are said on stderr and recorded in the JSON
+(`trace.sample`, `settings.fallback`). A market asked for by flag that needs the data, or an
+ITP or openb trace, is an error naming what is needed and where. Progress (the trace read, each
+policy's run) goes to stderr, except with `--json`.
+
 Exit codes: 0 ok, 2 bad input (unknown policy, unreadable trace, empty window, the measured
 traces absent).
 """
@@ -22,19 +30,20 @@ traces absent).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
+from gpufleet.cli.plan import add_price_region_argument, prices_as_of
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.sim.engine import SimResult, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
-from gpufleet.sim.measured import MeasuredDataMissing
+from gpufleet.sim.measured import BAMBOO_DIR, SKYPILOT_DIR, MeasuredDataMissing, MeasuredSpot
 from gpufleet.sim.policies import BASELINES, GPUFLEET, POLICY_NAMES, build_policies
 from gpufleet.sim.report import cost_lower_bound_usd, settings_label, summary, write_report
 from gpufleet.sim.settings import SimSettings
@@ -49,6 +58,10 @@ DEFAULT_TRACE_DIRS: dict[str, str] = {
     "itp": "microsoft-itp-elasticflow-2021",
     "openb": "alibaba-openb-gpu-2023",
 }
+# What a fresh clone simulates: a week of Philly, shipped with its source and licence.
+SAMPLE_TRACES: dict[str, str] = {"philly": "sim/data/philly-sample"}
+# The market that needs no data (the measured traces may not be copied into the project).
+DATA_FREE_MARKET = {"interruptions": "advisor", "spot_capacity": "unlimited"}
 
 
 def _non_negative(text: str) -> float:
@@ -106,7 +119,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--days", type=_positive, metavar="D", help="window length in days (default: all)"
     )
-    parser.add_argument("--region", default="us-east-1", help="AWS region (%(default)s)")
+    add_price_region_argument(parser)
     parser.add_argument(
         "--min-gpu-memory-gib",
         type=_non_negative,
@@ -154,11 +167,11 @@ def register(commands: Any) -> None:
     )
     for flag, what in market_choices:
         field = flag[2:].replace("-", "_")
+        # None: not given, so the default, or the data-free market when the data is absent.
         parser.add_argument(
             flag,
             choices=get_args(SimSettings.model_fields[field].annotation),
-            default=getattr(_DEFAULTS, field),
-            help=f"{what} (%(default)s)",
+            help=f"{what} ({getattr(_DEFAULTS, field)})",
         )
     parser.add_argument(
         "--spot-pool-instances",
@@ -174,7 +187,6 @@ def register(commands: Any) -> None:
         help="multiply the Spot Advisor interruption rates (--interruptions advisor only) "
         "(%(default)s)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write PNG plots and DIR/index.html")
     parser.set_defaults(run=run)
 
@@ -192,87 +204,147 @@ def _policy_names(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def _trace_path(args: argparse.Namespace) -> Path:
+def _trace_path(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The trace to read, and whether it is the sample that ships with gpufleet."""
     if args.trace:
-        return Path(args.trace)
+        return Path(args.trace), False
     path = Path(args.data) / "traces" / DEFAULT_TRACE_DIRS[args.format]
-    if not path.exists():
-        raise TraceError(f"no --trace given and the default {path} does not exist")
-    return path
+    if path.exists():
+        return path, False
+    sample = SAMPLE_TRACES.get(args.format)
+    if sample is None:
+        raise CliError(
+            f"no --trace given and {path} does not exist: put the {args.format} trace there "
+            f"(the shared data folder, --data DIR) or give --trace PATH; only philly has a "
+            "sample that ships with gpufleet",
+            ErrorCode.DATA_MISSING,
+            {"looked_in": str(path)},
+        )
+    return Path(str(resources.files("gpufleet").joinpath(sample))), True
 
 
-def _fail(message: str) -> int:
-    print(f"gpufleet simulate: {message}", file=sys.stderr)
-    return 2
+def _settings(
+    args: argparse.Namespace,
+) -> tuple[SimSettings, MeasuredSpot | None, str | None]:
+    """The market settings, the measured traces they replay, and why the data-free market
+    stands in for the default (None when it does not): the measured traces are read from
+    --data, and may not be copied into the project."""
+    asked = {
+        field: getattr(args, field)
+        for field in ("interruptions", "spot_capacity", "durations")
+        if getattr(args, field) is not None
+    }
+    values = {
+        "spot_pool_instances": args.spot_pool_instances,
+        "hazard_scale": args.hazard_scale,
+        **asked,
+    }
+    try:
+        settings = SimSettings(**values)
+        return settings, settings.load(args.data), None
+    except MeasuredDataMissing as exc:
+        missing = str(exc)
+    # What was not asked for by flag falls back to the data-free market; what was stays.
+    fallback = {field: value for field, value in DATA_FREE_MARKET.items() if field not in asked}
+    settings = SimSettings(**{**values, **fallback})
+    if not fallback or settings.needs_data:
+        raise CliError(missing, ErrorCode.DATA_MISSING, {"data": str(args.data)})
+    flags = " ".join(f"--{field.replace('_', '-')} {value}" for field, value in fallback.items())
+    reason = (
+        f"the measured spot traces are not in {args.data}: running the data-free market "
+        f"({flags}); for the measured one, give --data DIR holding {BAMBOO_DIR} and "
+        f"{SKYPILOT_DIR}"
+    )
+    return settings, None, reason
 
 
 def run(args: argparse.Namespace) -> int:
+    progress = _progress(args)
+    started = time.perf_counter()
     try:
         names = _policy_names(args)
-        path = _trace_path(args)
+        path, sample = _trace_path(args)
+        if sample:
+            progress(
+                f"no {Path(args.data) / 'traces' / DEFAULT_TRACE_DIRS[args.format]}: running on "
+                f"the sample that ships with gpufleet ({path}, see its SOURCE.md)"
+            )
         mapping = TraceMapping(
-            region=args.region,
+            region=args.price_region,
             min_gpu_memory_gib=args.min_gpu_memory_gib,
             high_share=args.high_share,
         )
         trace = load_trace(path, args.format, args.start_days, args.days)
-        settings = SimSettings(
-            interruptions=args.interruptions,
-            spot_capacity=args.spot_capacity,
-            durations=args.durations,
-            spot_pool_instances=args.spot_pool_instances,
-            hazard_scale=args.hazard_scale,
-        )
-        measured = settings.load(args.data)
-    except (ValueError, TraceError, ValidationError, MeasuredDataMissing) as exc:
-        return _fail(str(exc))
+        settings, measured, fallback = _settings(args)
+        if fallback:
+            progress(fallback)
+    except (ValueError, TraceError, ValidationError) as exc:
+        raise invalid(str(exc)) from None
     if not len(trace):
-        return _fail(f"no jobs in the window ({path}, start {args.start_days:g} days)")
+        raise invalid(f"no jobs in the window ({path}, start {args.start_days:g} days)")
+    progress(f"read {len(trace)} jobs from {path} in {time.perf_counter() - started:.1f} s")
     catalog = load_bundled()
     try:
         workload = Workload.from_trace(trace, mapping)
         policies = build_policies(
-            names, workload, catalog=catalog, region=args.region, cap_gpus=args.cap_gpus
+            names, workload, catalog=catalog, region=args.price_region, cap_gpus=args.cap_gpus
         )
-        lower_bound = cost_lower_bound_usd(workload, catalog, args.region)
-    except (ValueError, NoFeasibleOffering) as exc:
-        return _fail(str(exc))
+        lower_bound = cost_lower_bound_usd(workload, catalog, args.price_region)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
     results: list[SimResult] = []
     started = time.perf_counter()
     engine = settings.engine_config()
-    for policy in policies:
-        market = settings.market(catalog, args.region, args.seed, measured)
+    for number, policy in enumerate(policies, start=1):
+        progress(f"simulating {policy.name} ({number}/{len(policies)}) ...")
+        market = settings.market(catalog, args.price_region, args.seed, measured)
         results.append(simulate(workload, policy, seed=args.seed, market=market, config=engine))
+        progress(f"  {policy.name}: {results[-1].wall_seconds:.1f} s")
     wall = time.perf_counter() - started
     context = {
         "trace": {
             "format": args.format,
             "path": str(path),
+            "sample": sample,
             "start_days": args.start_days,
             "days": args.days,
             "jobs": len(trace),
             "gpu_hours": round(trace.gpu_hours, 2),
             "skipped": dict(sorted(trace.skipped.items())),
         },
-        "region": args.region,
+        "region": args.price_region,
+        "prices_as_of": prices_as_of(catalog)["date"],
         "seed": args.seed,
         "settings": {
             **settings.describe(),
             **({"data": str(measured.root)} if measured is not None else {}),
         },
+        # Why the market is the data-free one although no flag asked for it (else None).
+        "market_fallback": fallback,
         "cap_gpus": policies[0].queue.max_gpus,
         "descriptions": {p.name: p.description for p in policies},
     }
     document = summary(results, lower_bound, context=context, sim_wall_seconds=wall)
     if args.report:
+        progress(f"writing the report to {args.report} ...")
         write_report(args.report, results, document)
     if args.json:
-        print(json.dumps(document, indent=2))
+        print_json(document)
     else:
         _print_table(document, results)
         if args.report:
             print(f"\nreport: {Path(args.report) / 'index.html'}")
     return 0
+
+
+def _progress(args: argparse.Namespace) -> Any:
+    """Progress on stderr, for people: none with --json."""
+
+    def say(message: str) -> None:
+        if not args.json:
+            print(f"gpufleet simulate: {message}", file=sys.stderr, flush=True)
+
+    return say
 
 
 def _print_table(document: dict[str, Any], results: list[SimResult]) -> None:

@@ -13,30 +13,36 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet import topology
+from gpufleet.cli.output import CliError, ErrorCode
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.settings import Settings
 
 if TYPE_CHECKING:
-    from gpufleet.ports import JobStore, Ports
+    from gpufleet.domain.job import Job
+    from gpufleet.ports import JobQueue, JobStore, Ports
     from gpufleet.services.lifecycle import LifecycleService
 
 # botocore reads it whenever it builds a client (boto3 >= 1.28), for every service.
 ENV_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 
 
-class TargetError(Exception):
-    pass
+class TargetError(CliError):
+    """No gpufleet to talk to: exit 2, with what is missing."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.NO_TARGET) -> None:
+        super().__init__(message, code)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", help="a deployed gpufleet stack (default: the environment)")
-    parser.add_argument("--region", help="AWS region of the stack")
+    parser.add_argument(
+        "--region", help="AWS region of the stack (default: $AWS_REGION, $AWS_DEFAULT_REGION)"
+    )
     parser.add_argument(
         "--endpoint-url",
         metavar="URL",
@@ -47,23 +53,23 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def fail(message: str) -> int:
-    """Report a command's failure the one way every command does; the exit code to return."""
-    print(f"gpufleet: {message}", file=sys.stderr)
-    return 2
-
-
 def _stack_environment(stack: str, region: str | None) -> dict[str, str]:
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
+    # No credentials, no region, no endpoint: the CLI's runner says so (gpufleet.cli.output).
     cloudformation = boto3.session.Session(region_name=region).client("cloudformation")
     try:
         described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
     except ClientError as exc:
-        raise TargetError(f"stack {stack}: {exc.response['Error']['Message']}") from None
-    except BotoCoreError as exc:  # no credentials, no region, no endpoint
-        raise TargetError(f"stack {stack}: {exc}") from None
+        if exc.response["Error"].get("Code") != "ValidationError":  # access denied, throttled
+            raise
+        where = f" in {region}" if region else ""
+        raise TargetError(
+            f"stack {stack}{where}: {exc.response['Error']['Message']} (--stack names the "
+            "stack cdk deploy created; --region its region)",
+            ErrorCode.NOT_FOUND,
+        ) from None
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
     return {env: outputs[key] for key, env in topology.STACK_OUTPUTS.items() if key in outputs}
 
@@ -83,19 +89,33 @@ def _environment(args: argparse.Namespace) -> dict[str, str]:
         # process, so nothing else sees it.
         os.environ[ENV_ENDPOINT_URL] = args.endpoint_url
     env = dict(os.environ)
-    if args.region:
-        env["AWS_REGION"] = args.region
-    if args.stack:
-        # boto3 reads only AWS_DEFAULT_REGION; the functions (and Settings) read AWS_REGION first.
-        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        env.update(_stack_environment(args.stack, region))
     env[topology.ENV_CONFIG] = config_to_env(_policy(args.config))
+    if not args.stack:
+        _check_deployment(env)
+    # The functions (and Settings) read AWS_REGION first, boto3 AWS_DEFAULT_REGION, then the
+    # profile's: the CLI resolves it once, and never guesses one.
+    region = args.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if not region:
+        import boto3
+
+        region = boto3.session.Session().region_name
+    if not region:
+        raise TargetError(
+            "no AWS region: give --region, export AWS_REGION, or set one in the profile"
+        )
+    env["AWS_REGION"] = region
+    if args.stack:
+        env.update(_stack_environment(args.stack, region))
+        _check_deployment(env)
+    return env
+
+
+def _check_deployment(env: dict[str, str]) -> None:
     missing = [name for name in topology.COMMON_ENV if not env.get(name)]
     if missing:
         raise TargetError(
             "no gpufleet to talk to: give --stack NAME, or set " + ", ".join(sorted(missing))
         )
-    return env
 
 
 class Connection:
@@ -113,6 +133,26 @@ class Connection:
         from gpufleet.adapters.aws.job_store import DynamoJobStore
 
         return DynamoJobStore(self.client("dynamodb"), self.settings.jobs_table)
+
+    @cached_property
+    def queue(self) -> JobQueue:
+        """The admission queue alone, for a point read."""
+        from gpufleet.adapters.aws.queue import DynamoJobQueue
+
+        return DynamoJobQueue(self.client("dynamodb"), self.settings.queue_table)
+
+    def current_wait_seconds(self, job: Job) -> float | None:
+        """How long a waiting job has been in the admission queue this time (the job's record
+        counts a wait once it ends); None for a job that is not waiting there now."""
+        import time
+
+        from gpufleet.domain.job import JobStatus
+        from gpufleet.services.lifecycle import queued_job
+
+        if job.status is not JobStatus.QUEUED:
+            return None
+        entry = self.queue.waiting_entry(queued_job(job))
+        return None if entry is None else max(0.0, time.time() - entry.queued_at)
 
     @cached_property
     def ports(self) -> Ports:

@@ -1,12 +1,13 @@
 """`gpufleet templates`: the resource templates of the fleet config, and what each gets now.
 
-    gpufleet templates [--config gpufleet.yaml] [--region us-east-1] [--json]
+    gpufleet templates [--config gpufleet.yaml] [--price-region us-east-1] [--json]
 
 For every template: its resources and the instance a job using it would get now, which is
 the first choice of `gpufleet plan` for those resources (bundled catalog, spot policy auto,
 the default expected run time of one hour). A template nothing in the region fits is listed
 with the reason. Reservations in the config are not considered (`gpufleet plan` ignores them
-too); a job that fits a free reservation launches into it first.
+too); a job that fits a free reservation launches into it first. The prices are the bundled
+catalog's, and the output names its date.
 
 Exit codes: 0 ok (also when a template fits nothing: its reason is shown), 2 the config cannot
 be read or is invalid.
@@ -15,14 +16,13 @@ be read or is invalid.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.cli.plan import DEFAULT_REGION, to_json
+from gpufleet.cli.output import CliError, ErrorCode, print_json
+from gpufleet.cli.plan import add_price_region_argument, prices_as_of, prices_note, to_json
 from gpufleet.domain.catalog import Catalog, load_bundled
-from gpufleet.domain.config import ConfigFileError, config_from_yaml
+from gpufleet.domain.config import config_from_yaml
 from gpufleet.domain.duration import DEFAULT_SECONDS
 from gpufleet.domain.selection import NoFeasibleOffering, select
 from gpufleet.domain.spec import Resources, SpotPolicy
@@ -38,33 +38,31 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--config", default="gpufleet.yaml", help="the fleet config file (%(default)s)"
     )
-    parser.add_argument("--region", default=DEFAULT_REGION, help="AWS region (%(default)s)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_price_region_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = config_from_yaml(Path(args.config).read_text(encoding="utf-8"))
+        text = Path(args.config).read_text(encoding="utf-8")
     except OSError as exc:
-        print(f"gpufleet templates: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except ConfigFileError as exc:
-        print(f"gpufleet templates: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(f"cannot read {args.config}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
+    config = config_from_yaml(text)  # a ConfigFileError is reported as InvalidConfig
     catalog = load_bundled()
+    region = args.price_region
     listing = [
         {
             "name": name,
             "resources": resources.model_dump(mode="json"),
-            **first_choice(resources, catalog, args.region),
+            **first_choice(resources, catalog, region),
         }
         for name, resources in sorted(config.templates.items())
     ]
+    prices = prices_as_of(catalog)
     if args.json:
-        print(json.dumps({"region": args.region, "templates": listing}, indent=2))
+        print_json({"price_region": region, "prices_as_of": prices, "templates": listing})
     else:
-        print(render(listing, args.region, args.config))
+        print(render(listing, region, args.config, prices_note(prices)))
     return 0
 
 
@@ -99,7 +97,7 @@ def _summary(resources: dict[str, Any]) -> str:
     return ask
 
 
-def render(listing: list[dict[str, Any]], region: str, config_path: str) -> str:
+def render(listing: list[dict[str, Any]], region: str, config_path: str, prices: str) -> str:
     if not listing:
         return f"{config_path} defines no templates (see docs/templates.md)"
     rows = [["TEMPLATE", "RESOURCES (PER NODE)", "INSTANCE NOW", "CAPACITY", "$/HOUR", "ZONE"]]
@@ -121,7 +119,10 @@ def render(listing: list[dict[str, Any]], region: str, config_path: str) -> str:
             ]
         )
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = [f"templates in {config_path}, first choice in {region} (spot auto, 1 h):", ""]
+    lines = [
+        f"templates in {config_path}, first choice in {region} (spot auto, 1 h); {prices}:",
+        "",
+    ]
     lines += [
         "  ".join(
             cell.rjust(w) if c == 4 else cell.ljust(w)

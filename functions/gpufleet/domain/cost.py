@@ -15,7 +15,7 @@ def held_seconds(placement: Placement, released_at: float) -> float:
 
 def fleet_hourly_usd(placement: Placement) -> float:
     """Price per hour of all the job's nodes together."""
-    return placement.hourly_usd * len(placement.instance_ids)
+    return placement.fleet_hourly_usd
 
 
 # AWS prorates a GiB-month of EBS by the second over a 730-hour month.

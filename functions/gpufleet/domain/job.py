@@ -122,6 +122,11 @@ class Placement(BaseModel):
     storage_gib: float = Field(default=0, ge=0, description="EBS volume of each node")
     storage_usd_per_gib_month: float = Field(default=0, ge=0)
 
+    @property
+    def fleet_hourly_usd(self) -> float:
+        """Price per hour of all the job's nodes together."""
+        return self.hourly_usd * len(self.instance_ids)
+
 
 class StageRecord(BaseModel):
     """How one stage of a multi-stage job ended: where its last run ran, and what every run of
@@ -135,6 +140,8 @@ class StageRecord(BaseModel):
     capacity_type: str | None = None
     instance_ids: list[str] = Field(default_factory=list)
     gpus: int | None = Field(default=None, description="GPUs of its instances, all together")
+    # What its (last run's) instances cost per hour, all nodes together: a price they had.
+    hourly_usd: float | None = None
     cost_usd: float = 0.0
     held_seconds: float = 0.0
     # The job's counters count each stage on its own: these are the stage's.
@@ -256,6 +263,7 @@ class Job(BaseModel):
                     "capacity_type": placement.capacity_type if placement else None,
                     "instance_ids": list(placement.instance_ids) if placement else [],
                     "gpus": None,
+                    "hourly_usd": round(placement.fleet_hourly_usd, 6) if placement else None,
                     # Not known yet for the current stage (its run is not over); none for the rest.
                     "cost_usd": None if current else 0.0,
                     "held_seconds": None if current else 0.0,

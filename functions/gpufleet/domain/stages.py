@@ -77,6 +77,7 @@ def close_stage(
         capacity_type=placement.capacity_type if placement else None,
         instance_ids=instance_ids,
         gpus=None if gpus_per_node is None else gpus_per_node * len(instance_ids),
+        hourly_usd=round(placement.fleet_hourly_usd, 6) if placement else None,
         cost_usd=round(max(0.0, spent_usd - sum(r.cost_usd for r in earlier)), 6),
         held_seconds=round(max(0.0, held_seconds - sum(r.held_seconds for r in earlier)), 3),
         retries=job.retries,

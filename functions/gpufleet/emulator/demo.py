@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -86,6 +87,18 @@ class DemoResult:
         }
 
 
+def nodes_from_config(config: Mapping[str, Any]) -> NodeScenario:
+    """The node behaviours of a `demo-scenario.json` document: boot time, and per job name its
+    run time and exit code (`gpufleet emulator --scenario` reads the same)."""
+    return NodeScenario(
+        boot_seconds=float(config.get("boot_seconds", 1.0)),
+        behaviours={
+            name: Behaviour(float(b["duration_seconds"]), int(b["exit_code"]))
+            for name, b in config.get("jobs", {}).items()
+        },
+    )
+
+
 def basic_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
     """The samples in events/: specs under jobs/ go through S3, the event through EventBridge."""
     config = json.loads((events_dir / "demo-scenario.json").read_text())
@@ -94,13 +107,7 @@ def basic_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
     return DemoScenario(
         name="basic",
         submissions=submissions,
-        nodes=NodeScenario(
-            boot_seconds=float(config.get("boot_seconds", 1.0)),
-            behaviours={
-                name: Behaviour(float(b["duration_seconds"]), int(b["exit_code"]))
-                for name, b in config["jobs"].items()
-            },
-        ),
+        nodes=nodes_from_config(config),
         spot_capacity_errors=frozenset(config.get("spot_capacity_errors", [])),
     )
 

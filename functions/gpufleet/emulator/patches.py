@@ -80,7 +80,13 @@ NODE = "node"
 _local = threading.local()
 
 # botocore names some services differently from the ARNs and the console.
-_SERVICE_NAMES = {"sfn": "states", "cloudwatch": "cloudwatch", "eventbridge": "events"}
+_SERVICE_NAMES = {
+    "sfn": "states",
+    "cloudwatch": "cloudwatch",
+    "eventbridge": "events",
+    "cloudwatch-logs": "logs",
+    "service-quotas": "servicequotas",
+}
 
 
 class PatchDoesNotFit(RuntimeError):

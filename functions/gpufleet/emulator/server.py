@@ -19,10 +19,12 @@ start, which only the environment it hands out holds (`GPUFLEET_EMULATOR_TOKEN`)
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
+import socket
 import threading
 import warnings
 from collections.abc import Iterator
@@ -45,6 +47,37 @@ STACK_NAME = "GpuFleetStack"
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
+class PortTaken(OSError):
+    """Another program (often an emulator started earlier) listens on the address."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"{host}:{port} is already in use (another `gpufleet emulator`?): stop that one, "
+            "or give --port (0: any free port)",
+        )
+        self.host, self.port = host, port
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` and listening, before anything else starts: a taken port
+    is `PortTaken`, at once (werkzeug would print its own message and call sys.exit)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As werkzeug's server does: a port this process (or a stopped emulator) left in TIME_WAIT
+    # may be bound again; one another program listens on may not (SO_REUSEADDR on Linux).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortTaken(host, port) from None
+        raise
+    return sock
+
+
 @dataclass(frozen=True)
 class RunningEmulator:
     account: Account
@@ -53,10 +86,7 @@ class RunningEmulator:
 
     def deployment(self) -> dict[str, str]:
         """The deployment variables a deployed stack's outputs would give."""
-        everything = {**self.account.environment(), topology.ENV_AGENT_LOG_GROUP: AGENT_LOG_GROUP}
-        return {
-            var: value for var in topology.STACK_OUTPUTS.values() if (value := everything.get(var))
-        }
+        return deployment(self.account)
 
     def environment(self) -> dict[str, str]:
         """What a shell exports to talk to the emulator, with `gpufleet` or any AWS client."""
@@ -70,11 +100,20 @@ class RunningEmulator:
         }
 
 
+def deployment(account: Account) -> dict[str, str]:
+    """The deployment variables of the account's resources, as a deployed stack's outputs give
+    them (the agent log group included)."""
+    everything = {**account.environment(), topology.ENV_AGENT_LOG_GROUP: AGENT_LOG_GROUP}
+    return {var: value for var in topology.STACK_OUTPUTS.values() if (value := everything.get(var))}
+
+
 class _Server:
     """moto's server application, behind PrivateEndpoint, on a thread (as moto's
     ThreadedMotoServer runs it, with the middleware it has no place for)."""
 
-    def __init__(self, host: str, port: int, token: str, cors_origin: str | None) -> None:
+    def __init__(
+        self, listener: socket.socket, host: str, token: str, cors_origin: str | None
+    ) -> None:
         from moto.moto_server.werkzeug_app import (
             DomainDispatcherApplication,
             MotoRequestHandler,
@@ -85,9 +124,10 @@ class _Server:
         app = PrivateEndpoint(
             DomainDispatcherApplication(create_backend_app), token, host, cors_origin
         )
-        # Binds now: a port in use fails here, before anything else starts.
+        # On the socket `listen` bound (its port, also when 0 was asked for).
+        port = listener.getsockname()[1]
         self._server = make_server(
-            host, port, app, threaded=True, request_handler=MotoRequestHandler
+            host, port, app, threaded=True, request_handler=MotoRequestHandler, fd=listener.fileno()
         )
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -103,6 +143,7 @@ class _Server:
     def stop(self) -> None:
         self._server.shutdown()
         self._thread.join()
+        self._server.server_close()
 
 
 @contextmanager
@@ -115,7 +156,9 @@ def serve(
 ) -> Iterator[RunningEmulator]:
     """Run the emulator on `host:port` (port 0: any free one) until the block ends, private
     to whoever holds the environment it hands out (PrivateEndpoint); `cors_origin` is the one
-    web origin that may call it from a browser."""
+    web origin that may call it from a browser. A taken port raises `PortTaken` before the
+    account is built."""
+    listener = listen(host, port)
     # The emulator's own calls (handlers, nodes) go to the in-process backends, even if this
     # shell still exports the endpoint of an earlier emulator.
     saved = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
@@ -126,11 +169,11 @@ def serve(
         with embedded_account(config=config) as account:
             account.recorder.keeps_log = False
             token = secrets.token_urlsafe(32)
-            server = _Server(host, port, token, cors_origin)
+            server = _Server(listener, host, token, cors_origin)
             server.start()
             emulator = RunningEmulator(account, server.endpoint_url, token)
             with acting_as(EMULATOR):
-                _publish_stack(account, emulator.deployment())
+                publish_stack(account)
                 simulator = NodeSimulator(account, nodes or NodeScenario())
                 loops = [ScheduleRunner(account), AlarmEvaluator(account)]
                 simulator.start()
@@ -144,19 +187,21 @@ def serve(
                 simulator.stop()
                 server.stop()
     finally:
+        listener.close()  # werkzeug serves on a duplicate of it
         if saved is None:
             os.environ.pop("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", None)
         else:
             os.environ["AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"] = saved
 
 
-def _publish_stack(account: Account, deployment: dict[str, str]) -> None:
-    """A stack whose outputs name the emulator's resources, as the deployed stack's do, and
-    whose parameters read the public SSM parameters the deployed stack reads."""
+def publish_stack(account: Account) -> None:
+    """A stack named STACK_NAME whose outputs name the account's resources, as the deployed
+    stack's do, and whose parameters read the public SSM parameters the deployed stack reads."""
+    variables = deployment(account)
     outputs = {
-        key: {"Value": deployment[var]}
+        key: {"Value": variables[var]}
         for key, var in topology.STACK_OUTPUTS.items()
-        if var in deployment
+        if var in variables
     }
     # CloudFormation wants a resource; this one creates nothing (moto warns it cannot).
     template = {

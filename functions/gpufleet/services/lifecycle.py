@@ -367,8 +367,13 @@ class LifecycleService:
         that ends while it is being cancelled included)."""
         job = self._operated_job(job_id)
         entry = self._ports.queue.remove(job_id)
+        changes: dict[str, Any] = {"failure_reason": "cancelled"}
+        if entry is not None:
+            # Its wait ends here: counted as an admission counts it.
+            waited = max(0.0, self._now() - entry.queued_at)
+            changes["waited_seconds"] = job.waited_seconds + waited
         try:
-            job = self._move(job, JobStatus.CANCELLED, {"failure_reason": "cancelled"})
+            job = self._move(job, JobStatus.CANCELLED, changes)
         except IllegalTransition as exc:
             if exc.current is not None and exc.current.terminal:
                 raise JobAlreadyEnded(job_id, exc.current) from None

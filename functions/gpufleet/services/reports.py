@@ -1,7 +1,7 @@
 """What the CLI reports about jobs: one job in detail, job listings, and cost by team, job or day.
 
-Cost lines are `lifecycle.cost_report(job)` as it is, whatever keys it carries; adding them up
-treats every numeric key as an amount except prices per hour, which do not add up across jobs.
+Cost lines are `lifecycle.cost_report(job)`, whatever keys it carries (`job_costs`); adding them
+up treats every numeric key as an amount except prices per hour, which do not add up across jobs.
 """
 
 from __future__ import annotations
@@ -37,8 +37,20 @@ def utc_time(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
-def job_detail(job: Job) -> dict[str, Any]:
-    """Everything `gpufleet status ID` shows about a job, JSON-ready."""
+def job_costs(job: Job) -> dict[str, Any]:
+    """The job's cost report as the CLI shows it. A multi-stage job ran on several instance
+    types, each stage on its own: its stages carry their prices per hour, and the job shows
+    none (an average of them would be a price no instance had)."""
+    report = cost_report(job)
+    if job.spec.stages:
+        report["hourly_usd"] = None
+    return report
+
+
+def job_detail(job: Job, current_wait_seconds: float | None = None) -> dict[str, Any]:
+    """Everything `gpufleet status ID` shows about a job, JSON-ready. `current_wait_seconds`:
+    how long a waiting job has been in the admission queue this time (the record counts each
+    wait once it ends), so that a job that waits shows it."""
     placement = job.placement
     resources = job.effective_spec.resources
     return {
@@ -56,8 +68,8 @@ def job_detail(job: Job) -> dict[str, Any]:
         "capacity_type": placement.capacity_type if placement else None,
         "zone": placement.zone if placement else None,
         "instances": list(placement.instance_ids) if placement else [],
-        "waited_seconds": round(job.waited_seconds, 3),
-        **cost_report(job),
+        "waited_seconds": round(job.waited_seconds + (current_wait_seconds or 0.0), 3),
+        **job_costs(job),
         "attempts": job.attempts,
         "retries": job.total("retries"),
         "interruptions": job.total("interruptions"),
@@ -94,7 +106,7 @@ def cost_lines(jobs: Iterable[Job], since: float | None = None) -> list[dict[str
             "team": job.spec.team,
             "day": utc_day(job.created_at),
             "status": job.status.value,
-            **cost_report(job),
+            **job_costs(job),
         }
         for job in sorted(jobs, key=lambda j: j.created_at)
         if since is None or job.created_at >= since

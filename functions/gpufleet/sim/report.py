@@ -171,6 +171,9 @@ def settings_label(document: Mapping[str, Any]) -> str:
         start, days = trace.get("start_days") or 0, trace.get("days")
         window = f"days {start:g}-{start + days:g}" if days else f"from day {start:g}"
         parts.append(f"{trace.get('format', 'trace')} {window} ({trace.get('jobs', '?')} jobs)")
+    if "region" in document:
+        prices = f" prices of {document['prices_as_of']}" if document.get("prices_as_of") else ""
+        parts.append(f"{document['region']}{prices}")
     if "cap_gpus" in document:
         parts.append(f"cap {document['cap_gpus']} GPUs")
     if "seed" in document:
@@ -185,6 +188,11 @@ def settings_label(document: Mapping[str, Any]) -> str:
 
 
 # --- Plots ------------------------------------------------------------------------------------
+
+
+# In the cost-over-time plot, a policy that ends this many times above the cheapest one is
+# drawn off the scale (its end is in the legend), so the others stay apart.
+OFF_SCALE_FACTOR = 3.0
 
 
 def write_report(
@@ -236,9 +244,17 @@ def write_report(
     save(fig, PLOTS[0][0], titles[PLOTS[0][0]])
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for r in results:
-        relative = [c / bound if bound > 0 else 0.0 for c in r.series.cost_usd]
-        ax.plot(days(r.series.t), relative, label=r.policy)
+    curves = [[c / bound if bound > 0 else 0.0 for c in r.series.cost_usd] for r in results]
+    finals = [curve[-1] if curve else 0.0 for curve in curves]
+    # The scale of the policies that end near the cheapest one: a policy far above them (a
+    # static cluster paid around the clock) would squash them into one line; it leaves the
+    # chart, and its legend entry says where it ends.
+    top = max([1.1, *(f for f in finals if f <= OFF_SCALE_FACTOR * max(min(finals), 1.0))])
+    for r, curve, final in zip(results, curves, finals, strict=True):
+        off = final > top * 1.15
+        name = f"{r.policy} (ends at {final:.1f}x, off the scale)" if off else r.policy
+        ax.plot(days(r.series.t), curve, label=name)
+    ax.set_ylim(0, top * 1.15)
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="lower bound")
     ax.set_xlabel("days since the window's first submission")
     ax.set_ylabel("spent so far / lower bound")
