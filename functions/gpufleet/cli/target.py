@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
+from gpufleet.errors import GpufleetError
 from gpufleet.settings import Settings
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 ENV_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 
 
-class TargetError(Exception):
+class TargetError(GpufleetError):
     pass
 
 
