@@ -1,5 +1,5 @@
 """A throttle never ends a job, nor leaks its share of the quotas: each transaction of the
-enqueue, admission, launch and release paths (on the embedded account's DynamoDB) has its first
+enqueue, admission, launch and release paths (on moto's DynamoDB) has its first
 tries cancelled with a `ThrottlingError` reason, as DynamoDB cancels them when the queue's hot
 `usage#global` item runs out of throughput, and the job still ends as its run did, with its
 share back. Throttled past every try, a step fails with a transient error and changes
@@ -8,10 +8,13 @@ nothing, and its retry goes through."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.aws.transactions import Backoff, QueueContended
@@ -23,7 +26,7 @@ from gpufleet.adapters.local.memory import (
     in_memory_ports,
 )
 from gpufleet.domain.job import JobStatus
-from gpufleet.emulator.account import Account
+from gpufleet.emulator.account import table_definition
 from gpufleet.errors import TransientError
 from gpufleet.ports import Ports
 from gpufleet.services.dispatcher import DispatcherService
@@ -58,12 +61,22 @@ class Fleet:
         return [r.job.job_id for r in state.running], state.gpus_held
 
 
+@pytest.fixture(scope="module")
+def dynamodb(aws_env: None) -> Iterator[tuple[Any, str]]:
+    """Only DynamoDB, as moto has it, with the jobs table as the stack makes it: the paths
+    under test write nothing else (a whole embedded account costs a module seconds)."""
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        jobs_table = "gpufleet-jobs"
+        client.create_table(**table_definition(JOBS_TABLE, jobs_table))
+        yield client, jobs_table
+
+
 @pytest.fixture
-def fleet(account: Account) -> Fleet:
-    client = account.client("dynamodb")
+def fleet(dynamodb: tuple[Any, str]) -> Fleet:
+    client, jobs_table = dynamodb
     waits: list[float] = []
     backoff = Backoff(sleep=waits.append)  # the waits it asks for, not taken
-    jobs_table = account.table_names[JOBS_TABLE.construct_id]
     ports = in_memory_ports(
         jobs=DynamoJobStore(client, jobs_table, backoff),
         queue=dynamo_queue(client, jobs_table, backoff),
