@@ -75,6 +75,12 @@ class Waits:
 
 
 THROUGHPUT_OR_CONFLICT = ["ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict"]
+# What the SDK's standard retry mode retries as throttling, still refused after its attempts.
+THROTTLED = [
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+]
 
 
 def test_a_failed_condition_is_a_verdict_naming_each_items_reason() -> None:
@@ -162,8 +168,9 @@ def test_a_transaction_cancelled_for_another_reason_is_refused_never_a_verdict(c
     assert client.calls == 1
 
 
-def test_a_transaction_throttled_past_the_sdks_retries_is_transient() -> None:
-    client = StubClient(refused("ProvisionedThroughputExceededException", "TransactWriteItems"))
+@pytest.mark.parametrize("code", THROTTLED)
+def test_a_transaction_throttled_past_the_sdks_retries_is_transient(code: str) -> None:
+    client = StubClient(refused(code, "TransactWriteItems"))
     with pytest.raises(QueueContended):
         transact(client, ITEMS, Waits().backoff)
 
@@ -198,7 +205,7 @@ def test_a_write_that_keeps_meeting_transactions_is_a_transient_error() -> None:
     assert client.calls == tries
 
 
-@pytest.mark.parametrize("code", ["ProvisionedThroughputExceededException", "ThrottlingException"])
+@pytest.mark.parametrize("code", THROTTLED)
 def test_a_write_throttled_past_the_sdks_retries_is_a_transient_error(code: str) -> None:
     client = StubClient(refused(code))
     with pytest.raises(WriteContended) as raised:

@@ -141,7 +141,7 @@ class Backoff:
 BACKOFF = Backoff()
 
 
-def error_code(exc: ClientError) -> str:
+def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
@@ -168,7 +168,7 @@ def transact(client: Any, items: list[dict[str, Any]], backoff: Backoff = BACKOF
         try:
             client.transact_write_items(TransactItems=items)
         except ClientError as exc:
-            code = error_code(exc)
+            code = _error_code(exc)
             if code in _THROTTLED_CODES:  # the request itself, past the SDK's retries
                 raise QueueContended([], f"the transaction was throttled: {code}") from exc
             if code != "TransactionCanceledException":
@@ -218,7 +218,7 @@ def write(
         try:
             return operation(**request)
         except ClientError as exc:
-            code = error_code(exc)
+            code = _error_code(exc)
             if code == "ConditionalCheckFailedException":
                 raise ConditionFailed(
                     f"the condition of the write to {request.get('TableName')} failed",
