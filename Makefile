@@ -7,11 +7,12 @@ PYTEST_WORKERS ?= 2
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test lint typecheck unit integration infra synth bench simulate lock clean
+.PHONY: help install demo test lint typecheck unit integration realtime infra synth bench simulate lock clean
 
 help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
-	@echo "make test       lint, type-check and run every test"
+	@echo "make test       lint, type-check and run every test but the real-time ones"
+	@echo "make realtime   run the real-time tests (whole chaos runs)"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
 	@echo "make bench      print selection, admission, simulator, per-job overhead and cold-start figures"
 	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
@@ -42,6 +43,10 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/integration
+
+# The real-time tests (whole chaos runs on the embedded account), which `make test` leaves out.
+realtime: $(STAMP)
+	$(BIN)/pytest -q -m realtime
 
 infra: $(STAMP)
 	$(BIN)/pytest -q tests/infrastructure

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
@@ -37,6 +37,8 @@ SEEDS = (1, 2)
 JOBS = 10
 
 
+# Whole chaos runs on the embedded account, against the wall clock (the account's handlers,
+# timers and simulated nodes run in real time): opt-in (`make realtime`), outside `make test`.
 @pytest.fixture(scope="module")
 def runs() -> dict[int, ChaosResult]:
     return {
@@ -44,32 +46,39 @@ def runs() -> dict[int, ChaosResult]:
     }
 
 
+@pytest.mark.realtime
 def test_every_run_settles_with_every_job_terminal(runs: dict[int, ChaosResult]) -> None:
     for result in runs.values():
         assert result.completed
         assert result.terminal == JOBS
 
 
+@pytest.mark.realtime
 def test_no_submission_is_lost(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.lost for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
+@pytest.mark.realtime
 def test_no_job_ever_has_instances_of_two_launches_alive(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.double_launches for seed, r in runs.items()} == {seed: {} for seed in SEEDS}
 
 
+@pytest.mark.realtime
 def test_no_instance_is_left_running(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.leaked_instances for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
+@pytest.mark.realtime
 def test_every_job_ends_as_its_behaviour_implies(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.wrong_status for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
+@pytest.mark.realtime
 def test_no_submission_makes_two_jobs(runs: dict[int, ChaosResult]) -> None:
     assert {seed: r.duplicate_jobs for seed, r in runs.items()} == {seed: [] for seed in SEEDS}
 
 
+@pytest.mark.realtime
 def test_every_fault_was_injected(runs: dict[int, ChaosResult]) -> None:
     for result in runs.values():
         faults = result.faults
@@ -131,8 +140,14 @@ def test_the_ledger_finds_two_launches_of_one_job_alive_at_once() -> None:
 
 
 def test_a_late_copy_and_the_retries_of_a_failed_delivery_all_run() -> None:
-    config = ChaosConfig(jobs=1, seed=1, delayed_share=1.0, schedule_period_seconds=0.01)
-    delivery = ChaoticDelivery(config, random.Random(1), CrashAfterWrites(0.0, 1, random.Random()))
+    config = ChaosConfig(jobs=1, seed=1, delayed_share=1.0, schedule_period_seconds=60.0)
+    scheduled: list[tuple[float, Callable[[], None]]] = []  # run by hand, earliest first
+    delivery = ChaoticDelivery(
+        config,
+        random.Random(1),
+        CrashAfterWrites(0.0, 1, random.Random()),
+        later=lambda delay, run: scheduled.append((delay, run)),
+    )
     runs: list[int] = []
 
     def attempt() -> bool:
@@ -140,9 +155,16 @@ def test_a_late_copy_and_the_retries_of_a_failed_delivery_all_run() -> None:
         return False  # always fails: each copy is tried three times, then dropped
 
     delivery.deliver(attempt)
-    delivery.close(timeout=10)  # waits for the late copies and their retries
+    assert runs == [] and len(scheduled) == config.copies_per_event  # every copy late
+    waits = []
+    while scheduled:
+        delay, run = scheduled.pop(0)
+        waits.append(delay)
+        run()
     assert len(runs) == config.copies_per_event * 3
     assert delivery.dropped == config.copies_per_event and delivery.pending == 0
+    # Lambda's retries: one "minute" after the first failure, two after the second.
+    assert waits.count(60.0) == waits.count(120.0) == config.copies_per_event
 
 
 def _crash_points(crashes: CrashAfterWrites, function: str, operations: list[str]) -> list[str]:

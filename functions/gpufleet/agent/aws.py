@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpufleet.errors import TransientError
@@ -15,23 +16,55 @@ from gpufleet.topology import JOB_DIMENSION, METRICS_NAMESPACE
 _IMDS = "http://169.254.169.254/latest"
 
 
-class Imds:
-    """Instance identity from the metadata service (IMDSv2; tags must be enabled)."""
+# IMDSv2 tokens last at most six hours; after that every request with one answers 401.
+TOKEN_TTL_SECONDS = 21600
+# A token is replaced this long before it expires, so no request goes out with a stale one.
+TOKEN_RENEWAL_MARGIN_SECONDS = 300
+_UNAUTHORIZED = 401
 
-    def __init__(self) -> None:
+
+class Imds:
+    """Instance identity from the metadata service (IMDSv2; tags must be enabled). The session
+    token is renewed before it expires (the agent outlives it: a job, or a warm instance's
+    wait, can last days), and once more when the service no longer takes it."""
+
+    def __init__(
+        self,
+        urlopen: Callable[..., Any] = urllib.request.urlopen,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._urlopen = urlopen
+        self._clock = clock
+        self._token, self._renew_at = self._new_token()
+
+    def _new_token(self) -> tuple[str, float]:
+        """A fresh token, and when to replace it (on the clock, read before it was asked)."""
+        asked_at = self._clock()
         request = urllib.request.Request(  # noqa: S310 - fixed link-local URL
             f"{_IMDS}/api/token",
             method="PUT",
-            headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)},
         )
-        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
-            self._token = response.read().decode()
+        with self._urlopen(request, timeout=2) as response:
+            token = str(response.read().decode())
+        return token, asked_at + TOKEN_TTL_SECONDS - TOKEN_RENEWAL_MARGIN_SECONDS
 
     def _get(self, path: str) -> str:
+        if self._clock() >= self._renew_at:
+            self._token, self._renew_at = self._new_token()
+        try:
+            return self._get_with_token(path)
+        except urllib.error.HTTPError as exc:
+            if exc.code != _UNAUTHORIZED:
+                raise
+        self._token, self._renew_at = self._new_token()
+        return self._get_with_token(path)
+
+    def _get_with_token(self, path: str) -> str:
         request = urllib.request.Request(  # noqa: S310 - fixed link-local URL
             f"{_IMDS}/meta-data/{path}", headers={"X-aws-ec2-metadata-token": self._token}
         )
-        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+        with self._urlopen(request, timeout=2) as response:
             return str(response.read().decode())
 
     def instance_id(self) -> str:

@@ -133,6 +133,26 @@ class ContainerRuntime(Protocol):
         ...
 
 
+class Clock(Protocol):
+    """The agent's time: what it reads, and how it waits (tests drive one by hand)."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        ...
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait until `event` is set or `seconds` have passed; whether it is set."""
+        ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(seconds)
+
+
 # Between heartbeats while the container runs. The control plane takes a node for lost after
 # its own (longer) heartbeat timeout, so a few lost heartbeats are harmless.
 DEFAULT_HEARTBEAT_SECONDS = 300.0
@@ -227,11 +247,13 @@ class NodeAgent:
         finish_resends: int = 0,
         manifest_retry_seconds: float = DEFAULT_MANIFEST_RETRY_SECONDS,
         going: threading.Event | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """`ledger` keeps what ran on this instance (in memory when not given); after each run
         its finish report is sent `finish_resends` more times (the entry point sends
         DEFAULT_FINISH_RESENDS); `going`, when set, tells the agent its node is going away: it
-        stops waiting and returns."""
+        stops waiting and returns. Every wait and every reading of time goes through `clock`
+        (the system's monotonic clock when not given)."""
         self._identity = identity
         self._manifests = manifests
         self._reporter = reporter
@@ -249,6 +271,7 @@ class NodeAgent:
         self._finish_resends = finish_resends
         self._manifest_retry_seconds = manifest_retry_seconds
         self._going = going or threading.Event()
+        self._clock = clock or MonotonicClock()
 
     def run(self) -> RunOutcome:
         """Run the job's runs on this instance, each at most once, and report how each ended.
@@ -276,7 +299,7 @@ class NodeAgent:
         problem = ""
         for attempt in range(MANIFEST_FETCH_ATTEMPTS):
             if attempt:
-                self._going.wait(self._manifest_retry_seconds * 2 ** (attempt - 1))
+                self._clock.wait(self._going, self._manifest_retry_seconds * 2 ** (attempt - 1))
             try:
                 raw = self._manifests.fetch(key)
             except Exception as exc:  # not there, or not reachable: tried again
@@ -322,12 +345,12 @@ class NodeAgent:
         (`wait`), look for the control plane's word for up to `stage_wait_seconds`. The next
         stage's manifest, or None when there is none (the instance is released, or about to
         be)."""
-        now = time.monotonic()
+        now = self._clock.now()
         stage_deadline = now + (self._stage_wait_seconds if wait else 0.0)
         next_resend = now + self._finish_resend_seconds
         resends = 0
         while True:
-            now = time.monotonic()
+            now = self._clock.now()
             waiting = now < stage_deadline
             if waiting:
                 following = self._next_stage(manifest.job_id, manifest.stage)
@@ -342,7 +365,7 @@ class NodeAgent:
             wake = next_resend if resends < self._finish_resends else stage_deadline
             if waiting:
                 wake = min(wake, now + self._control_poll_seconds)
-            if self._going.wait(max(0.0, wake - time.monotonic())):
+            if self._clock.wait(self._going, max(0.0, wake - self._clock.now())):
                 return None
 
     def _next_stage(self, job_id: str, finished: str | None) -> RunManifest | None:
@@ -398,10 +421,10 @@ class NodeAgent:
             job_id = self._identity.tags().get(TAG_JOB_ID)
             if job_id:
                 return job_id
-            self._going.wait(self._claim_poll_seconds)
+            self._clock.wait(self._going, self._claim_poll_seconds)
 
     def _heartbeat(self, base: dict[str, str], finished: threading.Event) -> None:
-        while not finished.wait(self._heartbeat_seconds):
+        while not self._clock.wait(finished, self._heartbeat_seconds):
             try:
                 self._report(DETAIL_NODE_HEARTBEAT, base, "heartbeat")
             except Exception:  # noqa: S112 - a missed heartbeat is retried at the next one
@@ -411,7 +434,7 @@ class NodeAgent:
         """One datapoint per interval of each metric: what the job's alarms watch."""
         if self._metrics is None:
             return
-        while not finished.wait(self._metrics_seconds):
+        while not self._clock.wait(finished, self._metrics_seconds):
             try:
                 for name, value, unit in self._datapoints():
                     self._metrics.put(job_id, name, value, unit)
@@ -441,7 +464,7 @@ class NodeAgent:
         by writing runs/<job>/control.json; the node has no inbound connection to be told. The
         node also watches the metadata service for its own spot interruption notice, in case
         the control plane's event comes late."""
-        while not finished.wait(self._control_poll_seconds):
+        while not self._clock.wait(finished, self._control_poll_seconds):
             try:
                 if self._identity.interruption_notice():
                     interrupted.set()

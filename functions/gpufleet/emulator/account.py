@@ -1,9 +1,10 @@
 """An embedded AWS account: moto in-process, holding the same resources as the CDK stack.
 
 Everything is created from `gpufleet.topology`, the description the stack is synthesized from,
-and the state machine runs the very ASL file CDK deploys. Handlers run in-process (see
-`patches`), so a job goes through real boto3 calls, real DynamoDB conditional writes, the real
-Step Functions interpreter and real CreateFleet calls, offline.
+and the state machine runs the very ASL file CDK deploys. Handlers run in-process (`patches`
+holds every place where moto is patched, and why), so a job goes through real boto3 calls, real
+DynamoDB conditional writes, the real Step Functions interpreter and real CreateFleet calls,
+offline.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from gpufleet import topology
+from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
-from gpufleet.emulator import account_baseline, executions
-from gpufleet.emulator.patches import EMULATOR, Recorder, acting_as, install
+from gpufleet.emulator import account_baseline
+from gpufleet.emulator.patches import (
+    EMULATOR,
+    EXECUTION_ENDED,
+    EXECUTION_STOPPED,
+    Installed,
+    Recorder,
+    acting_as,
+    install,
+)
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
@@ -65,7 +73,7 @@ class Account:
     notify_topic_arn: str = ""
 
     def client(self, service: str) -> Any:
-        return boto3.session.Session().client(service, region_name=self.region)
+        return new_session().client(service, region_name=self.region)
 
     def function_environment(self, function: topology.Function) -> dict[str, str]:
         """The deployment variables of one function, as the stack sets them."""
@@ -154,23 +162,23 @@ def embedded_account(
     recorder = Recorder()
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
     mock.start()
-    patches = install(recorder, _write_log)
-    undo_baseline = account_baseline.install()
-    silence_executions = executions.install()
+    patches: Installed | None = None
     try:
+        patches = install(recorder, _write_log)  # all or nothing: it undoes itself if it fails
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config())
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
-        silence_executions()  # the workflows stopped below are the account's end, no job's
+        # The workflows stopped below are the account's end, no job's: moto's own stop, and
+        # no event of it.
+        patches.remove(EXECUTION_ENDED, EXECUTION_STOPPED)
         with acting_as(EMULATOR):
             _stop_executions(account)
     finally:
-        undo_baseline()
-        silence_executions()
-        patches.remove()
+        if patches is not None:
+            patches.remove()
         mock.stop()
         _forget_cold_starts()
         os.environ.clear()

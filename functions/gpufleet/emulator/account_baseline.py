@@ -1,17 +1,16 @@
 """What a real account holds before gpufleet's first job, and moto's does not.
 
 - The public SSM parameters of the GPU AMI and of the Powertools layer, as the stack resolves
-  them at deploy time: moto serves
-  only a few `/aws/service/` trees, and refuses, as SSM does, a PutParameter under `/aws`; the
-  parameter is put in the backend, as AWS publishes it. And CDK's bootstrap version parameter,
-  which `cdk bootstrap` leaves and every deploy checks.
-- EC2's service-linked roles under their real names (moto names spot's `AWSServiceRoleForspot`),
-  with spot's created, as in an account that has launched spot before.
+  them at deploy time: moto serves only a few `/aws/service/` trees, and refuses, as SSM does,
+  a PutParameter under `/aws`; the parameter is put in the backend, as AWS publishes it. And
+  CDK's bootstrap version parameter, which `cdk bootstrap` leaves and every deploy checks.
+- Spot's service-linked role under its real name and path (moto's CreateServiceLinkedRole names
+  it `AWSServiceRoleForspot`), as in an account that has launched spot before.
 - EC2 vCPU quotas in Service Quotas: moto serves only VPC quotas. The values are an account's
   that asked for GPU quota (AWS's defaults are 0 for the GPU families, 5 for Standard): enough
   for the repository's gpufleet.yaml. `set_vcpu_quota` changes one, as an approved request
-  would. The answer comes from moto's backend, so calls over HTTP (`gpufleet emulator`) get it
-  too, not only the in-process ones.
+  would. The answer comes from moto's backend (`patches.EC2_VCPU_QUOTAS`), so calls over HTTP
+  (`gpufleet emulator`) get it too, not only the in-process ones.
 - A way out of the default VPC: AWS's default VPC has an internet gateway and a 0.0.0.0/0 route
   to it in its main route table (and its default subnets give public IPs); moto's has neither.
 - A confirmed subscriber on the alerts topic: an SQS queue of the same account, which SNS
@@ -21,10 +20,11 @@
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.domain.readiness import DEFAULT_ROUTE, VCPU_QUOTAS
+from gpufleet.domain.readiness import DEFAULT_ROUTE, SPOT_ROLE_NAME, VCPU_QUOTAS
 
 if TYPE_CHECKING:
     from gpufleet.emulator.account import Account
@@ -42,12 +42,6 @@ POWERTOOLS_LAYER_ARN = (
 # What `cdk bootstrap` leaves (default qualifier), which every CDK template checks at deploy.
 CDK_BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 CDK_BOOTSTRAP_VERSION = "28"
-# botocore's service name -> the role name part AWS uses (AWSServiceRoleFor<part>).
-_SERVICE_LINKED_ROLE_NAMES = {
-    "spot": "EC2Spot",
-    "spotfleet": "EC2SpotFleet",
-    "ec2fleet": "EC2Fleet",
-}
 EC2_VCPU_QUOTAS: dict[str, float] = {
     "L-DB2E81BA": 768,  # Running On-Demand G and VT instances
     "L-3819A6DF": 768,  # All G and VT Spot Instance Requests
@@ -61,33 +55,17 @@ ALERTS_INBOX = "gpufleet-alerts-inbox"
 _QUOTAS_ATTRIBUTE = "gpufleet_ec2_vcpu_quotas"
 
 
-def install() -> Callable[[], None]:
-    """Patch moto's IAM role names and Service Quotas answers; returns the undo."""
-    from moto.iam import models as iam_models
-    from moto.servicequotas.models import ServiceQuotasBackend
-
-    saved = {k: iam_models.SERVICE_NAME_CONVERSION.get(k) for k in _SERVICE_LINKED_ROLE_NAMES}
-    iam_models.SERVICE_NAME_CONVERSION.update(_SERVICE_LINKED_ROLE_NAMES)
-    original = ServiceQuotasBackend.get_service_quota
+def answer_ec2_vcpu_quotas(original: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+    """`ServiceQuotasBackend.get_service_quota` (patches.EC2_VCPU_QUOTAS): EC2's vCPU quotas
+    too, from the backend's own values (`set_vcpu_quota`) or the defaults above."""
 
     def get_service_quota(self: Any, service_code: str, quota_code: str) -> dict[str, Any]:
         quotas: dict[str, float] = getattr(self, _QUOTAS_ATTRIBUTE, EC2_VCPU_QUOTAS)
         if service_code != "ec2" or quota_code not in quotas:
-            result: dict[str, Any] = original(self, service_code, quota_code)
-            return result
+            return original(self, service_code, quota_code)
         return _quota(self.region_name, quota_code, quotas[quota_code])
 
-    ServiceQuotasBackend.get_service_quota = get_service_quota  # type: ignore[method-assign]
-
-    def undo() -> None:
-        ServiceQuotasBackend.get_service_quota = original  # type: ignore[method-assign]
-        for key, value in saved.items():
-            if value is None:
-                iam_models.SERVICE_NAME_CONVERSION.pop(key, None)
-            else:
-                iam_models.SERVICE_NAME_CONVERSION[key] = value
-
-    return undo
+    return get_service_quota
 
 
 def _quota(region: str, code: str, value: float) -> dict[str, Any]:
@@ -124,7 +102,7 @@ def populate(account: Account, ami_id: str) -> None:
     account.client("ssm").put_parameter(
         Name=CDK_BOOTSTRAP_VERSION_PARAMETER, Value=CDK_BOOTSTRAP_VERSION, Type="String"
     )
-    account.client("iam").create_service_linked_role(AWSServiceName="spot.amazonaws.com")
+    _create_spot_role(account)
     _open_the_default_vpc(account)
     _subscribe_an_operator(account)
 
@@ -154,6 +132,24 @@ def _publish(account: Account, name: str, value: str, data_type: str) -> None:
             version=1,
             data_type=data_type,
         )
+    )
+
+
+def _create_spot_role(account: Account) -> None:
+    """Spot's service-linked role, as EC2 creates it at the first spot launch: under its real
+    name and path (moto's CreateServiceLinkedRole would name it `AWSServiceRoleForspot`)."""
+    service = "spot.amazonaws.com"
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+        ],
+    }
+    account.client("iam").create_role(
+        RoleName=SPOT_ROLE_NAME,
+        Path=f"/aws-service-role/{service}/",
+        AssumeRolePolicyDocument=json.dumps(trust),
+        Description="Default EC2 Spot Service Linked Role",
     )
 
 

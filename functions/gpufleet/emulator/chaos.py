@@ -40,8 +40,6 @@ from itertools import combinations
 from typing import Any, TextIO
 
 import botocore.handlers
-import botocore.loaders
-import botocore.session
 import yaml
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
@@ -243,12 +241,20 @@ class ChaoticDelivery:
     """The account's asynchronous deliveries under the chaos plan (a `patches.FaultPlan`):
     every event `copies_per_event` times, some copies late, failed runs retried twice as
     Lambda retries asynchronous invocations (one "minute", then two, later), and every handler
-    run exposed to crashes."""
+    run exposed to crashes. `later(delay, run)` runs a late delivery (on a timer thread when
+    not given; a test runs them by hand)."""
 
-    def __init__(self, config: ChaosConfig, rng: random.Random, crashes: CrashAfterWrites) -> None:
+    def __init__(
+        self,
+        config: ChaosConfig,
+        rng: random.Random,
+        crashes: CrashAfterWrites,
+        later: Callable[[float, Callable[[], None]], None] | None = None,
+    ) -> None:
         self._config = config
         self._rng = rng
         self._crashes = crashes
+        self._schedule = later or _on_a_timer
         self._lock = threading.Condition()
         self._pending = 0  # late deliveries and retries not yet run
         self._closed = False
@@ -306,9 +312,7 @@ class ChaoticDelivery:
     def _later(self, delay: float, attempt: Callable[[], bool], retries_left: int) -> None:
         with self._lock:
             self._pending += 1
-        timer = threading.Timer(delay, self._run_later, args=(attempt, retries_left))
-        timer.daemon = True
-        timer.start()
+        self._schedule(delay, functools.partial(self._run_later, attempt, retries_left))
 
     def _run_later(self, attempt: Callable[[], bool], retries_left: int) -> None:
         try:
@@ -333,6 +337,12 @@ class ChaoticDelivery:
         with self._lock:
             self._lock.wait_for(lambda: self._pending == 0, timeout)
             self._closed = True
+
+
+def _on_a_timer(delay: float, run: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, run)
+    timer.daemon = True
+    timer.start()
 
 
 @dataclass
@@ -495,28 +505,6 @@ class _LiveNodes(NodeSimulator):
         return instances
 
 
-@contextmanager
-def _shared_service_models() -> Iterator[None]:
-    """Every botocore session of the run shares one loader of service models. The emulator
-    makes a session per client, and each new session parses the models' JSON again, which
-    would dominate a long run's CPU; the models are only read, so nothing else changes."""
-    original = botocore.session.create_loader
-    loaders: dict[str | None, botocore.loaders.Loader] = {}
-    lock = threading.Lock()
-
-    def shared(search_path_string: str | None = None) -> botocore.loaders.Loader:
-        with lock:
-            if search_path_string not in loaders:
-                loaders[search_path_string] = original(search_path_string)
-            return loaders[search_path_string]
-
-    botocore.session.create_loader = shared
-    try:
-        yield
-    finally:
-        botocore.session.create_loader = original
-
-
 @dataclass
 class ChaosResult:
     seed: int
@@ -628,7 +616,6 @@ def run_chaos(config: ChaosConfig, progress: TextIO | None = None) -> ChaosResul
         finish_resend_seconds=config.finish_resend_seconds,
     )
     with (
-        _shared_service_models(),
         injected(capacity, throttling, crashes, ledger, lost),
         embedded_account(extra_env=CHAOS_ENV) as account,
     ):

@@ -9,7 +9,8 @@ an execution ends (SUCCEEDED, FAILED, TIMED_OUT, ABORTED; not when one starts, w
 here listens for), so the rules on it run their targets as in AWS.
 
 The event is put by the thread that ran the execution, as the emulator (its API calls are not
-the control plane's), right after moto recorded how the execution ended.
+the control plane's), right after moto recorded how the execution ended. Both replacements are
+entries of the patch registry (`patches.EXECUTION_ENDED`, `patches.EXECUTION_STOPPED`).
 
 moto also stops an execution only once the task it waits on returns (a `.waitForTaskToken` task
 may wait for hours), where StopExecution ends it at once: a stopped execution is ABORTED, and
@@ -24,8 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import boto3
-
+from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.topology import DETAIL_EXECUTION_STATUS_CHANGE
 
@@ -58,41 +58,35 @@ def _millis(moment: datetime) -> int:
 
 
 _ENDED_ONCE = "_gpufleet_end_told"  # set on an execution whose end was recorded and told
+_told = threading.Lock()
 
 
-def install() -> Callable[[], None]:
-    """Emit the event whenever an execution ends, and end stopped executions at once, from now
-    on; returns what undoes it."""
-    from moto.stepfunctions.parser.backend.execution import (
-        BaseExecutionWorkerCommunication,
-        Execution,
-    )
-
-    original_terminated = BaseExecutionWorkerCommunication.terminated
-    original_stop = Execution.stop
-    lock = threading.Lock()
+def emit_on_end(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`BaseExecutionWorkerCommunication.terminated` (patches.EXECUTION_ENDED): record how the
+    execution ended, once, and send the event."""
 
     def terminated(self: Any) -> None:
-        with lock:
+        with _told:
             if getattr(self.execution, _ENDED_ONCE, False):
                 return  # stopped earlier: its end stands as StopExecution made it
             setattr(self.execution, _ENDED_ONCE, True)
-            original_terminated(self)
+            original(self)
         _emit(self.execution)
 
+    return terminated
+
+
+def end_at_once(original: Callable[..., None]) -> Callable[..., None]:
+    """`Execution.stop` (patches.EXECUTION_STOPPED): the stopped execution ends now, ABORTED,
+    as its worker would record it once its task returned."""
+    from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
+
     def stop(self: Any, stop_date: datetime, error: str | None, cause: str | None) -> None:
-        original_stop(self, stop_date=stop_date, error=error, cause=cause)
+        original(self, stop_date=stop_date, error=error, cause=cause)
         if self.exec_worker is not None:
-            self.exec_worker._execution_communication.terminated()
+            BaseExecutionWorkerCommunication(self).terminated()
 
-    BaseExecutionWorkerCommunication.terminated = terminated  # type: ignore[method-assign]
-    Execution.stop = stop  # type: ignore[method-assign]
-
-    def undo() -> None:
-        BaseExecutionWorkerCommunication.terminated = original_terminated  # type: ignore[method-assign]
-        Execution.stop = original_stop  # type: ignore[method-assign]
-
-    return undo
+    return stop
 
 
 def _emit(execution: Any) -> None:
@@ -103,7 +97,7 @@ def _emit(execution: Any) -> None:
         return
     region = str(execution.exec_arn).split(":")[3]
     with acting_as(EMULATOR):
-        boto3.session.Session().client("events", region_name=region).put_events(
+        new_session().client("events", region_name=region).put_events(
             Entries=[
                 {
                     "Source": "aws.states",

@@ -1,35 +1,59 @@
-"""The three places where moto needs help to behave like an AWS account running our code.
+"""Every place where the embedded account replaces a library's own code, in one registry.
 
-1. Lambda invoke without Docker runs no code: `LambdaFunction._invoke_lambda` is replaced so the
-   function's real handler runs in-process (direct invoke, Step Functions `lambda:invoke`,
-   S3 notifications and EventBridge targets all go through it).
-2. EventBridge rules deliver only to SQS and Logs: Lambda and Step Functions targets are added,
-   with Lambda's asynchronous retry behaviour (two retries). S3 notification records of a
-   versioned bucket carry the object's version id, as S3's do.
-3. moto checks a DynamoDB condition and applies the write without a lock, so two threads can
-   both pass the same condition. DynamoDB applies each conditional write atomically; the
-   backend's writes are serialized to match. A transaction that fails is undone item by item:
-   moto would deep-copy every table it touches before each transaction, which costs time and
-   memory in proportion to the whole table (the jobs table, for a launch or a release).
-4. Who called: control-plane code, the emulator itself, or a simulated node. Each boto3 call is
-   counted against the actor on the calling thread, so the demo reports the API calls the
-   control plane made and nothing else; a call made while a handler runs is also logged
-   against that function, with the parameters that name what it touches (what IAM judges).
+Each `Patch` names the attribute it replaces, the parameters the replacement relies on, and why
+no public seam reaches it; `install` applies them all (and nothing else replaces library code).
+`tests/unit/test_emulator_patches.py` fails, naming the patch, when the pinned moto (or
+Powertools) no longer has what a patch replaces, and `install` refuses to start then.
 
-Besides, each JSONPath the Step Functions interpreter reads is parsed once, not at every read
-(CPU only: the results are the same).
+Everything else the account adds goes through seams: botocore's event system (handlers added to
+`botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups and
+EC2's launch rules, the faults of a chaos run, and the `Recorder` of who called); the control
+plane's port for sessions (`runtime.use_sessions`: sessions that share one loader of the
+service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
+`topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
+schedules, alarms). Handlers' output reaches each invocation's log through `sys.stdout` and the
+Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
-A `FaultPlan` (see `planned_faults`) can take over the asynchronous deliveries and wrap every
-handler run, for chaos runs: without one, each event is delivered once, on time.
+The registry (`PATCHES`: 15 attributes, 13 of moto and 2 of Powertools), and why each cannot be
+avoided:
 
-moto is pinned exactly (see requirements.lock): these patches rely on its internals.
+- `LambdaFunction._invoke_lambda`: without Docker moto runs no function code. Every invocation
+  (direct, Step Functions `lambda:invoke`, S3 notifications, EventBridge targets) ends here, so
+  the function's real handler runs in-process, with a Lambda context and its own log.
+- `Rule.send_to_targets`: moto delivers a rule's matches to SQS, Logs and buses, and raises
+  NotImplementedError for a Lambda target. It is the one path that both in-process clients and
+  the HTTP server (`gpufleet emulator`) take, so a rule's Lambda targets (put from
+  `topology.RULES`) are invoked here, asynchronously and with Lambda's two retries.
+- `s3.notifications._invoke_awslambda`: moto invokes a notified function once, synchronously, and
+  drops its error; S3 invokes it asynchronously and Lambda retries a failed event twice.
+- `s3.notifications._get_s3_event`: S3's records of a versioned bucket carry the object's
+  version id (intake keys a job on it); moto builds the record here and leaves it out.
+- `DynamoDBBackend.put_item`, `update_item`, `delete_item`, `transact_write_items`: moto checks a
+  condition and applies the write without a lock, so two threads can both pass one condition.
+  DynamoDB applies each conditional write (and each transaction) atomically: the backend's
+  writes are serialized, for in-process and HTTP callers alike.
+- `CallbackEndpoint.setup_heartbeat_endpoint`: a `.waitForTaskToken` task with a heartbeat whose
+  result was sent while its Lambda still ran (Launch handing back a launch that got no capacity)
+  waits out a whole heartbeat period in moto, which makes the heartbeat endpoint after the
+  result came; Step Functions takes such a result at once. The new endpoint is told of it.
+- `json_path.parse`: moto's Step Functions interpreter parses each JSONPath at every read with a
+  new parser: much of a busy account's CPU. Expressions are immutable: each is parsed once.
+- `BaseExecutionWorkerCommunication.terminated`, `Execution.stop`: moto never sends Step
+  Functions' execution status change events, and ends a stopped execution only when the task it
+  waits on returns (see `executions`).
+- `ServiceQuotasBackend.get_service_quota`: moto's Service Quotas knows VPC quotas only; EC2's
+  vCPU quotas are answered from the backend, for HTTP callers too (see `account_baseline`).
+- `print` in Powertools' metrics modules: EMF metrics are printed. The print writes to the
+  invocation's log, whatever `sys.stdout` is at the time (test harnesses swap it).
+
+moto is pinned exactly (requirements.lock): these patches rely on its internals.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
+import inspect
 import io
 import json
 import logging
@@ -41,7 +65,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import botocore.handlers
@@ -57,6 +81,157 @@ _local = threading.local()
 
 # botocore names some services differently from the ARNs and the console.
 _SERVICE_NAMES = {"sfn": "states", "cloudwatch": "cloudwatch", "eventbridge": "events"}
+
+
+class PatchDoesNotFit(RuntimeError):
+    """The installed library no longer has what a patch replaces, as the patch expects it."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute of a library that the embedded account replaces."""
+
+    module: str
+    attribute: str  # "Class.method", or a module-level name
+    why: str
+    # The parameter names of the original that the replacement relies on (None: any).
+    parameters: tuple[str, ...] | None = None
+    # The module has no such name: the patch adds one that shadows a builtin its code calls.
+    shadows_builtin: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+    def _owner(self) -> tuple[Any, str]:
+        owner: Any = importlib.import_module(self.module)
+        *path, name = self.attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        return owner, name
+
+    def problems(self) -> list[str]:
+        """What the installed library lacks for this patch (none: it fits)."""
+        try:
+            owner, name = self._owner()
+        except (ImportError, AttributeError) as exc:
+            return [f"{self.name}: {exc}"]
+        if self.shadows_builtin:
+            if f"{name}(" not in inspect.getsource(owner):
+                return [f"{self.name}: the module no longer calls {name}()"]
+            return []
+        if not hasattr(owner, name):
+            return [f"{self.name} no longer exists"]
+        if self.parameters is not None:
+            found = tuple(inspect.signature(getattr(owner, name)).parameters)
+            if found != self.parameters:
+                return [f"{self.name} takes {found}; the patch expects {self.parameters}"]
+        return []
+
+    def apply(self, make: Callable[[Any], Any]) -> Callable[[], None]:
+        """Replace the attribute with `make(original)` (None when it shadows a builtin); returns
+        what puts the original back."""
+        problems = self.problems()
+        if problems:
+            raise PatchDoesNotFit(
+                f"{'; '.join(problems)} (the emulator's patch: {self.why}) - pin the moto version "
+                "in requirements.lock or update gpufleet/emulator/patches.py"
+            )
+        owner, name = self._owner()
+        had = name in vars(owner)
+        raw = vars(owner).get(name)  # as stored (a staticmethod stays one when put back)
+        setattr(owner, name, make(getattr(owner, name, None)))
+
+        def undo() -> None:
+            if had:
+                setattr(owner, name, raw)
+            else:
+                delattr(owner, name)
+
+        return undo
+
+
+_DYNAMODB = "moto.dynamodb.models"
+_SFN = "moto.stepfunctions.parser"
+
+IN_PROCESS_INVOKE = Patch(
+    "moto.awslambda.models",
+    "LambdaFunction._invoke_lambda",
+    "every invocation runs the function's real handler in-process (moto runs code only in Docker)",
+    ("self", "event"),
+)
+RULE_TARGETS = Patch(
+    "moto.events.models",
+    "Rule.send_to_targets",
+    "a rule's Lambda targets are invoked asynchronously (moto raises NotImplementedError)",
+    ("self", "original_event", "transform_input"),
+)
+S3_TO_LAMBDA = Patch(
+    "moto.s3.notifications",
+    "_invoke_awslambda",
+    "S3 invokes asynchronously, with Lambda's two retries (moto once, dropping the error)",
+    ("account_id", "event_body", "fn_arn", "region_name"),
+)
+S3_RECORD_VERSION = Patch(
+    "moto.s3.notifications",
+    "_get_s3_event",
+    "the records of a versioned bucket carry the object's version id, as S3's do",
+    ("event_name", "bucket", "key", "notification_id"),
+)
+ATOMIC_WRITES = tuple(
+    Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "conditional writes are atomic")
+    for operation in ("put_item", "update_item", "delete_item", "transact_write_items")
+)
+EARLY_TASK_RESULT = Patch(
+    f"{_SFN}.asl.eval.callback.callback",
+    "CallbackEndpoint.setup_heartbeat_endpoint",
+    "a task's result sent before its heartbeat endpoint existed is taken at once",
+    ("self", "heartbeat_seconds"),
+)
+JSON_PATHS_PARSED_ONCE = Patch(
+    f"{_SFN}.asl.utils.json_path",
+    "parse",
+    "each JSONPath is parsed once, not at every read (CPU only)",
+)
+EXECUTION_ENDED = Patch(
+    f"{_SFN}.backend.execution",
+    "BaseExecutionWorkerCommunication.terminated",
+    "an execution's end sends Step Functions' status change event",
+    ("self",),
+)
+EXECUTION_STOPPED = Patch(
+    f"{_SFN}.backend.execution",
+    "Execution.stop",
+    "StopExecution ends the execution at once (moto: once its task returns)",
+    ("self", "stop_date", "error", "cause"),
+)
+EC2_VCPU_QUOTAS = Patch(
+    "moto.servicequotas.models",
+    "ServiceQuotasBackend.get_service_quota",
+    "EC2's vCPU quotas are answered (moto knows VPC quotas only)",
+    ("self", "service_code", "quota_code"),
+)
+EMF_PRINTS = tuple(
+    Patch(module, "print", "EMF metrics go to the invocation's log", shadows_builtin=True)
+    for module in (
+        "aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch",
+        "aws_lambda_powertools.metrics.base",  # single_metric
+    )
+)
+
+PATCHES: tuple[Patch, ...] = (
+    IN_PROCESS_INVOKE,
+    RULE_TARGETS,
+    S3_TO_LAMBDA,
+    S3_RECORD_VERSION,
+    *ATOMIC_WRITES,
+    EARLY_TASK_RESULT,
+    JSON_PATHS_PARSED_ONCE,
+    EXECUTION_ENDED,
+    EXECUTION_STOPPED,
+    EC2_VCPU_QUOTAS,
+    *EMF_PRINTS,
+)
 
 
 class FaultPlan(Protocol):
@@ -166,7 +341,11 @@ def _naming_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class Recorder:
-    """API calls and Lambda invocations made by the control plane."""
+    """API calls and Lambda invocations made by the control plane. Each boto3 call is counted
+    against the actor on the calling thread (control-plane code, the emulator itself, or a
+    simulated node), so the demo reports the control plane's calls and nothing else; a call made
+    while a handler runs is also logged against that function, with the parameters that name
+    what it touches (what IAM judges)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -176,6 +355,9 @@ class Recorder:
         # Off for a long-lived emulator (`gpufleet emulator`): the counts stay, the logs of
         # every call and invocation would grow without end.
         self.keeps_log = True
+
+    def hooks(self) -> list[tuple[str, Callable[..., None]]]:
+        return [("before-parameter-build", self.count_call)]
 
     def count_call(self, event_name: str, params: dict[str, Any] | None = None, **_: Any) -> None:
         # event_name: "before-parameter-build.<service>.<Operation>"
@@ -239,6 +421,14 @@ class _ThreadRoutedStream(io.TextIOBase):
         self._fallback.flush()
 
 
+def _routed_print(*values: Any, **kwargs: Any) -> None:
+    """`print` for Powertools' metrics: to the invocation's log when a handler runs."""
+    buffer = getattr(_local, "log_buffer", None)
+    if buffer is not None and "file" not in kwargs:
+        kwargs["file"] = buffer
+    print(*values, **kwargs)
+
+
 def _resolve_handler(path: str) -> Callable[[Any, Any], Any]:
     module_name, _, attribute = path.rpartition(".")
     module = importlib.import_module(module_name)
@@ -247,26 +437,86 @@ def _resolve_handler(path: str) -> Callable[[Any, Any], Any]:
 
 
 @dataclass
-class Patches:
+class Installed:
+    """The patches and hooks of one embedded account, and what removes them."""
+
     recorder: Recorder
-    undo: list[Callable[[], None]]
     ec2_rules: Ec2Rules
+    _undo: list[tuple[Patch | None, Callable[[], None]]] = field(default_factory=list)
 
-    def remove(self) -> None:
-        for undo in reversed(self.undo):
-            undo()
+    def remove(self, *patches: Patch) -> None:
+        """Put back the patches named (everything, hooks included, when none is named), last
+        installed first; what was put back already is skipped."""
+        for entry in reversed(list(self._undo)):
+            patch, undo = entry
+            if not patches or patch in patches:
+                undo()
+                self._undo.remove(entry)
 
 
-def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patches:
-    """Install the patches; `write_log(log_group, text)` stores a handler's output."""
-    from moto.awslambda.models import LambdaFunction
-    from moto.events import notifications
-    from moto.events.models import Rule
-    from moto.s3 import notifications as s3_notifications
+def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Installed:
+    """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
+    stores a handler's output."""
+    from gpufleet.adapters.aws import runtime
+    from gpufleet.emulator import account_baseline, executions
+    from gpufleet.emulator.ec2_rules import Ec2Rules
+    from gpufleet.emulator.placement_groups import PlacementGroups
+    from gpufleet.emulator.sessions import SessionsSharingModels
 
-    undo: list[Callable[[], None]] = []
+    write_lock = threading.RLock()
+    replacements: dict[Patch, Callable[[Any], Any]] = {
+        IN_PROCESS_INVOKE: lambda _original: _in_process_invoke(recorder, write_log),
+        RULE_TARGETS: _lambda_targets,
+        S3_TO_LAMBDA: lambda _original: _s3_invoke,
+        S3_RECORD_VERSION: _with_version_ids,
+        **{patch: functools.partial(_serialized, write_lock) for patch in ATOMIC_WRITES},
+        EARLY_TASK_RESULT: _told_of_an_earlier_result,
+        JSON_PATHS_PARSED_ONCE: functools.lru_cache(maxsize=1024),
+        EXECUTION_ENDED: executions.emit_on_end,
+        EXECUTION_STOPPED: executions.end_at_once,
+        EC2_VCPU_QUOTAS: account_baseline.answer_ec2_vcpu_quotas,
+        **{patch: lambda _none: _routed_print for patch in EMF_PRINTS},
+    }
+    groups = PlacementGroups()
+    installed = Installed(recorder, Ec2Rules(groups))
+    try:
+        for patch in PATCHES:
+            installed._undo.append((patch, patch.apply(replacements[patch])))
+        installed._undo.append((None, runtime.use_sessions(SessionsSharingModels())))
+        # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
+        # them. And every boto3 call made from now on is counted, by the actor on its thread.
+        for hook in [*groups.hooks(), *installed.ec2_rules.hooks(), *recorder.hooks()]:
+            botocore.handlers.BUILTIN_HANDLERS.append(hook)
+            installed._undo.append(
+                (None, functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))
+            )
+        _route_handler_output(installed)
+    except BaseException:
+        installed.remove()
+        raise
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    return installed
 
-    # 1. Real handlers, in-process.
+
+def _route_handler_output(installed: Installed) -> None:
+    """Handler output (Powertools Logger, EMF metrics) goes to each invocation's log group."""
+    routed = _ThreadRoutedStream(sys.stdout)
+    saved_stdout = sys.stdout
+    sys.stdout = routed
+    installed._undo.append((None, lambda: setattr(sys, "stdout", saved_stdout)))
+    # The shared Powertools Logger keeps the stream it was created with: point it here too,
+    # whenever the handlers were first imported.
+    from gpufleet.handlers import common
+
+    for handler in common.logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            previous = handler.setStream(routed)
+            installed._undo.append((None, functools.partial(handler.setStream, previous)))
+
+
+def _in_process_invoke(
+    recorder: Recorder, write_log: Callable[[str, str], None]
+) -> Callable[..., tuple[str, bool, str]]:
     def invoke_in_process(self: Any, event: Any = None) -> tuple[str, bool, str]:
         payload = json.loads(event) if isinstance(event, str | bytes) else (event or {})
         context = _LambdaContext(self)
@@ -307,202 +557,71 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
         write_log(context.log_group_name, logs)
         return output, errored, logs
 
-    _replace(LambdaFunction, "_invoke_lambda", invoke_in_process, undo)
+    return invoke_in_process
 
-    # 2. EventBridge -> Lambda and Step Functions targets; S3 -> Lambda with async retries.
-    original_send = Rule.send_to_targets
 
+def _lambda_targets(original: Callable[..., None]) -> Callable[..., None]:
     def send_to_targets(self: Any, original_event: Any, transform_input: bool = True) -> None:
         if not self.event_pattern.matches_event(original_event):
             return
-        others = []
-        for target in self.targets:
-            arn = str(target["Arn"])
-            if ":lambda:" in arn:
-                invoke_async(self.account_id, arn, original_event)
-            elif ":states:" in arn:
-                notifications._start_sfn_execution(
-                    self.account_id, region=self.region_name, sfn_arn=arn, event=original_event
-                )
-            else:
-                others.append(target)
-        if others:
+        functions = [t for t in self.targets if ":lambda:" in str(t["Arn"])]
+        for target in functions:
+            invoke_async(self.account_id, str(target["Arn"]), original_event)
+        others = [t for t in self.targets if t not in functions]
+        if others:  # SQS, Logs, buses: moto's own delivery
             saved = self.targets
             self.targets = others
             try:
-                original_send(self, original_event, transform_input)
+                original(self, original_event, transform_input)
             finally:
                 self.targets = saved
 
-    _replace(Rule, "send_to_targets", send_to_targets, undo)
+    return send_to_targets
 
-    def s3_invoke(account_id: str, event_body: Any, fn_arn: str, *_region: str) -> None:
-        invoke_async(account_id, fn_arn, event_body)
 
-    _replace(s3_notifications, "_invoke_awslambda", s3_invoke, undo)
+def _s3_invoke(
+    account_id: str,
+    event_body: Any,
+    fn_arn: str,
+    region_name: str,  # noqa: ARG001 - moto's signature; the function's ARN names its region
+) -> None:
+    invoke_async(account_id, fn_arn, event_body)
 
-    # S3 names the object version in each record of a versioned bucket; moto leaves it out.
-    original_event = s3_notifications._get_s3_event
 
+def _with_version_ids(original: Callable[..., Any]) -> Callable[..., Any]:
     def s3_event(event_name: str, bucket: Any, key: Any, notification_id: str) -> Any:
-        event = original_event(event_name, bucket, key, notification_id)
+        event = original(event_name, bucket, key, notification_id)
         if bucket.is_versioned:
             for record in event["Records"]:
                 record["s3"]["object"]["versionId"] = key.version_id
         return event
 
-    _replace(s3_notifications, "_get_s3_event", s3_event, undo)
-
-    # 3. Conditional writes are atomic in DynamoDB.
-    from moto.dynamodb.models import DynamoDBBackend
-
-    _undo_transactions_item_by_item(undo)
-    write_lock = threading.RLock()
-    for operation in ("put_item", "update_item", "delete_item", "transact_write_items"):
-        original = getattr(DynamoDBBackend, operation)
-
-        def atomic(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            with write_lock:
-                return __original(self, *args, **kwargs)
-
-        _replace(DynamoDBBackend, operation, atomic, undo)
-
-    # A `.waitForTaskToken` task with a heartbeat: moto waits for the first heartbeat before it
-    # looks for the task's result, so a result sent while the task's Lambda still ran (Launch
-    # handing back a launch that got no capacity) waits out a whole heartbeat period. Step
-    # Functions takes such a result at once.
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-        state_task_service_callback as callback,
-    )
-    from moto.stepfunctions.parser.asl.eval.callback.callback import HeartbeatTimedOut
-
-    def wait_with_heartbeat(
-        _task: Any, env: Any, callback_endpoint: Any, heartbeat_endpoint: Any
-    ) -> Any:
-        outcome = callback_endpoint.get_outcome()
-        while env.is_running() and outcome is None:
-            received = heartbeat_endpoint.clear_and_wait()
-            if not received and env.is_running():
-                return callback_endpoint.get_outcome() or HeartbeatTimedOut()
-            outcome = callback_endpoint.get_outcome()
-        return outcome
-
-    _replace(
-        callback.StateTaskServiceCallback,
-        "_wait_for_task_token_heartbeat",
-        wait_with_heartbeat,
-        undo,
-    )
-
-    # moto's Step Functions interpreter parses every JSONPath of every state each time it
-    # reads one, building a new parser each time: much of a busy emulator's CPU. Expressions
-    # are immutable, so each distinct path is parsed once.
-    from jsonpath_ng.ext.parser import parse as parse_json_path
-    from moto.stepfunctions.parser.asl.utils import json_path
-
-    _replace(json_path, "parse", functools.lru_cache(maxsize=1024)(parse_json_path), undo)
-
-    # moto has no EC2 placement groups: the emulator answers for them. And it launches what
-    # EC2 refuses: the emulator holds launches to EC2's rules (see `ec2_rules`).
-    from gpufleet.emulator.ec2_rules import Ec2Rules
-    from gpufleet.emulator.placement_groups import PlacementGroups
-
-    groups = PlacementGroups()
-    ec2_rules = Ec2Rules(groups)
-    for hook in [*groups.hooks(), *ec2_rules.hooks()]:
-        botocore.handlers.BUILTIN_HANDLERS.append(hook)
-        undo.append(functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))
-
-    # 4. Count every boto3 call made from now on, by the actor on the calling thread.
-    handler_entry = ("before-parameter-build", recorder.count_call)
-    botocore.handlers.BUILTIN_HANDLERS.append(handler_entry)
-    undo.append(lambda: botocore.handlers.BUILTIN_HANDLERS.remove(handler_entry))
-
-    # EMF metrics are printed: the print inside Powertools' CloudWatch provider writes to the
-    # invocation's log, whatever sys.stdout is at the time (test harnesses swap it).
-    from aws_lambda_powertools.metrics.provider.cloudwatch_emf import cloudwatch as emf
-
-    def routed_print(*values: Any, **kwargs: Any) -> None:
-        buffer = getattr(_local, "log_buffer", None)
-        if buffer is not None and "file" not in kwargs:
-            kwargs["file"] = buffer
-        print(*values, **kwargs)
-
-    # Both Powertools' metrics and its single metrics (`single_metric`) print.
-    from aws_lambda_powertools.metrics import base as metrics_base
-
-    for module in (emf, metrics_base):
-        module.print = routed_print  # type: ignore[attr-defined]
-        undo.append(functools.partial(delattr, module, "print"))
-
-    # Handler output (Powertools Logger, EMF metrics) goes to each invocation's log group.
-    routed = _ThreadRoutedStream(sys.stdout)
-    saved_stdout = sys.stdout
-    sys.stdout = routed
-    undo.append(lambda: setattr(sys, "stdout", saved_stdout))
-    # The shared Powertools Logger keeps the stream it was created with: point it here too,
-    # whenever the handlers were first imported.
-    from gpufleet.handlers import common
-
-    for handler in common.logger.handlers:
-        if isinstance(handler, logging.StreamHandler):
-            previous = handler.setStream(routed)
-            undo.append(functools.partial(handler.setStream, previous))
-    logging.getLogger("botocore").setLevel(logging.WARNING)
-    return Patches(recorder=recorder, undo=undo, ec2_rules=ec2_rules)
+    return s3_event
 
 
-def _undo_transactions_item_by_item(undo: list[Callable[[], None]]) -> None:
-    """moto keeps a deep copy of each table a transaction touches, to put back if it fails.
-    Here its copy is the live table (so putting it back changes nothing), and what a failed
-    transaction wrote is undone from the items it touched, as they were before."""
-    from moto.dynamodb import models as dynamodb_models
-    from moto.dynamodb.models.table import Table
+def _serialized(lock: threading.RLock, original: Callable[..., Any]) -> Callable[..., Any]:
+    def atomic(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return original(self, *args, **kwargs)
 
-    class TablesKeptLive:
-        @staticmethod
-        def deepcopy(value: Any, memo: Any = None) -> Any:
-            return value if isinstance(value, Table) else copy.deepcopy(value, memo)
-
-    _replace(dynamodb_models, "copy", TablesKeptLive, undo)
-    original = dynamodb_models.DynamoDBBackend.transact_write_items
-
-    def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
-        before = [_item_before(self, op) for item in transact_items for op in item.values()]
-        try:
-            original(self, transact_items)
-        except Exception:
-            for table_name, key, attributes in before:
-                if attributes is None:
-                    if self.get_item(table_name, key) is not None:
-                        self.delete_item(table_name, key)
-                else:
-                    self.put_item(table_name, attributes)
-            raise
-
-    _replace(dynamodb_models.DynamoDBBackend, "transact_write_items", transact_write_items, undo)
+    return atomic
 
 
-def _item_before(backend: Any, op: dict[str, Any]) -> tuple[str, dict[str, Any], Any]:
-    """(table, key, the item's attributes now, or None) of one item of a transaction."""
-    table = backend.get_table(op["TableName"])
-    key = op.get("Key")
-    if key is None:
-        names = [table.hash_key_attr, table.range_key_attr]
-        key = {name: op["Item"][name] for name in names if name is not None}
-    current = backend.get_item(op["TableName"], key)
-    return op["TableName"], key, None if current is None else current.to_json()["Attributes"]
+def _told_of_an_earlier_result(original: Callable[..., Any]) -> Callable[..., Any]:
+    def setup_heartbeat_endpoint(self: Any, heartbeat_seconds: int) -> Any:
+        endpoint = original(self, heartbeat_seconds)
+        # Told after the endpoint exists: a result that comes meanwhile tells it itself.
+        if self.get_outcome() is not None:
+            endpoint.notify()
+        return endpoint
 
-
-def _replace(owner: Any, name: str, replacement: Any, undo: list[Callable[[], None]]) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
-    undo.append(lambda: setattr(owner, name, original))
+    return setup_heartbeat_endpoint
 
 
 def invoke_async(account_id: str, function_arn: str, event: Any) -> bool:
     """An asynchronous Lambda invocation: Lambda retries a failed one twice, then gives up
-    (in AWS the event then goes to the function's dead-letter queue)."""
+    (in AWS the event then goes to the function's dead-letter queue). A `FaultPlan` may deliver
+    it otherwise; without one, it is delivered once, at once, on the calling thread."""
     from moto.awslambda.utils import get_backend
 
     region = function_arn.split(":")[3]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -29,8 +30,30 @@ from gpufleet.settings import Settings
 _CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
 
 
+# Where each client's session comes from: a new one per client (a boto3 session is not
+# thread-safe; its clients are). The embedded account hands in its own (`use_sessions`).
+_new_session: Callable[[], boto3.session.Session] = boto3.session.Session
+
+
+def use_sessions(factory: Callable[[], boto3.session.Session]) -> Callable[[], None]:
+    """Clients are made from `factory()`'s sessions from now on; returns what puts boto3's
+    own back."""
+    global _new_session
+    previous, _new_session = _new_session, factory
+
+    def undo() -> None:
+        global _new_session
+        _new_session = previous
+
+    return undo
+
+
+def new_session() -> boto3.session.Session:
+    return _new_session()
+
+
 def client(service: str, region: str) -> Any:
-    return boto3.session.Session().client(service, region_name=region, config=_CLIENT_CONFIG)
+    return new_session().client(service, region_name=region, config=_CLIENT_CONFIG)
 
 
 class Clients:
