@@ -16,6 +16,7 @@ from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.spec import JobSpec, Priority
+from gpufleet.errors import NotFound, RefusedInput
 
 
 class Clock(Protocol):
@@ -363,14 +364,14 @@ class WarmPoolStatus:
     demand_at: float
 
 
-class ObjectTooLarge(Exception):
+class ObjectTooLarge(RefusedInput):
     def __init__(self, key: str, size: int, limit: int) -> None:
         super().__init__(f"{key} is {size} bytes; the limit is {limit}")
         self.size = size
         self.limit = limit
 
 
-class ObjectMissing(Exception):
+class ObjectMissing(NotFound):
     def __init__(self, key: str, version_id: str | None) -> None:
         super().__init__(f"{key} (version {version_id}) does not exist")
         self.version_id = version_id

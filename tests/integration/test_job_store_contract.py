@@ -8,12 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.adapters.aws.transactions import Backoff
 from gpufleet.adapters.local.memory import InMemoryJobStore
 from gpufleet.domain.job import IllegalTransition, Job, JobNotFound, JobStatus, Placement
 from gpufleet.domain.spec import parse_spec
 from gpufleet.emulator.account import Account
 from gpufleet.ports import JobStore
 from gpufleet.topology import JOBS_TABLE
+from tests.integration.dynamo_faults import writes_in_a_transaction
 
 SPEC = parse_spec("name: t\nteam: ml\nimage: img\ncommand: [x]\n")
 _counter = iter(range(1_000_000))
@@ -207,3 +209,23 @@ def test_a_move_can_require_that_the_placement_holds_an_instance(store: JobStore
         store.transition(
             job.job_id, JobStatus.RUNNING, 8.0, sources=[JobStatus.RUNNING], holding="i-3"
         )
+
+
+# -- DynamoDB only: a write that meets a transaction on its item ---------------------------------
+
+
+def test_a_move_that_meets_a_transaction_on_the_job_is_tried_again(account: Account) -> None:
+    """F7: a node's report (a single UpdateItem) arriving while an admission, launch or release
+    transaction holds the job's item is not lost to a retry the SDK does not make."""
+    client = account.client("dynamodb")
+    waits: list[float] = []
+    table = account.table_names[JOBS_TABLE.construct_id]
+    store = DynamoJobStore(client, table, Backoff(sleep=waits.append))  # waits asked, not taken
+    job = new_job()
+    store.put_new(job)
+    with writes_in_a_transaction(client, "UpdateItem") as failed:
+        moved = store.transition(job.job_id, JobStatus.QUEUED, 1.0)
+        updated = store.update(job.job_id, 2.0, {"attempts": 1})
+    assert failed == ["UpdateItem"] and len(waits) == 1  # the first met the transaction
+    assert moved.status is JobStatus.QUEUED and updated.attempts == 1
+    assert store.get(job.job_id).version == 2

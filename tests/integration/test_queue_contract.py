@@ -9,9 +9,9 @@ import uuid
 from typing import Any
 
 import pytest
-from botocore.awsrequest import AWSResponse
 
 from gpufleet.adapters.aws.queue import DynamoJobQueue
+from gpufleet.adapters.aws.transactions import BACKOFF, Backoff
 from gpufleet.adapters.local.memory import InMemoryJobQueue
 from gpufleet.domain.queueing import (
     Booking,
@@ -22,6 +22,7 @@ from gpufleet.domain.spec import Priority
 from gpufleet.emulator.account import Account
 from gpufleet.ports import AdmissionLimits, JobQueue, QueueEntry, QueueState
 from gpufleet.topology import QUEUE_TABLE
+from tests.integration.dynamo_faults import cancelled_first_tries
 
 NOW = 1_767_225_600.0
 UNBOUNDED = AdmissionLimits(max_gpus=10_000, max_instances=10_000, team_gpus=None)
@@ -34,7 +35,9 @@ def queue(request: pytest.FixtureRequest, account: Account) -> JobQueue:
     return dynamo_queue(account.client("dynamodb"))
 
 
-def dynamo_queue(client: Any, jobs_table: str | None = None) -> DynamoJobQueue:
+def dynamo_queue(
+    client: Any, jobs_table: str | None = None, backoff: Backoff = BACKOFF
+) -> DynamoJobQueue:
     # A table of its own per test: the module shares one account.
     name = f"queue-{uuid.uuid4().hex[:8]}"
     client.create_table(
@@ -50,7 +53,7 @@ def dynamo_queue(client: Any, jobs_table: str | None = None) -> DynamoJobQueue:
         ],
     )
     assert QUEUE_TABLE.partition_key == "pk" and QUEUE_TABLE.sort_key == "sk"
-    return DynamoJobQueue(client, name, jobs_table=jobs_table)
+    return DynamoJobQueue(client, name, jobs_table=jobs_table, backoff=backoff)
 
 
 def entry(
@@ -314,40 +317,16 @@ def test_gpus_held_follow_admissions_and_releases(queue: JobQueue) -> None:
 # -- DynamoDB only: a transaction another one got in the way of ----------------------------------
 
 
-def conflict_once(client: Any) -> None:
-    """Make the next TransactWriteItems fail as DynamoDB fails one that collides with another
-    transaction on the same item (here, the usage item every enqueue, admission and release
-    writes): TransactionCanceledException with a TransactionConflict reason."""
-
-    def cancel(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-        client.meta.events.unregister("before-call.dynamodb.TransactWriteItems", cancel)
-        # The queue item and the usage item, in that order: the usage item collided.
-        reasons = [
-            {"Code": "None"},
-            {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"},
-        ]
-        parsed = {
-            "Error": {
-                "Code": "TransactionCanceledException",
-                "Message": "Transaction cancelled, please refer cancellation reasons for "
-                f"specific reasons [{', '.join(r['Code'] for r in reasons)}]",
-            },
-            "CancellationReasons": reasons,
-            "ResponseMetadata": {"HTTPStatusCode": 400},
-        }
-        return AWSResponse("https://dynamodb", 400, {}, None), parsed
-
-    client.meta.events.register("before-call.dynamodb.TransactWriteItems", cancel)
-
-
 def test_an_enqueue_that_collides_with_another_transaction_still_counts_the_job(
     account: Account,
 ) -> None:
     client = account.client("dynamodb")
-    queue = dynamo_queue(client)
+    waits: list[float] = []
+    queue = dynamo_queue(client, backoff=Backoff(sleep=waits.append))  # waits asked, not taken
     queue.enqueue(entry("j-first", Priority.LOW))  # the usage item exists
-    conflict_once(client)
-    queue.enqueue(entry("j-collided", Priority.HIGH))
+    with cancelled_first_tries(client, "TransactionConflict") as cancelled:
+        queue.enqueue(entry("j-collided", Priority.HIGH))
+    assert list(cancelled.values()) == [1] and len(waits) == 1
     assert {w.job.job_id for w in queue.waiting()} == {"j-first", "j-collided"}
     assert waiting_by_class(queue.state())[Priority.HIGH] == 1
 
@@ -356,8 +335,10 @@ def test_a_remove_that_collides_with_another_transaction_still_removes_the_job(
     account: Account,
 ) -> None:
     client = account.client("dynamodb")
-    queue = dynamo_queue(client)
+    waits: list[float] = []
+    queue = dynamo_queue(client, backoff=Backoff(sleep=waits.append))  # waits asked, not taken
     queue.enqueue(entry("j-cancelled"))
-    conflict_once(client)
-    removed = queue.remove("j-cancelled")
+    with cancelled_first_tries(client, "TransactionConflict") as cancelled:
+        removed = queue.remove("j-cancelled")
+    assert list(cancelled.values()) == [1] and len(waits) == 1
     assert removed is not None and queue.waiting() == []

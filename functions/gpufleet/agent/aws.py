@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpufleet.errors import TransientError
 from gpufleet.topology import JOB_DIMENSION, METRICS_NAMESPACE
 
 _IMDS = "http://169.254.169.254/latest"
@@ -93,7 +94,7 @@ class S3Manifests:
         return body
 
 
-class ReportNotSent(Exception):
+class ReportNotSent(TransientError):
     """EventBridge took the request but not the entry (PutEvents answers 200 with the entry's
     error): the report did not leave, and the agent must not carry on as if it had."""
 

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any, NoReturn, TextIO
 
 from gpufleet.cli.table import printable
+from gpufleet.errors import GpufleetError
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -45,7 +46,7 @@ class ErrorCode(StrEnum):
     UNEXPECTED = "Unexpected"  # a bug, or a failure nobody foresaw: exit 1
 
 
-class CliError(Exception):
+class CliError(GpufleetError):
     """A failure reported to the user as the contract says: code, message, details."""
 
     def __init__(

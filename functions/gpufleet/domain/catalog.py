@@ -15,6 +15,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal, get_args
 
+from gpufleet.errors import RefusedInput
+
 CapacityType = Literal["spot", "on-demand"]
 Accelerator = Literal["nvidia", "amd", "trainium", "inferentia", "qualcomm", "gaudi", "none"]
 Arch = Literal["x86_64", "arm64"]
@@ -27,7 +29,7 @@ _ARCHES: frozenset[str] = frozenset(get_args(Arch))
 INTERRUPTION_BUCKETS: tuple[str, ...] = ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
 
 
-class CatalogError(ValueError):
+class CatalogError(RefusedInput, ValueError):
     """The catalog document is malformed."""
 
 

@@ -29,6 +29,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from gpufleet.domain.catalog import INTERRUPTION_BUCKETS, normalize_model
+from gpufleet.errors import RefusedInput
 
 SCHEMA_VERSION = 1
 
@@ -95,7 +96,7 @@ SPEC_CORRECTIONS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-class RefreshError(ValueError):
+class RefreshError(RefusedInput, ValueError):
     """The API responses cannot make a catalog (nothing usable, or a bad argument)."""
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from gpufleet.domain.queueing import QueuePolicy
 from gpufleet.domain.spec import Name, Resources
+from gpufleet.errors import RefusedInput
 
 # Lambda environment variables hold at most 4 KiB in all.
 MAX_CONFIG_JSON_BYTES = 3072
@@ -127,7 +128,7 @@ class FleetConfig(BaseModel):
     cost: CostPolicy = Field(default_factory=CostPolicy)
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(RefusedInput, ValueError):
     pass
 
 

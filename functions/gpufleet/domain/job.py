@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.errors import Conflict, NotFound
 
 
 class JobStatus(StrEnum):
@@ -49,7 +50,7 @@ def can_transition(current: JobStatus, target: JobStatus) -> bool:
     return current in ALLOWED_SOURCES[target]
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(Conflict):
     """A status change that the lifecycle does not allow (or that lost a race)."""
 
     def __init__(
@@ -66,7 +67,7 @@ class IllegalTransition(Exception):
         self.job = job  # the job as the refused write found it, when the store returns it
 
 
-class JobNotFound(Exception):
+class JobNotFound(NotFound):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id} does not exist")
         self.job_id = job_id

@@ -42,6 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.spec import Priority
+from gpufleet.errors import RefusedInput
 
 CLASS_RANK: dict[Priority, int] = {
     Priority.CRITICAL: 3,
@@ -166,7 +167,7 @@ class Booking:
         return self.start <= epoch_seconds < self.end
 
 
-class BookingRefused(ValueError):
+class BookingRefused(RefusedInput, ValueError):
     """A booking the fleet could never honour: nothing is booked. The message says why, with
     the numbers."""
 

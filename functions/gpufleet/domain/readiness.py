@@ -37,6 +37,7 @@ from gpufleet.domain.launch import CapacityType
 from gpufleet.domain.planning import plan_launch
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.errors import GpufleetError
 
 
 class CheckStatus(StrEnum):
@@ -73,7 +74,7 @@ def all_passed(checks: Iterable[Check]) -> bool:
     return all(check.status is not CheckStatus.FAIL for check in checks)
 
 
-class ProbeError(Exception):
+class ProbeError(GpufleetError):
     """A read of the account failed: `action` is the IAM action it needed, `reason` what AWS
     (or the SDK) said."""
 

@@ -53,6 +53,7 @@ from gpufleet.domain.catalog import (
     normalize_model,
 )
 from gpufleet.domain.spec import Resources, SpotPolicy
+from gpufleet.errors import RefusedInput
 
 HOURS_PER_MONTH = 730.0
 RESTART_OVERHEAD_HOURS = 0.05
@@ -66,7 +67,7 @@ _HAZARD: tuple[float, ...] = tuple(
 _UNKNOWN_HAZARD = -math.log1p(-UNKNOWN_BUCKET_MONTHLY_FRACTION) / HOURS_PER_MONTH
 
 
-class NoFeasibleOffering(Exception):
+class NoFeasibleOffering(RefusedInput):
     """No offering in the region satisfies the request. `constraint` names the one that ruled
     everything out (e.g. "gpu_memory_gib"); the message says so in words."""
 

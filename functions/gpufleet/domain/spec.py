@@ -36,6 +36,8 @@ from pydantic import (
     model_validator,
 )
 
+from gpufleet.errors import RefusedInput
+
 # Upper bound on a spec document, as uploaded and as stored (its canonical JSON, which can be
 # longer than the YAML it came from). Real specs are a few KiB; anything near this is abuse.
 MAX_SPEC_BYTES = 256 * 1024
@@ -466,7 +468,7 @@ def _clipped(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class SpecError(Exception):
+class SpecError(RefusedInput):
     """A submitted spec was refused. Carries the problems found, by field: the first ones, as
     many as a bounded report holds (the message then says how many are listed)."""
 

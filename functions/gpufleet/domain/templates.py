@@ -24,11 +24,12 @@ from gpufleet.domain.spec import (
     Stage,
     spec_from_mapping,
 )
+from gpufleet.errors import RefusedInput
 
 Templates = Mapping[str, Resources]
 
 
-class UnknownTemplate(ValueError):
+class UnknownTemplate(RefusedInput, ValueError):
     """A spec names a template the fleet config does not define."""
 
     def __init__(self, name: str, templates: Templates) -> None:

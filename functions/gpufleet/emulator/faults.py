@@ -35,6 +35,7 @@ import botocore.handlers
 from botocore.awsrequest import AWSResponse
 
 from gpufleet.emulator.patches import CONTROL_PLANE, current_actor
+from gpufleet.errors import GpufleetError
 from gpufleet.topology import IDEMPOTENCY_TABLE, RUNS_PREFIX, TAG_JOB_ID
 
 _JOB_ID = re.compile(r"^j-[0-9a-f]{20}$")
@@ -178,7 +179,7 @@ class DynamoThrottling:
         return AWSResponse(url, 400, headers, _RawBody(body))
 
 
-class HandlerCrashed(Exception):
+class HandlerCrashed(GpufleetError):
     """The injected death of a handler run, right after a write it made succeeded."""
 
 

@@ -18,6 +18,7 @@ from gpufleet.agent.node import JOB_METRIC_PREFIX, JobMetrics, NodeAgent, RunMan
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
+from gpufleet.errors import GpufleetError
 from gpufleet.topology import (
     DETAIL_SPOT_WARNING,
     DETAIL_STATE_CHANGE,
@@ -139,7 +140,7 @@ class ContainerLog:
             )
 
 
-class NodeVanished(Exception):
+class NodeVanished(GpufleetError):
     """The simulated machine is gone; its agent dies with it."""
 
 

@@ -70,6 +70,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import botocore.handlers
 
+from gpufleet.errors import GpufleetError
+
 if TYPE_CHECKING:
     from gpufleet.emulator.ec2_rules import Ec2Rules
 
@@ -89,7 +91,7 @@ _SERVICE_NAMES = {
 }
 
 
-class PatchDoesNotFit(RuntimeError):
+class PatchDoesNotFit(GpufleetError, RuntimeError):
     """The installed library no longer has what a patch replaces, as the patch expects it."""
 
 

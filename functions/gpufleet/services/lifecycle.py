@@ -60,6 +60,7 @@ from gpufleet.domain.retry import (
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Resources
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse, stage_environment
+from gpufleet.errors import Conflict
 from gpufleet.ports import Freed, Ports, QueueEntry, RunningShare, StatusChange
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
@@ -106,7 +107,7 @@ class LifecyclePolicy:
     queue: QueuePolicy = field(default_factory=QueuePolicy)
 
 
-class JobAlreadyEnded(Exception):
+class JobAlreadyEnded(Conflict):
     def __init__(self, job_id: str, status: JobStatus) -> None:
         super().__init__(f"job {job_id} already ended: {status.value}")
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpufleet.errors import NotFound
+
 BAMBOO_DIR = Path("traces") / "aws-spot-preemption-bamboo"
 SKYPILOT_DIR = Path("traces") / "skypilot-spot-traces-nsdi24"
 
@@ -63,7 +65,7 @@ SizeClass = Literal["one-gpu", "multi-gpu"]
 _SIZE_OF_SUFFIX: dict[str, SizeClass] = {"1": "one-gpu", "8": "multi-gpu"}
 
 
-class MeasuredDataMissing(FileNotFoundError):
+class MeasuredDataMissing(NotFound, FileNotFoundError):
     """The measured traces a setting needs are not where they were looked for."""
 
 

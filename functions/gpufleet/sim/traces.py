@@ -36,6 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal, get_args
 
+from gpufleet.errors import RefusedInput
+
 TraceFormat = Literal["philly", "itp", "openb"]
 FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
 
@@ -51,7 +53,7 @@ SKIP_NEVER_SCHEDULED = "never_scheduled"
 SKIP_CPU_ONLY = "cpu_only"
 
 
-class TraceError(ValueError):
+class TraceError(RefusedInput, ValueError):
     """A trace file is missing, of the wrong format, or has a malformed row."""
 
 

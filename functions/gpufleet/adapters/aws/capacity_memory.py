@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from gpufleet.adapters.aws.transactions import write
+
 
 class DynamoCapacityMemory:
     def __init__(self, client: Any, table_name: str, region: str) -> None:
@@ -18,7 +20,8 @@ class DynamoCapacityMemory:
 
     def remember(self, keys: Iterable[str], until: float) -> None:
         for key in sorted(set(keys)):
-            self._client.put_item(
+            write(
+                self._client.put_item,
                 TableName=self._table,
                 Item={
                     "region": {"S": self._region},

@@ -7,10 +7,10 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, write
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
     IllegalTransition,
@@ -20,6 +20,7 @@ from gpufleet.domain.job import (
     Placement,
 )
 from gpufleet.domain.spec import JobSpec
+from gpufleet.errors import ConditionFailed
 from gpufleet.ports import StatusChange
 
 # Job field -> (DynamoDB attribute, kind). "json" fields are stored as JSON strings: they are
@@ -125,21 +126,27 @@ def item_to_job(item: Mapping[str, Mapping[str, str]]) -> Job:
 
 
 class DynamoJobStore:
-    def __init__(self, client: Any, table_name: str) -> None:
+    def __init__(self, client: Any, table_name: str, backoff: Backoff = BACKOFF) -> None:
+        """`backoff`: how a write that met a transaction on its job's item (an admission, a
+        launch or a release checks or writes job items in transactions) is tried again."""
         self._client = client
         self._table = table_name
+        self._backoff = backoff
+
+    def _update(self, **request: Any) -> dict[str, Any]:
+        return write(self._client.update_item, self._backoff, **request)
 
     def put_new(self, job: Job) -> bool:
         try:
-            self._client.put_item(
+            write(
+                self._client.put_item,
+                self._backoff,
                 TableName=self._table,
                 Item=job_to_item(job),
                 ConditionExpression="attribute_not_exists(job_id)",
             )
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
+        except ConditionFailed:
+            return False
         return True
 
     def get(self, job_id: str) -> Job:
@@ -165,25 +172,22 @@ class DynamoJobStore:
             raise IllegalTransition(job_id, None, target)
         change = StatusChange(job_id, target, frozenset(allowed), now, changes or {}, holding)
         try:
-            response = self._client.update_item(
+            response = self._update(
                 **transition_write(self._table, change),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if _code(exc) != "ConditionalCheckFailedException":
-                raise
-            old = exc.response.get("Item")
-            if not old:
+        except ConditionFailed as failed:
+            if not failed.item:
                 raise JobNotFound(job_id) from None
-            current = item_to_job(old)
+            current = item_to_job(failed.item)
             raise IllegalTransition(job_id, current.status, target, current) from None
         return item_to_job(response["Attributes"])
 
     def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
         names, values, expression = _update_expression({**changes, "updated_at": now})
         try:
-            response = self._client.update_item(
+            response = self._update(
                 TableName=self._table,
                 Key={"job_id": {"S": job_id}},
                 UpdateExpression=expression,
@@ -192,10 +196,8 @@ class DynamoJobStore:
                 ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
             )
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                raise JobNotFound(job_id) from None
-            raise
+        except ConditionFailed:
+            raise JobNotFound(job_id) from None
         return item_to_job(response["Attributes"])
 
     def recent_for_team(self, team: str, limit: int) -> list[Job]:
@@ -304,7 +306,3 @@ def _update_expression(
         expression += " REMOVE " + ", ".join(removes)
     expression += " ADD #version :one"
     return names, values, expression.strip()
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))

@@ -28,13 +28,19 @@ hold, without reading them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from gpufleet.adapters.aws.job_store import transition_write
-from gpufleet.adapters.aws.transactions import transact
+from gpufleet.adapters.aws.transactions import (
+    BACKOFF,
+    Backoff,
+    ConditionsFailed,
+    transact,
+    write,
+    written,
+)
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import (
     CLASS_RANK,
@@ -44,6 +50,7 @@ from gpufleet.domain.queueing import (
     Shape,
 )
 from gpufleet.domain.spec import Priority
+from gpufleet.errors import ConditionFailed
 from gpufleet.ports import (
     AdmissionLimits,
     Freed,
@@ -187,13 +194,22 @@ def _running(item: dict[str, Any]) -> RunningEntry:
 
 
 class DynamoJobQueue:
-    def __init__(self, client: Any, table_name: str, jobs_table: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        jobs_table: str | None = None,
+        backoff: Backoff = BACKOFF,
+    ) -> None:
         """`jobs_table`: the job store's table, whose job records the writes that put a job in
         the queue (or admit it straight away) check: a job that ended meanwhile (cancelled) is
-        neither queued nor admitted. Without it, those writes do not look at the job."""
+        neither queued nor admitted. Without it, those writes do not look at the job.
+        `backoff`: how writes that DynamoDB refused for throughput or for another writer are
+        tried again (see `transactions`)."""
         self._client = client
         self._table = table_name
         self._jobs_table = jobs_table
+        self._backoff = backoff
         self._items_read = 0
 
     def items_read(self) -> int:
@@ -246,14 +262,16 @@ class DynamoJobQueue:
         counts = self._count_waiting(entry.job, +1)
         still_queued = self._still_queued(entry.job.job_id)
         items = [{"Put": put}, not_admitted, *counts, locator, *still_queued]
-        failed = self._transact(items)
-        if not failed:
-            return True
-        if still_queued and len(items) - 1 in failed:
-            return False  # the job ended meanwhile
-        # A repeated step (its earlier attempt crashed after writing): only the token changes.
-        if not self._hand_admission_to(entry):
-            self._client.put_item(TableName=self._table, Item=item)
+        try:
+            self._transact(items)
+        except ConditionsFailed as cancelled:
+            if still_queued and cancelled.failed(len(items) - 1):
+                return False  # the job ended meanwhile
+            # A repeated step (its earlier attempt crashed after writing): the job waits
+            # already (the entry's condition failed) or was admitted (the running entry's): only
+            # the token changes.
+            if not self._hand_admission_to(entry):
+                self._write(self._client.put_item, TableName=self._table, Item=item)
         return True
 
     def _hand_admission_to(self, entry: QueueEntry) -> bool:
@@ -261,22 +279,29 @@ class DynamoJobQueue:
         longer waits: the admission is this attempt's now, and the next pass tells it. False
         when the job was not admitted (it waits)."""
         try:
-            self._client.update_item(
+            self._write(
+                self._client.update_item,
                 TableName=self._table,
                 Key={"pk": _s(_STATE), "sk": _s(_RUNNING + entry.job.job_id)},
                 UpdateExpression="SET task_token = :token, notified = :no",
                 ConditionExpression="attribute_exists(pk)",
                 ExpressionAttributeValues={":token": _s(entry.task_token), ":no": {"BOOL": False}},
             )
-        except ClientError as exc:
-            if _code(exc) != "ConditionalCheckFailedException":
-                raise
+        except ConditionFailed:
             return False
         return True
 
-    def _transact(self, items: list[dict[str, Any]]) -> frozenset[int]:
-        """See `transact`: the positions of the items whose condition failed."""
-        return transact(self._client, items)
+    def _transact(self, items: list[dict[str, Any]]) -> None:
+        """See `transact`: written, or `ConditionsFailed` naming each item's reason."""
+        transact(self._client, items, self._backoff)
+
+    def _written(self, items: list[dict[str, Any]]) -> bool:
+        """See `written`: False when a condition failed."""
+        return written(self._client, items, self._backoff)
+
+    def _write(self, operation: Callable[..., dict[str, Any]], **request: Any) -> dict[str, Any]:
+        """See `write`: one item, or `ConditionFailed`."""
+        return write(operation, self._backoff, **request)
 
     def _count_waiting(self, job: QueuedJob, change: int) -> list[dict[str, Any]]:
         """The counters of waiting jobs: of its class (global), and of its team, class and
@@ -399,7 +424,7 @@ class DynamoJobQueue:
             *self._leaving(entry.job),
             *self._count_waiting(entry.job, -1),
         ]
-        if self._transact(leaves):
+        if not self._written(leaves):
             return None  # admitted or removed by someone else meanwhile
         return entry
 
@@ -493,7 +518,7 @@ class DynamoJobQueue:
             {"Update": usage},
             {"Update": team_update},
         ]
-        return not self._transact(items)
+        return self._written(items)
 
     def _launch_note(self, job_id: str, hourly_usd: float, stop_at: float | None) -> dict[str, Any]:
         values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
@@ -513,21 +538,18 @@ class DynamoJobQueue:
         if self._jobs_table is None:
             raise ValueError("record_launch needs the job store's table")
         note = self._launch_note(change.job_id, hourly_usd, stop_at)
-        return not self._transact(
+        return self._written(
             [{"Update": transition_write(self._jobs_table, change)}, {"Update": note}]
         )
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
-        try:
-            self._client.update_item(**self._launch_note(job_id, hourly_usd, stop_at))
-        except ClientError as exc:
-            if _code(exc) != "ConditionalCheckFailedException":
-                raise
-            # Released meanwhile: nothing left to note.
+        with contextlib.suppress(ConditionFailed):  # released meanwhile: nothing left to note
+            self._write(self._client.update_item, **self._launch_note(job_id, hourly_usd, stop_at))
 
     def note_shortage(self, until: float) -> None:
-        try:
-            self._client.update_item(
+        with contextlib.suppress(ConditionFailed):  # a later shortage is noted already
+            self._write(
+                self._client.update_item,
                 TableName=self._table,
                 Key={"pk": _s(_STATE), "sk": _s(_SHORTAGE)},
                 UpdateExpression="SET #until = :until",
@@ -535,10 +557,6 @@ class DynamoJobQueue:
                 ExpressionAttributeNames={"#until": "until"},
                 ExpressionAttributeValues={":until": _n(until)},
             )
-        except ClientError as exc:
-            if _code(exc) != "ConditionalCheckFailedException":
-                raise
-            # A later shortage is noted already.
 
     def _draining(self, job_id: str, for_job_id: str) -> dict[str, Any]:
         return {
@@ -551,11 +569,9 @@ class DynamoJobQueue:
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         try:
-            self._client.update_item(**self._draining(job_id, for_job_id))
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
+            self._write(self._client.update_item, **self._draining(job_id, for_job_id))
+        except ConditionFailed:
+            return False
         return True
 
     def preempt(self, victim_id: str, for_job: QueuedJob) -> bool:
@@ -569,7 +585,7 @@ class DynamoJobQueue:
             "pk": _s(_STATE),
             "sk": _s(_NOMINEE + for_job.job_id),
         }
-        return not self._transact(
+        return self._written(
             [
                 {"Update": self._draining(victim_id, for_job.job_id)},
                 {"ConditionCheck": still_waits},
@@ -618,16 +634,19 @@ class DynamoJobQueue:
             {"Update": usage},
             self._team_usage(share.team, -share.gpus),
         ]
-        failed = self._transact(items)
-        if not failed:
+        try:
+            self._transact(items)
+        except ConditionsFailed as cancelled:
+            if cancelled.failed_positions != {2}:
+                return None  # the job or its share is not as the caller saw it
+        else:
             return Freed.NOBODY_WAITS
-        if failed != {2}:
-            return None
-        # Jobs wait: the same write without asking, and a pass is to be woken.
+        # Jobs wait (only that condition failed): the same write without asking, and a pass is
+        # to be woken.
         usage.pop("ConditionExpression")
         usage.pop("ExpressionAttributeNames")
         usage["ExpressionAttributeValues"].pop(":zero")
-        return None if self._transact(items) else Freed.OTHERS_WAIT
+        return Freed.OTHERS_WAIT if self._written(items) else None
 
     def _team_usage(self, team: str, gpus: int) -> dict[str, Any]:
         return {
@@ -649,7 +668,7 @@ class DynamoJobQueue:
         if item is None:
             return False
         gpus, instances = int(item["gpus"]["N"]), int(item["instances"]["N"])
-        return not self._transact(
+        return self._written(
             [
                 {
                     "Delete": {
@@ -676,7 +695,8 @@ class DynamoJobQueue:
     # -- bookings ------------------------------------------------------------------------------
 
     def book(self, booking: Booking) -> None:
-        self._client.put_item(
+        self._write(
+            self._client.put_item,
             TableName=self._table,
             Item={
                 "pk": _s(_STATE),
@@ -687,7 +707,6 @@ class DynamoJobQueue:
                 "start": _n(booking.start),
                 "end": _n(booking.end),
             },
-            ConditionExpression="attribute_not_exists(pk)",
         )
 
     def bookings(self) -> list[Booking]:
@@ -695,15 +714,14 @@ class DynamoJobQueue:
 
     def first_notice(self, key: str) -> bool:
         try:
-            self._client.put_item(
+            self._write(
+                self._client.put_item,
                 TableName=self._table,
                 Item={"pk": _s(_NOTICES), "sk": _s(key)},
                 ConditionExpression="attribute_not_exists(pk)",
             )
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
+        except ConditionFailed:
+            return False
         return True
 
 
@@ -725,7 +743,3 @@ def _shape_counts(item: dict[str, Any]) -> dict[tuple[Priority, Shape], int]:
             priority, gpus, instances = name.removeprefix(_SHAPE_COUNTER).split("#")
             counts[(Priority(priority), (int(gpus), int(instances)))] = int(value["N"])
     return counts
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))

@@ -23,8 +23,10 @@ from gpufleet.domain.catalog import load_bundled
 from gpufleet.ports import Ports
 from gpufleet.settings import Settings
 
-# Standard retry mode with a few attempts: throttling is retried by the SDK, everything else
-# surfaces to the state machine's Retry/Catch.
+# Standard retry mode with a few attempts: throttled requests are retried by the SDK. What it
+# does not retry, DynamoDB's cancelled transactions (for conflicts or throughput) and writes that
+# meet a transaction (`TransactionConflictException`), the adapters retry
+# (`transactions.Backoff`); everything else surfaces to the state machine's Retry/Catch.
 _CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
 
 

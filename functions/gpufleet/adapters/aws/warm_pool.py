@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-
+from gpufleet.adapters.aws.transactions import write
 from gpufleet.domain.config import WarmPool
+from gpufleet.errors import ConditionFailed
 from gpufleet.ports import Clock
 from gpufleet.topology import WARM_POOL_PARTITION as PARTITION
 
@@ -43,27 +43,31 @@ class DynamoWarmPool:
     def demand_at(self) -> float:
         """When a launch last asked for the pool's type; a pool never asked for starts now."""
         try:
-            self._client.put_item(
+            write(
+                self._client.put_item,
                 TableName=self._table,
                 Item={**_key(_DEMAND), "demand_at": _n(self.now())},
                 ConditionExpression="attribute_not_exists(pk)",
             )
-            return self.now()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
-        item = self._client.get_item(TableName=self._table, Key=_key(_DEMAND), ConsistentRead=True)
-        return float(item["Item"]["demand_at"]["N"])
+        except ConditionFailed:  # asked for before: when it last was
+            item = self._client.get_item(
+                TableName=self._table, Key=_key(_DEMAND), ConsistentRead=True
+            )
+            return float(item["Item"]["demand_at"]["N"])
+        return self.now()
 
     def note_demand(self) -> None:
-        self._client.put_item(
-            TableName=self._table, Item={**_key(_DEMAND), "demand_at": _n(self.now())}
+        write(
+            self._client.put_item,
+            TableName=self._table,
+            Item={**_key(_DEMAND), "demand_at": _n(self.now())},
         )
 
     def claim(self, instance_id: str, job_id: str) -> bool:
         """Take the instance for the job; False when another job took it first."""
         try:
-            self._client.put_item(
+            write(
+                self._client.put_item,
                 TableName=self._table,
                 Item={
                     **_key(_CLAIM + instance_id),
@@ -74,10 +78,8 @@ class DynamoWarmPool:
                 ConditionExpression="attribute_not_exists(pk) OR job_id = :job",
                 ExpressionAttributeValues={":job": {"S": job_id}},
             )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                return False
-            raise
+        except ConditionFailed:
+            return False
         return True
 
     def claims(self) -> dict[str, Claim]:
@@ -102,7 +104,7 @@ class DynamoWarmPool:
     def forget(self, instance_ids: list[str]) -> None:
         """Drop the claims of instances that are gone."""
         for instance_id in instance_ids:
-            self._client.delete_item(TableName=self._table, Key=_key(_CLAIM + instance_id))
+            write(self._client.delete_item, TableName=self._table, Key=_key(_CLAIM + instance_id))
 
 
 def _key(sort_key: str) -> dict[str, dict[str, str]]:
