@@ -40,6 +40,7 @@ from gpufleet.emulator.nodes import AGENT_LOG_GROUP, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.emulator.private import ENV_TOKEN, PrivateEndpoint
 from gpufleet.emulator.scheduler import ScheduleRunner
+from gpufleet.errors import GpufleetError
 
 # The name `cdk deploy` gives the stack, so that `--stack` reads the same against both.
 STACK_NAME = "GpuFleetStack"
@@ -47,7 +48,7 @@ STACK_NAME = "GpuFleetStack"
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-class PortTaken(OSError):
+class PortTaken(GpufleetError, OSError):
     """Another program (often an emulator started earlier) listens on the address."""
 
     def __init__(self, host: str, port: int) -> None:
