@@ -54,6 +54,8 @@ WARM_POOL_PARTITION = "warm"
 METRICS_NAMESPACE = "GpuFleet/Jobs"
 GPU_UTILIZATION_METRIC = "GpuUtilization"
 GPU_TEMPERATURE_METRIC = "GpuTemperature"
+# The CloudWatch agent samples the GPUs once a minute: a shorter alarm period sees nothing more.
+AGENT_PERIOD_SECONDS = 60
 GPU_MEMORY_METRIC = "GpuMemoryUsed"  # MiB used on the node's GPUs together
 # The node agent's own metrics: a job's code cannot publish under these names.
 AGENT_METRICS = frozenset({GPU_UTILIZATION_METRIC, GPU_TEMPERATURE_METRIC, GPU_MEMORY_METRIC})

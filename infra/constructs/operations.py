@@ -36,8 +36,6 @@ PERIOD = Duration.minutes(5)
 # The wait SLO is judged on the p95 of the admissions of a quarter of an hour: fewer admissions
 # than that make a p95 of noise.
 WAIT_SLO_PERIOD = Duration.minutes(15)
-# The CloudWatch agent samples the GPUs once a minute: a shorter alarm period sees nothing more.
-AGENT_PERIOD_SECONDS = 60
 
 # The values each dimension takes. The dashboard draws one line per value and the alarms add
 # them up (an alarm cannot SEARCH), so every value a function publishes must be listed here.
@@ -216,7 +214,7 @@ class Operations(Construct):
         )
 
         gpu_period = Duration.seconds(
-            max(AGENT_PERIOD_SECONDS, fleet_config.metrics.period_seconds)
+            max(topology.AGENT_PERIOD_SECONDS, fleet_config.metrics.period_seconds)
         )
         # Metrics Insights, since an alarm cannot SEARCH (the query is built from constants).
         hottest_gpu = cloudwatch.MathExpression(
