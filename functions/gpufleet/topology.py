@@ -181,6 +181,8 @@ LAUNCH = Function(
     "Launch",
     "gpufleet.handlers.on_launch.handler",
     "Launches a job's nodes with CreateFleet; the workflow then waits for their report",
+    # A burst of launches waits for CloudWatch's 3 alarms a second (`adapters.aws.alarms`).
+    timeout_seconds=90,
 )
 ENQUEUE = Function(
     "Enqueue",
@@ -223,6 +225,8 @@ RELEASE = Function(
     "Release",
     "gpufleet.handlers.on_release.handler",
     "Terminates every instance of a job; requeues it, or records its final status and cost",
+    # A burst of releases waits for CloudWatch's 3 DeleteAlarms a second, as launches do.
+    timeout_seconds=90,
 )
 WORKFLOW_ENDED = Function(
     "WorkflowEnded",
