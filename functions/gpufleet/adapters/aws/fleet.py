@@ -14,6 +14,7 @@ holds then is a leftover of such a launch and is terminated: a job never keeps t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
@@ -34,6 +35,11 @@ from gpufleet.ports import ManagedInstance, WarmPoolStatus
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, WARM_IDLE
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+# TerminateInstances takes at most 1,000 ids a call (more: the call fails, nothing ends).
+TERMINATE_BATCH = 1000
+# Instances just launched may not be known yet to the terminate (eventual consistency: its
+# NotFound "does not mean that the instance was or will be terminated"): waits between tries.
+_UNSEEN_INSTANCE_WAITS = (0.5, 1.0, 2.0, 4.0)
 _UP_STATES = ["pending", "running"]
 # How many client tokens one attempt may spend (each a Launch retried after its fleet ended or
 # its overrides changed); past them the launch fails as transient and the next attempt starts
@@ -171,8 +177,7 @@ class Ec2Fleet:
         instance_ids = [instance_id for _, instance_id in launched]
         if len(instance_ids) < request.nodes:
             # All or nothing: a partial multi-node launch is useless and costs money.
-            if instance_ids:
-                self._client.terminate_instances(InstanceIds=instance_ids)
+            self._terminate_just_launched(instance_ids)
             return LaunchResult(
                 capacity_type=request.capacity_type,
                 errors=errors
@@ -505,8 +510,22 @@ class Ec2Fleet:
         return self._warm
 
     def terminate_instances(self, instance_ids: list[str]) -> None:
-        if instance_ids:
-            self._client.terminate_instances(InstanceIds=instance_ids)
+        for start in range(0, len(instance_ids), TERMINATE_BATCH):
+            self._client.terminate_instances(
+                InstanceIds=instance_ids[start : start + TERMINATE_BATCH]
+            )
+
+    def _terminate_just_launched(self, instance_ids: list[str]) -> None:
+        """Terminate instances CreateFleet answered a moment ago, which EC2 may not list yet."""
+        for wait in (*_UNSEEN_INSTANCE_WAITS, None):
+            try:
+                self.terminate_instances(instance_ids)
+                return
+            except ClientError as exc:
+                unseen = exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound"
+                if not unseen or wait is None:
+                    raise
+            time.sleep(wait)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         live = [i for i, state in self._job_instances(job_id).items() if state in _LIVE_STATES]
