@@ -14,6 +14,8 @@ holds then is a leftover of such a launch and is terminated: a job never keeps t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
@@ -480,11 +482,15 @@ class Ec2Fleet:
         spot = pool.pool.capacity_type == CapacityType.SPOT.value
         parameters: dict[str, Any] = {
             "Type": "instant",
+            # One subnet per zone, as for a job's launch: a fleet spans no two of one zone.
             "LaunchTemplateConfigs": self._launch_template_configs(
                 1,
                 [
-                    {"InstanceType": pool.pool.instance_type, "SubnetId": subnet}
-                    for subnet in self._subnet_ids
+                    {
+                        "InstanceType": pool.pool.instance_type,
+                        "SubnetId": self._subnet_by_zone[zone],
+                    }
+                    for zone in self._zone_names
                 ],
             ),
             "TargetCapacitySpecification": {
@@ -500,9 +506,19 @@ class Ec2Fleet:
             parameters["SpotOptions"] = {"AllocationStrategy": "price-capacity-optimized"}
         else:
             parameters["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
-        response = self._client.create_fleet(**parameters)
+        response = self._client.create_fleet(
+            **parameters, ClientToken=self._warm_client_token(pool, count)
+        )
         # Whatever EC2 could not fill now is asked for again at the next pass.
         return [i for group in response.get("Instances", []) for i in group.get("InstanceIds", [])]
+
+    def _warm_client_token(self, pool: DynamoWarmPool, count: int) -> str:
+        """The same for a pass retried on the same pool (its live instances, the last demand, the
+        top-up), so that EC2 answers the first call's instances instead of launching again; a
+        later pass sees the pool changed (instances launched, claimed or ended, a new demand)."""
+        live = sorted(i["InstanceId"] for i in self._warm_instances(pool))
+        seen = json.dumps([pool.pool.model_dump(), pool.demand_at(), count, live])
+        return "warm-" + hashlib.sha256(seen.encode()).hexdigest()[:40]
 
     def _require_warm_pool(self) -> DynamoWarmPool:
         if self._warm is None:
