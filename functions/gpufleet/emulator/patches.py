@@ -409,7 +409,10 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Patche
 
     groups = PlacementGroups()
     ec2_rules = Ec2Rules(groups)
-    for hook in [*groups.hooks(), *ec2_rules.hooks()]:
+    # CloudWatch's alarm windows, likewise (see `cloudwatch_rules`).
+    from gpufleet.emulator import cloudwatch_rules
+
+    for hook in [*groups.hooks(), *ec2_rules.hooks(), *cloudwatch_rules.hooks()]:
         botocore.handlers.BUILTIN_HANDLERS.append(hook)
         undo.append(functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))
 
