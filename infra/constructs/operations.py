@@ -29,6 +29,7 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, DroppedReport
 from gpufleet.domain.launch import CapacityType, ErrorCategory
 from gpufleet.domain.spec import Priority
+from gpufleet.topology import AGENT_PERIOD_SECONDS
 from infra.config import GpuFleetConfig
 from infra.constructs.fleet import CWAGENT_CONFIG
 
@@ -214,7 +215,7 @@ class Operations(Construct):
         )
 
         gpu_period = Duration.seconds(
-            max(topology.AGENT_PERIOD_SECONDS, fleet_config.metrics.period_seconds)
+            max(AGENT_PERIOD_SECONDS, fleet_config.metrics.period_seconds)
         )
         # Metrics Insights, since an alarm cannot SEARCH (the query is built from constants).
         hottest_gpu = cloudwatch.MathExpression(
