@@ -77,6 +77,7 @@ def test_a_burst_of_launches_gets_every_alarm_at_cloudwatchs_rate(
     assert limits.throttled > 0
     pages = client.get_paginator("describe_alarms").paginate()
     assert {a["AlarmName"] for page in pages for a in page["MetricAlarms"]} == expected
+    assert sorted(limits.created) == sorted(expected)  # each put once it got through
     # Paced to the quota: 100 requests at 3 a second (3 at once) take at least 32 s.
     assert clock.now >= (len(expected) - 3) / 3
 

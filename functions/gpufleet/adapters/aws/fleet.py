@@ -37,12 +37,12 @@ from gpufleet.ports import ManagedInstance, WarmPoolStatus
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, WARM_IDLE
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+_UP_STATES = ["pending", "running"]
 # TerminateInstances takes at most 1,000 ids a call (more: the call fails, nothing ends).
 TERMINATE_BATCH = 1000
 # Instances just launched may not be known yet to the terminate (eventual consistency: its
 # NotFound "does not mean that the instance was or will be terminated"): waits between tries.
 _UNSEEN_INSTANCE_WAITS = (0.5, 1.0, 2.0, 4.0)
-_UP_STATES = ["pending", "running"]
 # How many client tokens one attempt may spend (each a Launch retried after its fleet ended or
 # its overrides changed); past them the launch fails as transient and the next attempt starts
 # over with its own tokens.
