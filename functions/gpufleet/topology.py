@@ -54,6 +54,8 @@ WARM_POOL_PARTITION = "warm"
 METRICS_NAMESPACE = "GpuFleet/Jobs"
 GPU_UTILIZATION_METRIC = "GpuUtilization"
 GPU_TEMPERATURE_METRIC = "GpuTemperature"
+# The CloudWatch agent samples the GPUs once a minute: a shorter alarm period sees nothing more.
+AGENT_PERIOD_SECONDS = 60
 GPU_MEMORY_METRIC = "GpuMemoryUsed"  # MiB used on the node's GPUs together
 # The node agent's own metrics: a job's code cannot publish under these names.
 AGENT_METRICS = frozenset({GPU_UTILIZATION_METRIC, GPU_TEMPERATURE_METRIC, GPU_MEMORY_METRIC})
@@ -179,6 +181,8 @@ LAUNCH = Function(
     "Launch",
     "gpufleet.handlers.on_launch.handler",
     "Launches a job's nodes with CreateFleet; the workflow then waits for their report",
+    # A burst of launches waits for CloudWatch's 3 alarms a second (`adapters.aws.alarms`).
+    timeout_seconds=90,
 )
 ENQUEUE = Function(
     "Enqueue",
@@ -221,6 +225,8 @@ RELEASE = Function(
     "Release",
     "gpufleet.handlers.on_release.handler",
     "Terminates every instance of a job; requeues it, or records its final status and cost",
+    # A burst of releases waits for CloudWatch's 3 DeleteAlarms a second, as launches do.
+    timeout_seconds=90,
 )
 WORKFLOW_ENDED = Function(
     "WorkflowEnded",

@@ -29,6 +29,7 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, DroppedReport
 from gpufleet.domain.launch import CapacityType, ErrorCategory
 from gpufleet.domain.spec import Priority
+from gpufleet.topology import AGENT_PERIOD_SECONDS
 from infra.config import GpuFleetConfig
 from infra.constructs.fleet import CWAGENT_CONFIG
 
@@ -36,8 +37,6 @@ PERIOD = Duration.minutes(5)
 # The wait SLO is judged on the p95 of the admissions of a quarter of an hour: fewer admissions
 # than that make a p95 of noise.
 WAIT_SLO_PERIOD = Duration.minutes(15)
-# The CloudWatch agent samples the GPUs once a minute: a shorter alarm period sees nothing more.
-AGENT_PERIOD_SECONDS = 60
 
 # The values each dimension takes. The dashboard draws one line per value and the alarms add
 # them up (an alarm cannot SEARCH), so every value a function publishes must be listed here.

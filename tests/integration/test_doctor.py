@@ -22,7 +22,12 @@ from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.readiness import DEFAULT_ROUTE, SMOKE_STEPS, SUBNETS, VCPU_QUOTAS
 from gpufleet.domain.selection import select
 from gpufleet.domain.spec import parse_spec
-from gpufleet.emulator.account_baseline import EC2_VCPU_QUOTAS, set_vcpu_quota
+from gpufleet.emulator.account_baseline import (
+    EC2_VCPU_QUOTAS,
+    LAMBDA_CONCURRENCY,
+    set_lambda_concurrency,
+    set_vcpu_quota,
+)
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.emulator.server import STACK_NAME, RunningEmulator, serve
@@ -63,6 +68,7 @@ def test_every_check_passes_on_the_account_as_set_up(
         "stack outputs": "ok",
         "ssm parameters": "ok",
         "spot service-linked role": "ok",
+        "lambda concurrency": "ok",
         **{f"quota {quota.code}": "ok" for quota in VCPU_QUOTAS},
         "subnets": "ok",
         "alerts subscriber": "ok",
@@ -110,6 +116,23 @@ def test_a_quota_below_the_largest_job_fails_that_quota_and_only_it(
     [check] = [c for c in report["checks"] if c["name"] == f"quota {code}"]
     assert "192 vCPUs; gpu-train-large needs 384 (2 x p5.48xlarge)" in check["detail"]
     assert f"--quota-code {code} --desired-value 384" in check["fix"]
+
+
+def test_a_new_accounts_lambda_concurrency_fails_that_check_and_only_it(
+    emulator: RunningEmulator,
+) -> None:
+    set_lambda_concurrency(emulator.account, 10)  # what some new accounts start with
+    try:
+        exit_code, report = doctor()
+    finally:
+        set_lambda_concurrency(emulator.account, LAMBDA_CONCURRENCY)
+    assert exit_code == 2
+    assert {name for name, status in results(report).items() if status != "ok"} == {
+        "lambda concurrency"
+    }
+    [check] = [c for c in report["checks"] if c["name"] == "lambda concurrency"]
+    assert check["detail"].startswith("10 concurrent executions")
+    assert "--service-code lambda --quota-code L-B99A9384" in check["fix"]
 
 
 def test_the_smoke_job_runs_on_the_cheapest_instance_and_reports_each_step(

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import botocore.handlers
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.fleet import MAX_CLIENT_TOKENS, Ec2Fleet
@@ -189,6 +190,65 @@ def test_a_partial_multi_node_launch_is_terminated(fleet: Ec2Fleet, ec2: Any) ->
     assert result.error_category is ErrorCategory.CAPACITY
     assert len(seen_by_fleet) == 2
     assert states(ec2, seen_by_fleet) == {"terminated"}  # all or nothing
+
+
+def test_a_partial_launch_is_terminated_even_before_ec2_lists_its_instances(
+    fleet: Ec2Fleet, ec2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("time.sleep", lambda _: None)
+    seen_by_fleet: list[str] = []
+    unseen_answers = [1]
+
+    def drop_one(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["Instances"][-1]["InstanceIds"].pop()
+        seen_by_fleet.extend(i for group in parsed["Instances"] for i in group["InstanceIds"])
+
+    def not_listed_yet(**_: Any) -> Any:
+        # Eventual consistency: right after CreateFleet, EC2 may not know the ids it answered.
+        if not unseen_answers:
+            return None
+        unseen_answers.pop()
+        error = {"Code": "InvalidInstanceID.NotFound", "Message": "does not exist"}
+        return AWSResponse("https://ec2.us-east-1.amazonaws.com/", 400, {}, None), {
+            "Error": error,
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        }
+
+    ec2.meta.events.register("after-call.ec2.CreateFleet", drop_one)
+    ec2.meta.events.register_first("before-call.ec2.TerminateInstances", not_listed_yet)
+    try:
+        result = fleet.launch(request(job_id(), nodes=3))
+    finally:
+        ec2.meta.events.unregister("after-call.ec2.CreateFleet", drop_one)
+        ec2.meta.events.unregister("before-call.ec2.TerminateInstances", not_listed_yet)
+    assert not result.launched and not unseen_answers
+    assert len(seen_by_fleet) == 2
+    assert states(ec2, seen_by_fleet) == {"terminated"}
+
+
+def test_terminate_instances_takes_at_most_1000_ids(account: Account, ec2: Any) -> None:
+    with pytest.raises(ClientError, match="up to 1000 instance IDs"):
+        ec2.terminate_instances(InstanceIds=[f"i-{n:017x}" for n in range(1001)])
+
+
+class _TerminateOnly:
+    """An EC2 client that terminates as EC2 does, refusing more than 1,000 ids a call (the
+    embedded account refuses the same: `test_terminate_instances_takes_at_most_1000_ids`)."""
+
+    def __init__(self) -> None:
+        self.terminated: list[str] = []
+
+    def terminate_instances(self, InstanceIds: list[str]) -> None:  # boto3 names it so
+        if len(InstanceIds) > 1000:
+            raise ClientError({"Error": {"Code": "InvalidParameterValue"}}, "TerminateInstances")
+        self.terminated.extend(InstanceIds)
+
+
+def test_more_than_1000_instances_are_terminated_in_batches() -> None:
+    client = _TerminateOnly()
+    orphans = [f"i-{n:017x}" for n in range(2001)]
+    Ec2Fleet(client, "lt-0", ["subnet-0"]).terminate_instances(orphans)
+    assert client.terminated == orphans
 
 
 def test_release_terminates_only_the_jobs_tagged_instances(fleet: Ec2Fleet, ec2: Any) -> None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.alarms import CloudWatchAlarms, alarm_name
 from gpufleet.adapters.aws.job_store import DynamoJobStore
@@ -122,6 +123,29 @@ def test_an_elastic_job_gets_its_alarms_and_the_leak_alarm_is_metric_math(
     assert (own["MetricName"], own["EvaluationPeriods"]) == ("samples_per_second", 6)
     alarms.delete(job_id)
     assert cloudwatch.describe_alarms(AlarmNamePrefix=f"gpufleet-{job_id}")["MetricAlarms"] == []
+
+
+@pytest.mark.parametrize(
+    ("period", "periods"),
+    [(120, 721), (3600, 169)],  # a day and two minutes; a week and an hour
+)
+def test_the_account_refuses_an_alarm_window_past_cloudwatchs(
+    account: Account, period: int, periods: int
+) -> None:
+    cloudwatch = account.client("cloudwatch")
+    name = f"too-long-{period}"
+    with pytest.raises(ClientError, match="ValidationError"):
+        cloudwatch.put_metric_alarm(
+            AlarmName=name,
+            Namespace="GpuFleet/Jobs",
+            MetricName=GPU_MEMORY_METRIC,
+            Statistic="Maximum",
+            Period=period,
+            EvaluationPeriods=periods,
+            Threshold=1.0,
+            ComparisonOperator="GreaterThanThreshold",
+        )
+    assert cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"] == []
 
 
 def test_busy_gpus_scale_an_elastic_job_out_through_the_alarm_and_its_event(

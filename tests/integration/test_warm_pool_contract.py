@@ -168,3 +168,49 @@ def test_concurrent_launches_take_a_warm_instance_exactly_once(fleet: Fleet) -> 
     assert fleet.job_of(warm) == winners[0]
     every_instance: list[Any] = [i for ids in results.values() for i in ids]
     assert len(every_instance) == len(set(every_instance)) == len(jobs)  # one each, no sharing
+
+
+def test_a_top_up_names_one_subnet_per_zone_and_a_retried_pass_launches_nothing_more(
+    fleet: Fleet, account: Account
+) -> None:
+    if not isinstance(fleet, Ec2Fleet):
+        pytest.skip("what CreateFleet is asked: EC2's")
+    ec2 = account.client("ec2")
+    first = ec2.describe_subnets(SubnetIds=[account.subnet_ids[0]])["Subnets"][0]
+    twin = ec2.create_subnet(
+        VpcId=first["VpcId"],
+        CidrBlock="172.31.250.0/24",
+        AvailabilityZone=first["AvailabilityZone"],
+    )["Subnet"]["SubnetId"]
+    # deploy.md allows two subnets in one zone; an EC2 Fleet cannot span them.
+    subnets = [*account.subnet_ids, twin]
+    two_in_one_zone = Ec2Fleet(ec2, account.launch_template_id, subnets, warm_pool=fleet._warm)
+    asked: list[dict[str, Any]] = []
+    added: list[str] = []
+
+    def keep(params: dict[str, Any], **_: Any) -> None:
+        asked.append(dict(params))
+
+    def not_listed_yet(parsed: dict[str, Any], **_: Any) -> None:
+        # Eventual consistency: the retried pass does not see what the first call launched.
+        for reservation in parsed.get("Reservations", []):
+            reservation["Instances"] = [
+                i for i in reservation["Instances"] if i["InstanceId"] not in added
+            ]
+
+    ec2.meta.events.register("provide-client-params.ec2.CreateFleet", keep)
+    ec2.meta.events.register("after-call.ec2.DescribeInstances", not_listed_yet)
+    try:
+        added.extend(two_in_one_zone.add_warm_instances(1))
+        # The same pass again (a Reconcile the Scheduler retried): EC2 answers the first call.
+        again = two_in_one_zone.add_warm_instances(1)
+        overrides = [o for c in asked[0]["LaunchTemplateConfigs"] for o in c["Overrides"]]
+        described = ec2.describe_subnets(SubnetIds=[o["SubnetId"] for o in overrides])["Subnets"]
+    finally:
+        ec2.meta.events.unregister("provide-client-params.ec2.CreateFleet", keep)
+        ec2.meta.events.unregister("after-call.ec2.DescribeInstances", not_listed_yet)
+        ec2.terminate_instances(InstanceIds=added)
+        ec2.delete_subnet(SubnetId=twin)
+    zones = [subnet["AvailabilityZone"] for subnet in described]
+    assert len(zones) == len(set(zones)) == len(account.subnet_ids)
+    assert again == added and len(added) == 1

@@ -28,6 +28,7 @@ from gpufleet.domain.readiness import (
     Subscription,
     VpcEndpoint,
     check_alerts,
+    check_lambda_concurrency,
     check_ssm_parameters,
     check_stack,
     check_subnets,
@@ -224,6 +225,10 @@ class _Probe:
         self._allowed("servicequotas:GetServiceQuota")
         return 1000.0
 
+    def lambda_concurrency(self) -> int:
+        self._allowed("lambda:GetAccountSettings")
+        return 1000
+
     def network(self, subnet_ids: Sequence[str]) -> Network:
         nat = _table(LOCAL, Route("0.0.0.0/0", "nat-1", True))
         return Network((_subnet(),), (nat,), ())
@@ -262,6 +267,16 @@ def test_without_credentials_every_other_check_is_skipped_and_the_table_says_how
     assert table[1].split()[0] == "fix:" and "configure AWS credentials" in table[1]
     assert table[2].startswith("SKIP  stack outputs ")
     assert table[-1] == "1 check(s) failed"
+
+
+def test_a_new_accounts_lambda_concurrency_fails_with_the_quota_to_raise() -> None:
+    check = check_lambda_concurrency(10, "eu-west-3")
+    assert check.status is CheckStatus.FAIL and check.detail.startswith("10 concurrent executions")
+    assert check.fix == (
+        "aws service-quotas request-service-quota-increase --service-code lambda "
+        "--quota-code L-B99A9384 --desired-value 1000 --region eu-west-3"
+    )
+    assert check_lambda_concurrency(100, "eu-west-3").status is CheckStatus.OK
 
 
 def test_a_missing_ssm_parameter_fails_with_the_fix_for_its_kind() -> None:

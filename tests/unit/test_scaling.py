@@ -136,6 +136,40 @@ def test_alarm_rules_carry_the_configured_thresholds_and_windows() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # 1,440 periods of 2 minutes: two days; CloudWatch evaluates a day of short periods.
+        {"period_seconds": 120, "low_utilization_periods": 1440},
+        {"period_seconds": 420, "high_utilization_periods": 206},
+        {"period_seconds": 3600, "memory_leak_periods": 169},  # a week and an hour
+        # The stack's GpuTemperature alarm is a Metrics Insights query: 3 hours back at most.
+        {"period_seconds": 60, "hot_periods": 181},
+        {"period_seconds": 10, "hot_periods": 181},  # the agent samples once a minute anyway
+    ],
+)
+def test_alarm_windows_past_cloudwatchs_are_refused(fields: dict[str, int]) -> None:
+    with pytest.raises(ValidationError, match="at most"):
+        MetricPolicy.model_validate(fields)
+
+
+def test_alarm_windows_up_to_cloudwatchs_are_accepted() -> None:
+    MetricPolicy(period_seconds=120, low_utilization_periods=720, hot_periods=90)
+    MetricPolicy(period_seconds=3600, memory_leak_periods=168)
+    MetricPolicy(period_seconds=30, high_utilization_periods=1440, hot_periods=180)
+
+
+def test_a_scale_on_window_is_whole_periods_within_a_day() -> None:
+    # 1,440 minutes of 7-minute periods is 205.7 periods: 206 would pass a day (86,520 s).
+    policy = MetricPolicy(period_seconds=420)
+    job = spec(
+        "resources: {gpus: 1, elastic: {max_nodes: 3}}\n"
+        "scale_on: {metric: samples_per_second, below: 1000, for_minutes: 1440}\n"
+    )
+    own = next(r for r in job_alarm_rules(job, policy) if r.kind is AlarmKind.SCALE_ON)
+    assert own.periods == 205 and own.periods * own.period_seconds <= 86_400
+
+
 def test_a_memory_leak_drain_is_a_retry_while_retries_last() -> None:
     job = spec("max_retries: 1")
     first = after_run(job, {}, drain_reason=MEMORY_LEAK, retries=0, interruptions=0, ran_seconds=9)

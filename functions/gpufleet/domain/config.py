@@ -18,9 +18,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpufleet.domain.queueing import QueuePolicy
 from gpufleet.domain.spec import Name, Resources
 from gpufleet.errors import RefusedInput
+from gpufleet.topology import AGENT_PERIOD_SECONDS
 
 # Lambda environment variables hold at most 4 KiB in all.
 MAX_CONFIG_JSON_BYTES = 3072
+
+# A Metrics Insights alarm (the stack's GpuTemperature) queries the last 3 hours only.
+METRICS_INSIGHTS_WINDOW_SECONDS = 3 * 3600
+
+
+def alarm_window_seconds(period_seconds: int) -> int:
+    """The longest time an alarm may evaluate (`Period` x `EvaluationPeriods`): CloudWatch
+    refuses more than a day for periods under an hour, more than a week otherwise."""
+    return 86_400 if period_seconds < 3600 else 7 * 86_400
+
+
+def most_alarm_periods(period_seconds: int, window_seconds: int | None = None) -> int:
+    """The most periods of this length an alarm may evaluate (within `window_seconds`, when
+    shorter than CloudWatch's own window)."""
+    window = alarm_window_seconds(period_seconds)
+    return min(window, window_seconds or window) // period_seconds
 
 
 class ReservationKind(StrEnum):
@@ -80,6 +97,26 @@ class MetricPolicy(BaseModel):
     def _cloudwatch_periods(self) -> MetricPolicy:
         if self.period_seconds not in (10, 20, 30) and self.period_seconds % 60:
             raise ValueError("period_seconds is 10, 20, 30 or a multiple of 60 (CloudWatch)")
+        return self
+
+    @model_validator(mode="after")
+    def _cloudwatch_windows(self) -> MetricPolicy:
+        most = most_alarm_periods(self.period_seconds)
+        window = alarm_window_seconds(self.period_seconds)
+        for field in ("low_utilization_periods", "high_utilization_periods", "memory_leak_periods"):
+            if getattr(self, field) > most:
+                raise ValueError(
+                    f"{field} x period_seconds is at most {window} s (CloudWatch): "
+                    f"at most {most} periods of {self.period_seconds} s"
+                )
+        # The stack's GpuTemperature alarm reads the agent's samples with Metrics Insights.
+        gpu_period = max(AGENT_PERIOD_SECONDS, self.period_seconds)
+        most_hot = most_alarm_periods(gpu_period, METRICS_INSIGHTS_WINDOW_SECONDS)
+        if self.hot_periods > most_hot:
+            raise ValueError(
+                f"hot_periods x {gpu_period} s is at most {METRICS_INSIGHTS_WINDOW_SECONDS} s "
+                f"(a Metrics Insights alarm looks back 3 hours): at most {most_hot} periods"
+            )
         return self
 
     @model_validator(mode="after")

@@ -220,6 +220,32 @@ def check_spot_role(exists: bool) -> Check:
     )
 
 
+# -- Lambda concurrency ----------------------------------------------------------------------
+
+LAMBDA_CONCURRENCY = "lambda concurrency"
+# Lambda's "Concurrent executions" quota (Service Quotas), shared by every function of the
+# account and region. New accounts start with a reduced one (as low as 10, "Lambda quotas"):
+# a burst of jobs then throttles the control plane's functions, and their events end in the
+# dead-letter queues. Below this, the check fails.
+MIN_LAMBDA_CONCURRENCY = 100
+LAMBDA_CONCURRENCY_QUOTA = "L-B99A9384"
+_LAMBDA_CONCURRENCY_WANTED = 1000  # AWS's default for an established account
+
+
+def check_lambda_concurrency(limit: int, region: str) -> Check:
+    if limit >= MIN_LAMBDA_CONCURRENCY:
+        return passed(LAMBDA_CONCURRENCY, f"{limit} concurrent executions")
+    return failed(
+        LAMBDA_CONCURRENCY,
+        f"{limit} concurrent executions for every function of the account and region (new "
+        f"accounts start reduced; gpufleet wants at least {MIN_LAMBDA_CONCURRENCY}): a burst of "
+        "jobs throttles the control plane and its events can end in the dead-letter queues",
+        "aws service-quotas request-service-quota-increase --service-code lambda "
+        f"--quota-code {LAMBDA_CONCURRENCY_QUOTA} --desired-value {_LAMBDA_CONCURRENCY_WANTED} "
+        f"--region {region}",
+    )
+
+
 # -- EC2 vCPU quotas -----------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.domain.config import MetricPolicy
+from gpufleet.domain.config import MetricPolicy, most_alarm_periods
 from gpufleet.domain.spec import JobSpec, Resources
 from gpufleet.topology import (
     GPU_MEMORY_METRIC,
@@ -115,7 +115,11 @@ def job_alarm_rules(spec: JobSpec, policy: MetricPolicy) -> tuple[AlarmRule, ...
                     "Average",
                     Comparison.BELOW if below else Comparison.ABOVE,
                     threshold,
-                    max(1, math.ceil(rule.for_minutes * 60 / period)),
+                    # Whole periods, within what CloudWatch evaluates (a day of short ones).
+                    min(
+                        max(1, math.ceil(rule.for_minutes * 60 / period)),
+                        most_alarm_periods(period),
+                    ),
                     period,
                 )
             )

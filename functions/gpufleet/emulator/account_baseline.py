@@ -11,6 +11,9 @@
   for the repository's gpufleet.yaml. `set_vcpu_quota` changes one, as an approved request
   would. The answer comes from moto's backend (`patches.EC2_VCPU_QUOTAS`), so calls over HTTP
   (`gpufleet emulator`) get it too, not only the in-process ones.
+- Lambda's account settings: moto has no GetAccountSettings. The emulator answers it (a hook at
+  the SDK's edge, so for in-process clients only) with an established account's 1,000
+  concurrent executions; `set_lambda_concurrency` gives a new account's reduced one.
 - A way out of the default VPC: AWS's default VPC has an internet gateway and a 0.0.0.0/0 route
   to it in its main route table (and its default subnets give public IPs); moto's has neither.
 - A confirmed subscriber on the alerts topic: an SQS queue of the same account, which SNS
@@ -23,6 +26,8 @@ import datetime
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from botocore.awsrequest import AWSResponse
 
 from gpufleet.domain.readiness import DEFAULT_ROUTE, SPOT_ROLE_NAME, VCPU_QUOTAS
 
@@ -53,6 +58,8 @@ EC2_VCPU_QUOTAS: dict[str, float] = {
 }
 ALERTS_INBOX = "gpufleet-alerts-inbox"
 _QUOTAS_ATTRIBUTE = "gpufleet_ec2_vcpu_quotas"
+LAMBDA_CONCURRENCY = 1000
+_CONCURRENCY_ATTRIBUTE = "gpufleet_concurrent_executions"
 
 
 def answer_ec2_vcpu_quotas(original: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
@@ -94,6 +101,43 @@ def set_vcpu_quota(account: Account, code: str, value: float) -> None:
     quotas = dict(getattr(backend, _QUOTAS_ATTRIBUTE, EC2_VCPU_QUOTAS))
     quotas[code] = value
     setattr(backend, _QUOTAS_ATTRIBUTE, quotas)
+
+
+def hooks() -> list[tuple[str, Callable[..., Any]]]:
+    """The SDK-edge answers for what moto lacks: Lambda's account settings."""
+    return [("before-call.lambda.GetAccountSettings", _lambda_account_settings)]
+
+
+def _lambda_backend(region: str) -> Any:
+    from moto.awslambda.models import lambda_backends
+
+    from gpufleet.emulator.account import ACCOUNT_ID
+
+    return lambda_backends[ACCOUNT_ID][region]
+
+
+def _lambda_account_settings(**kwargs: Any) -> tuple[AWSResponse, dict[str, Any]]:
+    """GetAccountSettings' answer, as Lambda gives it (code sizes are AWS's defaults)."""
+    backend = _lambda_backend(kwargs["request_signer"].region_name)
+    concurrency = int(getattr(backend, _CONCURRENCY_ATTRIBUTE, LAMBDA_CONCURRENCY))
+    functions = backend.list_functions()
+    parsed = {
+        "AccountLimit": {
+            "TotalCodeSize": 80_530_636_800,
+            "CodeSizeUnzipped": 262_144_000,
+            "CodeSizeZipped": 52_428_800,
+            "ConcurrentExecutions": concurrency,
+            "UnreservedConcurrentExecutions": concurrency,
+        },
+        "AccountUsage": {"TotalCodeSize": 0, "FunctionCount": len(functions)},
+        "ResponseMetadata": {"HTTPStatusCode": 200},
+    }
+    return AWSResponse("https://lambda.amazonaws.com/", 200, {}, None), parsed
+
+
+def set_lambda_concurrency(account: Account, value: int) -> None:
+    """Give the account another Lambda concurrency (a new account's is as low as 10)."""
+    setattr(_lambda_backend(account.region), _CONCURRENCY_ATTRIBUTE, value)
 
 
 def populate(account: Account, ami_id: str) -> None:

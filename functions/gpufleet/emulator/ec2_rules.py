@@ -24,6 +24,9 @@ documents, so the code under test meets the answers a real account gives:
    (CreateCapacityReservation, DescribeCapacityReservations, and `hold` for the ones a config
    names).
 
+4. **TerminateInstances takes up to 1,000 ids** ("Constraints: Up to 1000 instance IDs"); moto
+   takes any number. More is refused, and nothing is terminated.
+
 CreateFleet reports what fails for an override in `Errors[]`, as an instant fleet reports a
 launch it could not make; the request's own faults (its tags, its token) are HTTP 400.
 """
@@ -59,6 +62,8 @@ NO_SPOT_REQUEST_MESSAGE = (
     "requests being created by the request."
 )
 _LIVE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
+# TerminateInstances' InstanceIds: "Constraints: Up to 1000 instance IDs".
+MAX_TERMINATE_IDS = 1000
 _REQUEST = "gpufleet_ec2_request"  # the call's parameters, kept in botocore's request context
 _FIRST_CALL = "gpufleet_ec2_first_call"  # the token this call is the first to use
 _URL = "https://ec2.us-east-1.amazonaws.com/"
@@ -124,11 +129,13 @@ class Ec2Rules:
             "CreateLaunchTemplateVersion",
             "CreateCapacityReservation",
             "DescribeCapacityReservations",
+            "TerminateInstances",
         )
         return [
             *((f"before-parameter-build.ec2.{op}", _keep_request) for op in read),
             ("before-call.ec2.CreateFleet", self._launch("CreateFleet", self._create_fleet)),
             ("before-call.ec2.RunInstances", self._launch("RunInstances", self._run_instances)),
+            ("before-call.ec2.TerminateInstances", _check_terminate_size),
             ("before-call.ec2.CreateLaunchTemplate", _check_template_tags),
             ("before-call.ec2.CreateLaunchTemplateVersion", _check_template_tags),
             ("before-call.ec2.CreateCapacityReservation", self._create_reservation),
@@ -384,6 +391,17 @@ def _keep_request(params: dict[str, Any], context: dict[str, Any], **_: Any) -> 
 def _check_template_tags(context: dict[str, Any], **_: Any) -> Answer | None:
     data = (context.get(_REQUEST) or {}).get("LaunchTemplateData", {})
     return _tags_only(data, TEMPLATE_TAGGABLE, "A launch template")
+
+
+def _check_terminate_size(context: dict[str, Any], **_: Any) -> Answer | None:
+    ids = (context.get(_REQUEST) or {}).get("InstanceIds", [])
+    if len(ids) <= MAX_TERMINATE_IDS:
+        return None
+    # The limit is documented; the error code for passing it is not (the request is invalid).
+    return _refusal(
+        "InvalidParameterValue",
+        f"TerminateInstances takes up to {MAX_TERMINATE_IDS} instance IDs, not {len(ids)}.",
+    )
 
 
 def _tags_only(request: Mapping[str, Any], taggable: frozenset[str], what: str) -> Answer | None:

@@ -117,7 +117,7 @@ class CapacityFaults:
         return http, parsed
 
 
-class _RawBody:
+class RawBody:
     """The raw stream botocore reads an HTTP response body from."""
 
     def __init__(self, body: bytes) -> None:
@@ -141,7 +141,7 @@ _THROTTLES = (
 )
 
 
-_NOWHERE = "https://throttled.invalid/"
+NOWHERE = "https://throttled.invalid/"
 
 
 class DynamoThrottling:
@@ -170,13 +170,13 @@ class DynamoThrottling:
         # botocore hands the request to every `before-send` handler and uses the first answer:
         # pointed away from AWS, it is one moto's stubber leaves alone, so a throttled request
         # never reaches the table, as in DynamoDB.
-        request.url = _NOWHERE
+        request.url = NOWHERE
         body = json.dumps({"__type": error_type, "message": message}).encode()
         headers = {
             "Content-Type": "application/x-amz-json-1.0",
             "x-amzn-RequestId": "THROTTLED0000000000000000000000000000000000000000000",
         }
-        return AWSResponse(url, 400, headers, _RawBody(body))
+        return AWSResponse(url, 400, headers, RawBody(body))
 
 
 class HandlerCrashed(GpufleetError):

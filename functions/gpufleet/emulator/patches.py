@@ -6,8 +6,9 @@ no public seam reaches it; `install` applies them all (and nothing else replaces
 Powertools) no longer has what a patch replaces, and `install` refuses to start then.
 
 Everything else the account adds goes through seams: botocore's event system (handlers added to
-`botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups and
-EC2's launch rules, the faults of a chaos run, and the `Recorder` of who called); the control
+`botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups,
+EC2's launch rules, CloudWatch's alarm windows, Lambda's account settings, the faults of a chaos
+run, and the `Recorder` of who called); the control
 plane's port for sessions (`runtime.use_sessions`: sessions that share one loader of the
 service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
 `topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
@@ -466,7 +467,7 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Instal
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
     stores a handler's output."""
     from gpufleet.adapters.aws import runtime
-    from gpufleet.emulator import account_baseline, executions
+    from gpufleet.emulator import account_baseline, cloudwatch_rules, executions
     from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.placement_groups import PlacementGroups
     from gpufleet.emulator.sessions import SessionsSharingModels
@@ -493,7 +494,16 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Instal
         installed._undo.append((None, runtime.use_sessions(SessionsSharingModels())))
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
-        for hook in [*groups.hooks(), *installed.ec2_rules.hooks(), *recorder.hooks()]:
+        # CloudWatch's alarm windows likewise (`cloudwatch_rules`), and what moto lacks of
+        # Lambda's account settings (`account_baseline`).
+        hooks = [
+            *groups.hooks(),
+            *installed.ec2_rules.hooks(),
+            *cloudwatch_rules.hooks(),
+            *account_baseline.hooks(),
+            *recorder.hooks(),
+        ]
+        for hook in hooks:
             botocore.handlers.BUILTIN_HANDLERS.append(hook)
             installed._undo.append(
                 (None, functools.partial(botocore.handlers.BUILTIN_HANDLERS.remove, hook))

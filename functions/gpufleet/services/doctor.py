@@ -33,6 +33,7 @@ class AccountProbe(Protocol):
     def ssm_parameters(self, names: Sequence[str]) -> dict[str, str]: ...
     def role_exists(self, name: str) -> bool: ...
     def vcpu_quota(self, code: str) -> float: ...
+    def lambda_concurrency(self) -> int: ...
     def network(self, subnet_ids: Sequence[str]) -> Network: ...
     def subscriptions(self, topic_arn: str) -> list[Subscription]: ...
 
@@ -72,6 +73,12 @@ def diagnose(probe: AccountProbe, target: Target, catalog: Catalog) -> list[Chec
         checks.append(readiness.check_environment_target(target.error))
     checks.append(_ssm_parameters(probe, stack, target, region))
     checks.append(_read(readiness.SPOT_ROLE, lambda: _spot_role(probe)))
+    checks.append(
+        _read(
+            readiness.LAMBDA_CONCURRENCY,
+            lambda: readiness.check_lambda_concurrency(probe.lambda_concurrency(), region),
+        )
+    )
 
     settings = target.settings
     if settings is None:
@@ -154,5 +161,10 @@ def _skip_deployment(why: str) -> list[Check]:
 
 
 def _skip_rest(why: str) -> list[Check]:
-    names = (readiness.STACK, readiness.SSM_PARAMETERS, readiness.SPOT_ROLE)
+    names = (
+        readiness.STACK,
+        readiness.SSM_PARAMETERS,
+        readiness.SPOT_ROLE,
+        readiness.LAMBDA_CONCURRENCY,
+    )
     return [readiness.skipped(name, why) for name in names] + _skip_deployment(why)

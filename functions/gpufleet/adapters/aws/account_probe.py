@@ -1,5 +1,5 @@
 """Read-only reads of an account for `gpufleet doctor`: STS, CloudFormation, SSM, IAM, Service
-Quotas, EC2 and SNS, turned into the facts `domain.readiness` decides on.
+Quotas, Lambda, EC2 and SNS, turned into the facts `domain.readiness` decides on.
 
 Nothing here changes the account. A read that fails (no credentials, access denied, throttled
 past the SDK's retries, no such stack) raises `ProbeError`, naming the IAM action it needed.
@@ -121,6 +121,14 @@ class AwsAccountProbe:
             return float(answer["Quota"]["Value"])
 
         return _read("servicequotas:GetServiceQuota", call)
+
+    def lambda_concurrency(self) -> int:
+        """The account's concurrent executions in this region (all functions together)."""
+        lambda_ = self._client("lambda")
+        return _read(
+            "lambda:GetAccountSettings",
+            lambda: int(lambda_.get_account_settings()["AccountLimit"]["ConcurrentExecutions"]),
+        )
 
     def network(self, subnet_ids: Sequence[str]) -> Network:
         """The subnets that exist among `subnet_ids`, with their VPCs' route tables and

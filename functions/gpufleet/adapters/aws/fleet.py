@@ -14,6 +14,9 @@ holds then is a leftover of such a launch and is terminated: a job never keeps t
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
@@ -35,6 +38,11 @@ from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, W
 
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 _UP_STATES = ["pending", "running"]
+# TerminateInstances takes at most 1,000 ids a call (more: the call fails, nothing ends).
+TERMINATE_BATCH = 1000
+# Instances just launched may not be known yet to the terminate (eventual consistency: its
+# NotFound "does not mean that the instance was or will be terminated"): waits between tries.
+_UNSEEN_INSTANCE_WAITS = (0.5, 1.0, 2.0, 4.0)
 # How many client tokens one attempt may spend (each a Launch retried after its fleet ended or
 # its overrides changed); past them the launch fails as transient and the next attempt starts
 # over with its own tokens.
@@ -171,8 +179,7 @@ class Ec2Fleet:
         instance_ids = [instance_id for _, instance_id in launched]
         if len(instance_ids) < request.nodes:
             # All or nothing: a partial multi-node launch is useless and costs money.
-            if instance_ids:
-                self._client.terminate_instances(InstanceIds=instance_ids)
+            self._terminate_just_launched(instance_ids)
             return LaunchResult(
                 capacity_type=request.capacity_type,
                 errors=errors
@@ -475,11 +482,15 @@ class Ec2Fleet:
         spot = pool.pool.capacity_type == CapacityType.SPOT.value
         parameters: dict[str, Any] = {
             "Type": "instant",
+            # One subnet per zone, as for a job's launch: a fleet spans no two of one zone.
             "LaunchTemplateConfigs": self._launch_template_configs(
                 1,
                 [
-                    {"InstanceType": pool.pool.instance_type, "SubnetId": subnet}
-                    for subnet in self._subnet_ids
+                    {
+                        "InstanceType": pool.pool.instance_type,
+                        "SubnetId": self._subnet_by_zone[zone],
+                    }
+                    for zone in self._zone_names
                 ],
             ),
             "TargetCapacitySpecification": {
@@ -495,9 +506,19 @@ class Ec2Fleet:
             parameters["SpotOptions"] = {"AllocationStrategy": "price-capacity-optimized"}
         else:
             parameters["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
-        response = self._client.create_fleet(**parameters)
+        response = self._client.create_fleet(
+            **parameters, ClientToken=self._warm_client_token(pool, count)
+        )
         # Whatever EC2 could not fill now is asked for again at the next pass.
         return [i for group in response.get("Instances", []) for i in group.get("InstanceIds", [])]
+
+    def _warm_client_token(self, pool: DynamoWarmPool, count: int) -> str:
+        """The same for a pass retried on the same pool (its live instances, the last demand, the
+        top-up), so that EC2 answers the first call's instances instead of launching again; a
+        later pass sees the pool changed (instances launched, claimed or ended, a new demand)."""
+        live = sorted(i["InstanceId"] for i in self._warm_instances(pool))
+        seen = json.dumps([pool.pool.model_dump(), pool.demand_at(), count, live])
+        return "warm-" + hashlib.sha256(seen.encode()).hexdigest()[:40]
 
     def _require_warm_pool(self) -> DynamoWarmPool:
         if self._warm is None:
@@ -505,8 +526,22 @@ class Ec2Fleet:
         return self._warm
 
     def terminate_instances(self, instance_ids: list[str]) -> None:
-        if instance_ids:
-            self._client.terminate_instances(InstanceIds=instance_ids)
+        for start in range(0, len(instance_ids), TERMINATE_BATCH):
+            self._client.terminate_instances(
+                InstanceIds=instance_ids[start : start + TERMINATE_BATCH]
+            )
+
+    def _terminate_just_launched(self, instance_ids: list[str]) -> None:
+        """Terminate instances CreateFleet answered a moment ago, which EC2 may not list yet."""
+        for wait in (*_UNSEEN_INSTANCE_WAITS, None):
+            try:
+                self.terminate_instances(instance_ids)
+                return
+            except ClientError as exc:
+                unseen = exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound"
+                if not unseen or wait is None:
+                    raise
+            time.sleep(wait)
 
     def terminate_job_instances(self, job_id: str) -> list[str]:
         live = [i for i, state in self._job_instances(job_id).items() if state in _LIVE_STATES]

@@ -1,0 +1,50 @@
+"""CloudWatch's alarm rules that moto 5.2.5 does not enforce, for the embedded account.
+
+moto stores any `PutMetricAlarm`. CloudWatch refuses an alarm that evaluates more than a day
+of periods shorter than an hour, or more than a week of longer ones (`Period` x
+`EvaluationPeriods`, "PutMetricAlarm"): the same rule the config is held to
+(`domain.config.alarm_window_seconds`). A hook at the SDK's edge (the seam `ec2_rules` uses)
+answers such a request as CloudWatch would, with a `ValidationError`, and stores nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from botocore.awsrequest import AWSResponse
+
+from gpufleet.domain.config import alarm_window_seconds
+
+_URL = "https://monitoring.us-east-1.amazonaws.com/"
+
+
+def hooks() -> list[tuple[str, Any]]:
+    return [("before-call.cloudwatch.PutMetricAlarm", _check_window)]
+
+
+def _check_window(params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+    # botocore speaks CloudWatch's JSON protocol: the body is the request as JSON.
+    body = params.get("body") or b"{}"
+    request: dict[str, Any] = json.loads(body) if isinstance(body, (bytes, str)) else {}
+    periods = int(request.get("EvaluationPeriods", 1))
+    # A metric alarm names its period; a metric-math alarm, each metric's.
+    lengths = [int(request["Period"])] if "Period" in request else []
+    lengths += [
+        int(query["MetricStat"]["Period"])
+        for query in request.get("Metrics", [])
+        if isinstance(query, dict) and "MetricStat" in query
+    ]
+    for period in lengths:
+        window = alarm_window_seconds(period)
+        if period * periods > window:
+            message = (
+                f"The product of Period ({period}) and EvaluationPeriods ({periods}) must not "
+                f"exceed {window} seconds."
+            )
+            parsed = {
+                "Error": {"Code": "ValidationError", "Message": message},
+                "ResponseMetadata": {"HTTPStatusCode": 400},
+            }
+            return AWSResponse(_URL, 400, {}, None), parsed
+    return None
