@@ -15,8 +15,8 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.retry import RESIZED
 from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.settlement import RESIZED
 from gpufleet.domain.spec import Resources
 from gpufleet.ports import WorkflowRun
 from gpufleet.services.backstop import BackstopService, WorkflowEnd, failure_of

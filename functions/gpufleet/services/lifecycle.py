@@ -16,14 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
-from gpufleet.domain.cost import (
-    fleet_hourly_usd,
-    held_seconds,
-    run_cost_usd,
-    storage_cost_usd,
-    storage_usd_per_hour,
+from gpufleet.domain.cost import estimated_run_usd, launch_costs
+from gpufleet.domain.duration import (
+    HISTORY_DEPTH,
+    DurationEstimate,
+    estimate_duration,
+    past_runs,
 )
-from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import (
     JOB_ID_PATTERN,
     DroppedReport,
@@ -41,25 +40,27 @@ from gpufleet.domain.launch import (
     LaunchResult,
     shortage_keys,
 )
-from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of
+from gpufleet.domain.planning import LaunchPlan, LaunchStep
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy, most_booked, never_admissible
-from gpufleet.domain.retry import (
+from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.settlement import (
     BUDGET,
     DEFAULT_MAX_INTERRUPTIONS,
-    IDLE,
     INTERRUPTED,
-    NEXT_STAGE,
-    OUT_OF_MEMORY,
-    PREEMPTED,
-    RECLAIMED,
     RESIZED,
-    RETRY,
-    Verdict,
-    after_run,
+    EndKind,
+    PublishStatusChange,
+    Record,
+    ReleaseShare,
+    RunEnd,
+    RunStageHere,
+    Settlement,
+    Terminate,
+    requeue_changes,
+    settle,
 )
-from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Resources
-from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse, stage_environment
+from gpufleet.domain.stages import next_stage_may_reuse, stage_environment
 from gpufleet.ports import Freed, Ports, QueueEntry, RunningShare, StatusChange
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
@@ -84,8 +85,6 @@ class Planner(Protocol):
 
 # For how long after an admission a launch relies on what it said of capacity shortages.
 ADMISSION_KNOWS_SHORTAGES_SECONDS = 60.0
-# How many of a team's recent jobs are read to estimate a run time.
-HISTORY_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -236,14 +235,9 @@ class LifecycleService:
         return plans
 
     def estimate_usd(self, plan: LaunchPlan) -> float:
-        """Before a run: the plan's first choice x expected hours x the estimate factor, plus
-        the nodes' storage for as long."""
-        hours = plan.expected_seconds / 3600
-        storage = storage_usd_per_hour(
-            plan.nodes, self._policy.root_volume_gib, self._policy.cost.ebs_usd_per_gib_month
-        )
-        return round(
-            plan.estimated_cost_usd() * self._policy.cost.estimate_factor + storage * hours, 6
+        """Before a run: what the plan's first choice costs for its expected hours."""
+        return estimated_run_usd(
+            plan, root_volume_gib=self._policy.root_volume_gib, cost=self._policy.cost
         )
 
     @staticmethod
@@ -295,40 +289,7 @@ class LifecycleService:
         job = self._ports.jobs.get(job_id)
         if job.status is JobStatus.QUEUED:
             return job  # a repeated step
-        released_at = job.released_at if job.released_at is not None else self._now()
-        counter = {
-            INTERRUPTED: "interruptions",
-            RETRY: "retries",
-            OUT_OF_MEMORY: "retries",
-            PREEMPTED: "preemptions",
-            RECLAIMED: "preemptions",
-        }.get(job.drain_reason or "")
-        changes: dict[str, Any] = {}
-        if counter is not None:
-            changes[counter] = getattr(job, counter) + 1
-        if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
-            # Next time, only GPUs with more memory than those it ran out of.
-            resources = job.effective_spec.resources
-            floor = job.placement.gpu_memory_gib + 0.5
-            changes["resources_override"] = resources.model_copy(
-                update={"gpu_memory_gib": max(resources.gpu_memory_gib, floor)}
-            )
-        if job.drain_reason == NEXT_STAGE:
-            changes.update(_next_stage_changes(job))
-        return self._move(
-            job,
-            JobStatus.QUEUED,
-            {
-                "placement": None,
-                "released_at": None,
-                "task_token": None,
-                "run_result": None,
-                "drain_reason": None,
-                "drain_requested_at": None,
-                **_spent_until(job, released_at),
-                **changes,
-            },
-        )
+        return self._move(job, JobStatus.QUEUED, requeue_changes(job, self._now()))
 
     def drain(self, job_id: str, reason: str, for_job_id: str | None = None) -> bool:
         """Ask a running job's node to checkpoint and stop; the job is then requeued."""
@@ -579,7 +540,7 @@ class LifecycleService:
         launching = job.model_copy(
             update={**changes, "status": JobStatus.LAUNCHING, "updated_at": now}
         )
-        hourly_usd, stop_at = _launch_costs(launching)
+        hourly_usd, stop_at = launch_costs(launching)
         change = StatusChange(
             job.job_id, JobStatus.LAUNCHING, frozenset({job.status}), now, changes
         )
@@ -588,7 +549,7 @@ class LifecycleService:
                 self._status_changed(launching, job.status)
             return launching
         launching = self._move(job, JobStatus.LAUNCHING, changes)
-        self._ports.queue.note_launch(job.job_id, *_launch_costs(launching))
+        self._ports.queue.note_launch(job.job_id, *launch_costs(launching))
         return launching
 
     def over_budget(self, job_id: str) -> bool:
@@ -704,26 +665,29 @@ class LifecycleService:
             self._ports.workflow.complete_task(job.task_token, result)
 
     def release(self, job_id: str, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Terminate every instance of the job, note when its cost stopped and give its share of
-        the quotas back to the queue. Then either the job goes back to the queue (a
-        checkpointed, interrupted or retryable run, or the next stage of a multi-stage job:
-        `requeue`), or its final status and cost are set from what the workflow saw
-        (`outcome`). A stage whose successor asks for its instances and fits on them keeps
-        them instead (`next_stage.here`: the workflow goes straight back to Launch)."""
+        """Settle the end of the job's run (`domain.settlement`) from what the workflow saw,
+        and carry it out: terminate every instance of the job, give its share of the quotas
+        back to the queue, and either send the job back to the queue (a checkpointed,
+        interrupted or retryable run, or the next stage of a multi-stage job: `requeue`) or
+        record its final status and cost (`outcome`). A stage whose successor asks for its
+        instances and fits on them keeps them instead (`next_stage.here`: the workflow goes
+        straight back to Launch)."""
         state = state or {}
+        end = run_end_of(state, self._now())
         finished = _finished_job(job_id, state)
         job = finished if finished is not None else self._ports.jobs.get(job_id)
-        here = self._next_stage_here(job, state)
-        if here is not None:
-            return here
+        settlement = self._settle(job, end)
+        if any(isinstance(command, RunStageHere) for command in settlement.commands):
+            return self._run_stage_here(job, settlement, state)
         terminated = self._release_instances(job)
         if finished is not None:
-            settled = self._settle_in_one_write(finished, state, terminated)
+            settled = self._record_in_one_write(finished, settlement, terminated)
             if settled is not None:
                 return settled
             # The job changed since its node finished (or its share did): settle from the record.
             job = self._ports.jobs.get(job_id)
-        return self._settle(job, state, terminated)
+            settlement = self._settle(job, end)
+        return self._record_end(job, settlement, terminated)
 
     def end_abandoned(self, job_id: str, error: str, cause: str) -> dict[str, Any]:
         """End a job whose workflow ended without settling it (a step that failed through its
@@ -737,18 +701,27 @@ class LifecycleService:
         terminated = self._release_instances(job)
         if job.status is JobStatus.QUEUED:
             self._ports.queue.remove(job_id)
-        # The share before the final status: a job ended has nothing left to release it again,
-        # while a live one is found (and this finished) by the next reconciler pass.
-        if self._ports.queue.release(job_id):
-            self._capacity_freed(job_id)
-        state: dict[str, Any] = {"run": job.run_result}
-        if job.run_result is None or self._verdict(job, state, self._released_at(job)).requeue:
+        settlement = None
+        if job.run_result is not None:
+            settlement = self._settle(job, run_end_of({"run": job.run_result}, self._now()))
+        if settlement is None or settlement.requeue is not None:
             # Whatever was to come next (a requeue, a retry) cannot: the workflow's end is the
             # job's, and no drain that was to send it back to the queue has a say.
-            state = {"error": {"Error": error, "Cause": cause}}
-            job = job.model_copy(update={"drain_reason": None})
-        released_at, _verdict, released = self._run_end(job, state)
-        return {**self._finish(job, state, released_at, released), "terminated": terminated}
+            abandoned = RunEnd(EndKind.ABANDONED, self._now(), reason=error, cause=cause)
+            settlement = self._settle(job, abandoned)
+        ended = self._record_end(job, settlement, terminated)
+        return {**ended["outcome"], "terminated": terminated}
+
+    def _settle(self, job: Job, end: RunEnd) -> Settlement:
+        placement = job.placement
+        return settle(
+            job,
+            end,
+            max_interruptions=self._policy.max_interruptions,
+            instance_type=self._policy.instance_type_of(placement.instance_type)
+            if placement
+            else None,
+        )
 
     def _release_instances(self, job: Job) -> list[str]:
         """Terminate every instance of the job, and what lives with them (its alarms, the
@@ -759,152 +732,71 @@ class LifecycleService:
             self._ports.fleet.delete_placement_group(job.job_id)
         return terminated
 
-    def _released_at(self, job: Job) -> float | None:
-        if job.released_at is None and job.placement is not None:
-            return self._now()
-        return job.released_at
+    def _record_end(
+        self, job: Job, settlement: Settlement, terminated: list[str]
+    ) -> dict[str, Any]:
+        """Carry out a settlement once the instances are gone (its `Terminate`): the share
+        back to the queue, the run's end recorded, the status change published; the answer
+        tells the workflow whether to requeue."""
+        ended, moved = job, False
+        for command in settlement.commands:
+            if isinstance(command, ReleaseShare):
+                if self._ports.queue.release(job.job_id):
+                    self._capacity_freed(job.job_id)
+            elif isinstance(command, Record):
+                ended, moved = self._write(job, command.status, dict(command.changes))
+            elif isinstance(command, PublishStatusChange) and moved:
+                self._status_changed(ended, command.previous)
+        return _settled(terminated, settlement, ended)
 
-    def _settle(self, job: Job, state: Mapping[str, Any], terminated: list[str]) -> dict[str, Any]:
-        """After the instances are gone: back to the queue, or the final status and cost; and
-        the job's share of the quotas back to the queue."""
-        job_id = job.job_id
-        released_at, verdict, released = self._run_end(job, state)
-        requeue = verdict.requeue and not job.status.terminal
-        outcome: dict[str, Any] | None = None
-        if requeue:
-            changes = self._requeue_changes(job, verdict, released_at, released)
-            self._ports.jobs.update(job_id, self._now(), changes)
-        else:
-            outcome = self._finish(job, state, released_at, released)
-        if self._ports.queue.release(job_id):
-            self._capacity_freed(job_id)
-        return _settled(terminated, requeue, verdict.reason, outcome)
-
-    def _settle_in_one_write(
-        self, job: Job, state: Mapping[str, Any], terminated: list[str]
+    def _record_in_one_write(
+        self, job: Job, settlement: Settlement, terminated: list[str]
     ) -> dict[str, Any] | None:
-        """`_settle` for the usual end of a run, from the job as its node's finish left it: the
-        job's write and the return of its share in one transaction, conditioned on the job
-        not having changed since. None (nothing written) when it has, or its share has."""
-        if job.status.terminal:
+        """`_record_end` for the usual end of a run, from the job as its node's finish left
+        it: the job's write and the return of its share in one transaction, conditioned on the
+        job not having changed since. None (nothing written) when it has, or its share has."""
+        record = next((c for c in settlement.commands if isinstance(c, Record)), None)
+        if job.status.terminal or record is None:
             return None
-        released_at, verdict, released = self._run_end(job, state)
-        if verdict.requeue:
-            target = job.status
-            changes = self._requeue_changes(job, verdict, released_at, released)
-        else:
-            target, changes = self._final_change(job, state, released_at, released)
         now = self._now()
+        changes = dict(record.changes)
         change = StatusChange(
-            job.job_id,
-            target,
-            frozenset({job.status}),
-            now,
-            changes,
-            version=job.version,
+            job.job_id, record.status, frozenset({job.status}), now, changes, version=job.version
         )
         freed = self._ports.queue.record_release(change, _share_of(job))
         if freed is None:
             return None
         ended = job.model_copy(
-            update={**changes, "status": target, "updated_at": now, "version": job.version + 1}
+            update={
+                **changes,
+                "status": record.status,
+                "updated_at": now,
+                "version": job.version + 1,
+            }
         )
-        if target is not job.status:
+        if any(isinstance(c, PublishStatusChange) for c in settlement.commands):
             self._status_changed(ended, job.status)
         if freed is Freed.OTHERS_WAIT:
             self._capacity_freed(job.job_id)
-        outcome = None if verdict.requeue else ended.summary()
-        return _settled(terminated, verdict.requeue, verdict.reason, outcome)
-
-    def _run_end(
-        self, job: Job, state: Mapping[str, Any]
-    ) -> tuple[float | None, Verdict, dict[str, Any]]:
-        """When the run's cost stopped, what comes next, and the change that records the
-        release (none when it was recorded already)."""
-        released_at = self._released_at(job)
-        released = {"released_at": released_at} if job.released_at != released_at else {}
-        return released_at, self._verdict(job, state, released_at), released
-
-    def _requeue_changes(
-        self, job: Job, verdict: Verdict, released_at: float | None, released: dict[str, Any]
-    ) -> dict[str, Any]:
-        """What a run that goes back to the queue records (a stage that succeeded: its end)."""
-        changes = {"drain_reason": verdict.kind, "failure_reason": verdict.reason, **released}
-        if verdict.kind == NEXT_STAGE:
-            changes["failure_reason"] = None
-            changes.update(self._stage_end(job, JobStatus.SUCCEEDED, released_at))
-        return changes
+        return _settled(terminated, settlement, ended)
 
     def _capacity_freed(self, job_id: str) -> None:
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_CAPACITY_FREED, {"job_id": job_id})
 
-    def _verdict(self, job: Job, state: Mapping[str, Any], released_at: float | None) -> Verdict:
-        """After a run: requeue (and why) or the end. A multi-stage job's stage that succeeded
-        with stages still to come is requeued for the next one."""
-        ran = held_seconds(job.placement, released_at) if job.placement and released_at else None
-        verdict = after_run(
-            job.effective_spec,
-            state,
-            drain_reason=job.drain_reason,
-            retries=job.retries,
-            interruptions=job.interruptions,
-            ran_seconds=ran,
-            max_interruptions=self._policy.max_interruptions,
-        )
-        following = job.stage_index + 1
-        if verdict.requeue or job.status.terminal or following >= len(job.spec.stages):
-            return verdict
-        if self._outcome(job, state, released_at)[0] is not JobStatus.SUCCEEDED:
-            return verdict
-        next_name = job.spec.stages[following].name
-        return Verdict(True, NEXT_STAGE, f"stage {job.stage_name!r} done; next {next_name!r}")
-
-    def _next_stage_here(self, job: Job, state: Mapping[str, Any]) -> dict[str, Any] | None:
-        """When the stage that just succeeded is followed by one that asks for its instances
-        (`reuse_previous`) and fits on them: record the stage, keep the instances (those the
-        next stage needs; any others are terminated), and have the nodes run the next stage.
-        None when the instances are to be released as usual."""
-        run = state.get("run")
-        ran = run.get("stage") if isinstance(run, Mapping) else None
-        names = [stage.name for stage in job.spec.stages]
-        placement = job.placement
-        if ran not in names or placement is None or job.status.terminal:
-            return None
-        if names.index(ran) < job.stage_index:
-            return self._run_stage_here(job, state, [])  # a repeated step: already moved on
-        if job.drain_reason is not None or not next_stage_may_reuse(job):
-            return None
-        if self._verdict(job, state, self._now()).kind != NEXT_STAGE:
-            return None
-        following = job.model_copy(update=_next_stage_changes(job)).effective_spec.resources
-        instance_type = self._policy.instance_type_of(placement.instance_type)
-        if instance_type is None or not fits_on(
-            instance_type, len(placement.instance_ids), following
-        ):
-            return None
-        now = self._now()
-        keep = placement.instance_ids[: following.nodes]
-        extra = placement.instance_ids[following.nodes :]
-        changes = {
-            **self._stage_end(job, JobStatus.SUCCEEDED, now),
-            **_spent_until(job, now),
-            **_next_stage_changes(job),
-            # The next stage's share of the instances starts now.
-            "placement": placement.model_copy(update={"instance_ids": keep, "launched_at": now}),
-            "run_result": None,
-            "task_token": None,
-            "failure_reason": None,
-        }
-        job = self._ports.jobs.update(job.job_id, now, changes)
-        if extra:
-            self._ports.fleet.terminate_instances(extra)
-        return self._run_stage_here(job, state, extra)
-
     def _run_stage_here(
-        self, job: Job, state: Mapping[str, Any], terminated: list[str]
+        self, job: Job, settlement: Settlement, state: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Tell the nodes to run the job's (new) current stage, and give the workflow its plan:
-        Launch finds the instances in place and waits for the nodes' report."""
+        """Carry out a settlement that runs the job's next stage on its instances: record the
+        stage's end and the move, end the instances it does not need, tell the nodes to run
+        the (new) current stage, and give the workflow its plan: Launch finds the instances in
+        place and waits for the nodes' report."""
+        terminated: list[str] = []
+        for command in settlement.commands:
+            if isinstance(command, Record):
+                job = self._ports.jobs.update(job.job_id, self._now(), dict(command.changes))
+            elif isinstance(command, Terminate) and command.instance_ids:
+                terminated = list(command.instance_ids)
+                self._ports.fleet.terminate_instances(terminated)
         self._ports.objects.put_json(
             run_manifest_key(job.job_id), _run_manifest(job, self._policy.data_bucket)
         )
@@ -916,7 +808,7 @@ class LifecycleService:
         return {
             "terminated": terminated,
             "requeue": False,
-            "reason": f"stage {job.stage_name!r} runs on the previous stage's instances",
+            "reason": settlement.reason,
             "next_stage": {
                 "here": True,
                 "plan": self._plan(job).model_dump(mode="json"),
@@ -924,113 +816,34 @@ class LifecycleService:
             },
         }
 
-    def _finish(
-        self,
-        job: Job,
-        state: Mapping[str, Any],
-        released_at: float | None,
-        released: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Set the final status and cost from what the workflow saw."""
-        if job.status.terminal:
-            # Cancelled while running, or while waiting after earlier runs (or stages) it paid.
-            if job.cost_usd is None and (job.placement is not None or job.prior_cost_usd):
-                end = released_at if released_at is not None else self._now()
-                spent = _spent_until(job, end)
-                ended = {
-                    "cost_usd": round(spent["prior_cost_usd"], 6),
-                    "storage_usd": round(spent["prior_storage_usd"], 6),
-                    **released,
-                    **self._stage_end(job, job.status, end),
-                }
-                job = self._ports.jobs.update(job.job_id, self._now(), ended)
-            return job.summary()
-        status, changes = self._final_change(job, state, released_at, released)
-        return self._move(job, status, changes).summary()
-
-    def _final_change(
-        self,
-        job: Job,
-        state: Mapping[str, Any],
-        released_at: float | None,
-        released: dict[str, Any],
-    ) -> tuple[JobStatus, dict[str, Any]]:
-        """The final status of a job that has not ended yet, and the changes (reason, exit
-        code, cost) that go with it."""
-        status, reason, exit_code = self._outcome(job, state, released_at)
-        if job.stage_name is not None and status is not JobStatus.SUCCEEDED:
-            reason = f"stage {job.stage_name!r}: {reason}"
-        changes: dict[str, Any] = {"failure_reason": reason or None, "exit_code": exit_code}
-        changes.update(released)
-        changes.update(self._stage_end(job, status, released_at))
-        run_cost, run_storage = 0.0, 0.0
-        if job.placement is not None and released_at is not None:
-            run_cost = run_cost_usd(job.placement, released_at)
-            run_storage = storage_cost_usd(job.placement, released_at)
-        if job.placement is not None or job.prior_cost_usd:
-            changes["cost_usd"] = round(job.prior_cost_usd + run_cost, 6)
-            changes["storage_usd"] = round(job.prior_storage_usd + run_storage, 6)
-        return status, changes
-
-    def _outcome(
-        self, job: Job, state: Mapping[str, Any], released_at: float | None
-    ) -> tuple[JobStatus, str, int | None]:
-        """The status, reason and exit code a run ends the job (or its stage) with."""
-        ran = held_seconds(job.placement, released_at) if job.placement and released_at else None
-        status, reason, exit_code = outcome_of(
-            state, ran_seconds=ran, timeout_seconds=job.effective_spec.timeout_seconds
-        )
-        if job.drain_reason == INTERRUPTED:
-            # Stopped for a spot interruption and not requeued: the interruption cap was hit.
-            status = JobStatus.FAILED
-            reason = f"interrupted {job.interruptions + 1} times; giving up"
-        elif job.drain_reason == IDLE:
-            status = JobStatus.CANCELLED
-            reason = "released at a checkpoint: its GPUs stayed idle (on_idle: release)"
-        elif job.drain_reason == BUDGET:
-            status = JobStatus.FAILED
-            reason = job.failure_reason or "stopped: the cost reached its budget"
-        return status, reason, exit_code
-
-    def _stage_end(self, job: Job, status: JobStatus, end: float | None) -> dict[str, Any]:
-        """The changes that record a multi-stage job's current stage as ended with `status`,
-        with its cost and held time up to `end`; none for a job without stages."""
-        if not job.spec.stages:
-            return {}
-        spent = _spent_until(job, end)
-        placement = job.placement
-        instance_type = (
-            self._policy.instance_type_of(placement.instance_type) if placement else None
-        )
-        records = close_stage(
-            job,
-            status,
-            spent_usd=spent["prior_cost_usd"],
-            held_seconds=spent["prior_held_seconds"],
-            gpus_per_node=instance_type.gpus if instance_type else None,
-        )
-        return {"stage_records": records}
-
     # -- helpers -------------------------------------------------------------------------------
 
     def _now(self) -> float:
         return self._ports.clock.now()
 
     def _move(self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None) -> Job:
-        """Move to `target` with `changes`; a job already there (a repeated step) only gets the
-        changes."""
+        """Move to `target` with `changes`, and tell who listens; a job already there (a
+        repeated step) only gets the changes."""
+        moved, changed = self._write(job, target, changes)
+        if changed:
+            self._status_changed(moved, job.status)
+        return moved
+
+    def _write(
+        self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None
+    ) -> tuple[Job, bool]:
+        """`_move` without telling anyone: the job as written, and whether its status moved."""
         if job.status == target:
-            return self._ports.jobs.update(job.job_id, self._now(), changes) if changes else job
+            updated = self._ports.jobs.update(job.job_id, self._now(), changes) if changes else job
+            return updated, False
         try:
-            moved = self._ports.jobs.transition(job.job_id, target, self._now(), changes)
+            return self._ports.jobs.transition(job.job_id, target, self._now(), changes), True
         except IllegalTransition as exc:
             if exc.current == target:
                 if changes:
-                    return self._ports.jobs.update(job.job_id, self._now(), changes)
-                return self._ports.jobs.get(job.job_id)
+                    return self._ports.jobs.update(job.job_id, self._now(), changes), False
+                return self._ports.jobs.get(job.job_id), False
             raise
-        self._status_changed(moved, job.status)
-        return moved
 
     def _status_changed(self, job: Job, previous: JobStatus) -> None:
         detail = {
@@ -1070,14 +883,8 @@ class LifecycleService:
     def _expected_duration(self, spec: JobSpec) -> DurationEstimate:
         if spec.expected_duration_seconds:
             return estimate_duration(spec, [])
-        history = [
-            PastRun(past.spec.image, past.spec.resources, held_seconds(past.placement, released))
-            for past in self._ports.jobs.recent_for_team(spec.team, HISTORY_DEPTH)
-            if past.status is JobStatus.SUCCEEDED
-            and past.placement is not None
-            and (released := past.released_at) is not None
-        ]
-        return estimate_duration(spec, history)
+        recent = self._ports.jobs.recent_for_team(spec.team, HISTORY_DEPTH)
+        return estimate_duration(spec, past_runs(recent))
 
     def _memory_may_hold(self, admission: Mapping[str, Any], tries: int) -> bool:
         """Whether the capacity memory may hold a shortage now. The first try after a fresh
@@ -1206,35 +1013,55 @@ def _share_of(job: Job) -> RunningShare:
     return RunningShare(job.spec.team, resources.total_gpus, resources.nodes)
 
 
-def _settled(
-    terminated: list[str], requeue: bool, reason: str, outcome: dict[str, Any] | None
-) -> dict[str, Any]:
-    """What the release step hands the workflow."""
+def _settled(terminated: list[str], settlement: Settlement, ended: Job) -> dict[str, Any]:
+    """What the release step hands the workflow: what it terminated, whether the job goes
+    back to the queue (and why), and otherwise its final summary (`outcome`)."""
     result: dict[str, Any] = {
         "terminated": terminated,
-        "requeue": requeue,
-        "reason": reason,
+        "requeue": settlement.requeue is not None,
+        "reason": settlement.reason,
         "next_stage": {"here": False},
     }
-    if outcome is not None:
-        result["outcome"] = outcome
+    if settlement.requeue is None:
+        result["outcome"] = ended.summary()
     return result
 
 
-def _launch_costs(job: Job) -> tuple[float, float | None]:
-    """What a launched (or launching) job costs per hour (0 before it holds instances), and
-    when that cost reaches its budget (None: no budget)."""
-    placement = job.placement
-    if placement is None:
-        return 0.0, None
-    per_hour = fleet_hourly_usd(placement) + storage_usd_per_hour(
-        len(placement.instance_ids), placement.storage_gib, placement.storage_usd_per_gib_month
-    )
-    budget, stop_at = job.spec.budget_usd, None
-    if budget is not None and per_hour > 0:
-        left = max(0.0, budget - job.prior_cost_usd)
-        stop_at = placement.launched_at + left / per_hour * 3600
-    return round(per_hour, 6), stop_at
+def run_end_of(state: Mapping[str, Any], at: float) -> RunEnd:
+    """How the run ended, from the workflow's state when it reaches Release: the node's (or
+    the instance's, or a cancel's) word under `run`, a launch that gave up, or the error a
+    step failed with; `at` is when the run ended."""
+    run = state.get("run")
+    if isinstance(run, Mapping):
+        exit_code = run.get("exit_code")
+        code = exit_code if isinstance(exit_code, int) else None
+        stage = run.get("stage")
+        if run.get("cancelled"):
+            kind = EndKind.CANCELLED
+        elif run.get("interrupted"):
+            kind = EndKind.INTERRUPTED
+        else:
+            kind = EndKind.NODE_LOST if code is None else EndKind.EXITED
+        return RunEnd(
+            kind,
+            at,
+            exit_code=code,
+            oom=bool(run.get("oom")),
+            reason=str(run.get("reason") or ""),
+            stage=stage if isinstance(stage, str) else None,
+        )
+    launch = state.get("launch")
+    if isinstance(launch, Mapping) and launch.get("give_up"):
+        return RunEnd(EndKind.LAUNCH_GAVE_UP, at, reason=str(launch.get("error", "")))
+    error = state.get("error")
+    if isinstance(error, Mapping):
+        name = str(error.get("Error", ""))
+        kind = {
+            "States.HeartbeatTimeout": EndKind.HEARTBEAT_TIMEOUT,
+            "States.Timeout": EndKind.TIMED_OUT,
+        }.get(name, EndKind.STEP_FAILED)
+        return RunEnd(kind, at, reason=name, cause=str(error.get("Cause", "")))
+    return RunEnd(EndKind.NO_RESULT, at)
 
 
 def _run_result(report: NodeReport, job: Job | None = None) -> dict[str, Any]:
@@ -1249,67 +1076,3 @@ def _run_result(report: NodeReport, job: Job | None = None) -> dict[str, Any]:
     if stage is not None:
         result["stage"] = stage  # which stage's run the release step looks at
     return result
-
-
-def _spent_until(job: Job, until: float | None) -> dict[str, float]:
-    """The job's cost, held time and storage cost of every run so far, its current run's up
-    to `until` included: what moves into `prior_*` when the run (or stage) ends."""
-    placement = job.placement
-    if placement is None or until is None:
-        return {
-            "prior_cost_usd": job.prior_cost_usd,
-            "prior_held_seconds": job.prior_held_seconds,
-            "prior_storage_usd": job.prior_storage_usd,
-        }
-    return {
-        "prior_cost_usd": job.prior_cost_usd + run_cost_usd(placement, until),
-        "prior_held_seconds": job.prior_held_seconds + held_seconds(placement, until),
-        "prior_storage_usd": job.prior_storage_usd + storage_cost_usd(placement, until),
-    }
-
-
-def _next_stage_changes(job: Job) -> dict[str, Any]:
-    """What moving a multi-stage job to its next stage changes: the stage, and the counters and
-    resource override, which are each stage's own."""
-    return {
-        "stage_index": job.stage_index + 1,
-        "retries": 0,
-        "preemptions": 0,
-        "interruptions": 0,
-        "resources_override": None,
-    }
-
-
-def cost_report(job: Job) -> dict[str, Any]:
-    """The job's cost line, as the demo and the CLI print it: cost_usd = hourly_usd x
-    held_seconds / 3600 + storage_usd, over every run of the job (a preempted or interrupted
-    run was paid for too)."""
-    placement = job.placement
-    estimate = job.estimated_cost_usd
-    if placement is None or job.released_at is None:
-        return {
-            "hourly_usd": None,
-            "held_seconds": round(job.prior_held_seconds, 3),
-            "storage_usd": round(job.prior_storage_usd, 6),
-            "cost_usd": job.cost_usd or 0.0,
-            "estimated_cost_usd": estimate,
-        }
-    held = job.prior_held_seconds + held_seconds(placement, job.released_at)
-    storage = job.storage_usd
-    if storage is None:
-        storage = job.prior_storage_usd + storage_cost_usd(placement, job.released_at)
-    cost = job.cost_usd
-    if cost is None:
-        cost = job.prior_cost_usd + run_cost_usd(placement, job.released_at)
-    # Over several runs (possibly on different types) the hourly price is the held-time
-    # average, so that the identity above holds exactly.
-    hourly = fleet_hourly_usd(placement)
-    if job.prior_held_seconds and held > 0:
-        hourly = (cost - storage) * 3600 / held
-    return {
-        "hourly_usd": round(hourly, 6),
-        "held_seconds": round(held, 3),
-        "storage_usd": round(storage, 6),
-        "cost_usd": round(cost, 6),
-        "estimated_cost_usd": estimate,
-    }

@@ -65,7 +65,7 @@ from typing import Any, Literal
 from gpufleet.adapters.local.memory import InMemoryCapacityMemory
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
 from gpufleet.domain.cost import held_seconds, run_cost_usd
-from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
+from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, PastRun, estimate_duration
 from gpufleet.domain.job import Placement
 from gpufleet.domain.launch import (
     CapacityType,
@@ -85,7 +85,6 @@ from gpufleet.domain.queueing import (
 )
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
-from gpufleet.services.lifecycle import HISTORY_DEPTH
 from gpufleet.sim.mapping import TraceMapping, to_spec
 from gpufleet.sim.market import Lease, MarketConfig, MarketModel, checkpointed_progress
 from gpufleet.sim.traces import Trace, TraceJob
