@@ -497,9 +497,7 @@ class LifecycleService:
                 )
             )
             if result.launched:
-                fell_back = capacity_type is CapacityType.ON_DEMAND and any(
-                    s.capacity_type is CapacityType.SPOT for s in plan.steps[:step]
-                )
+                fell_back = plan.is_on_demand_fallback(step)
                 changes = {
                     **self._admitted_changes(job, admission),
                     "placement": self._placement(result, launch_step),
