@@ -177,7 +177,8 @@ def test_synthetic_harsh_market_still_ends_every_job() -> None:
 def test_no_checkpoints_loses_all_progress() -> None:
     base = synthetic_workload()
     mapping = TraceMapping(high_share=0.0, checkpoint_interval_seconds=None)
-    specs = tuple(s.model_copy(update={"checkpoint": None}) for s in base.specs)
+    no_checkpoint = {"checkpoint": None, "checkpoint_interval_seconds": None}
+    specs = tuple(s.model_copy(update=no_checkpoint) for s in base.specs)
     workload = Workload(base.jobs, specs, mapping, "no-checkpoints")
     harsh = MarketConfig(hazard_scale=2000.0)
     with_ckpt = {r.policy: r for r in run_all(base, seed=9, market=harsh)}
