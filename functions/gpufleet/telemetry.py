@@ -1,10 +1,12 @@
 """The control plane's own metrics: names, units and dimensions, in one place.
 
 The functions publish them with Powertools Metrics (CloudWatch embedded metric format) in the
-`GpuFleet` namespace; the dashboard and alarms in `infra/constructs/operations.py` read the
-same names from here, so the two cannot drift. Every dimension takes a bounded set of values
-(a priority class, a job status, a capacity type, a launch error category): never a job id, a
-team name from user input or an instance id, which would make a metric per value.
+`GpuFleet` namespace, only through `handlers.common.count`, which takes one of these; the
+dashboard and alarms in `infra/constructs/operations.py` read the same definitions, so the two
+cannot drift (tests/integration/test_spot_demo.py checks both ways on the demos).
+Every dimension takes a bounded set of values (a priority class, a job status, a capacity
+type, a launch error category): never a job id, a team name from user input or an instance
+id, which would make a metric per value.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ GPUS_HELD = Metric("GpusHeld", "Count", (), "GPUs of admitted jobs")
 COST_PER_HOUR = Metric("CostPerHourUsd", "None", (), "hourly price of every instance held")
 
 # Counters, published where the thing happens.
-JOBS_SUBMITTED = Metric("JobsSubmitted", "Count", (), "specs accepted")
-JOBS_REJECTED = Metric("JobsRejected", "Count", (), "specs rejected")
+JOBS_ACCEPTED = Metric("JobsAccepted", "Count", (), "specs accepted (a job each)")
+JOBS_REJECTED = Metric("JobsRejected", "Count", (), "specs rejected (no job)")
 JOBS_ENDED = Metric("JobsEnded", "Count", (STATUS,), "jobs reaching a final status")
 JOB_COST = Metric("JobCostUsd", "None", (), "cost of each ended job")
 WAIT_SECONDS = Metric("WaitSeconds", "Seconds", (), "queue wait of each admission (p95 alarm)")
@@ -73,7 +75,7 @@ ALL: tuple[Metric, ...] = (
     RUNNING_JOBS,
     GPUS_HELD,
     COST_PER_HOUR,
-    JOBS_SUBMITTED,
+    JOBS_ACCEPTED,
     JOBS_REJECTED,
     JOBS_ENDED,
     JOB_COST,

@@ -407,7 +407,9 @@ def _agent_bootstrap(
 
 
 CWAGENT_HOME = "/opt/aws/amazon-cloudwatch-agent"
-# The CloudWatch agent's NVIDIA GPU metrics (CWAgent nvidia_smi_*), per instance.
+# The CloudWatch agent's NVIDIA GPU metrics (CWAgent nvidia_smi_*), per GPU of each instance:
+# those the dashboard and alarms read (operations.py), and no more (each is a custom metric per
+# GPU; the job's GPU memory comes from the node agent, GpuFleet/Jobs GpuMemoryUsed).
 CWAGENT_CONFIG = {
     "agent": {"metrics_collection_interval": 60},
     "metrics": {
@@ -415,14 +417,7 @@ CWAGENT_CONFIG = {
         "append_dimensions": {"InstanceId": "${aws:InstanceId}"},
         "metrics_collected": {
             "nvidia_gpu": {
-                "measurement": [
-                    "utilization_gpu",
-                    "utilization_memory",
-                    "memory_used",
-                    "memory_total",
-                    "temperature_gpu",
-                    "power_draw",
-                ],
+                "measurement": ["utilization_gpu", "temperature_gpu"],
                 "metrics_collection_interval": 60,
             }
         },

@@ -382,7 +382,7 @@ class Operations(Construct):
                     total(queue_depth, "queued"),
                 ],
                 right=[
-                    metric(telemetry.JOBS_SUBMITTED, "Sum", label="submitted"),
+                    metric(telemetry.JOBS_ACCEPTED, "Sum", label="accepted"),
                     metric(telemetry.JOBS_REJECTED, "Sum", label="rejected"),
                     metric(telemetry.ADMITTED, "Sum", label="admitted"),
                     *metrics_by_value(telemetry.JOBS_ENDED, "Sum").values(),

@@ -119,7 +119,7 @@ REQUIRED_WIDGETS = {
     "Jobs by status": [
         telemetry.RUNNING_JOBS,
         telemetry.JOBS_ENDED,
-        telemetry.JOBS_SUBMITTED,
+        telemetry.JOBS_ACCEPTED,
         telemetry.JOBS_REJECTED,
     ],
     "GPUs held vs utilized": [telemetry.GPUS_HELD],

@@ -9,7 +9,6 @@ from typing import Any
 import botocore.handlers
 import pytest
 
-from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.demo import (
     DemoResult,
     DemoScenario,
@@ -17,7 +16,6 @@ from gpufleet.emulator.demo import (
     basic_scenario,
     preemption_scenario,
     run_demo,
-    spot_scenario,
 )
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 
@@ -187,38 +185,3 @@ def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkp
     assert low["cost_usd"] == pytest.approx(
         low["hourly_usd"] * low["held_seconds"] / 3600 + low["storage_usd"], rel=1e-3
     )
-
-
-def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand() -> None:
-    result = run_demo(spot_scenario())
-    assert result.completed and result.instances_running == 0
-    jobs = by_name(result)
-    interrupted, fallback = jobs["interrupted-train"], jobs["no-spot-capacity"]
-    assert interrupted["status"] == "SUCCEEDED"
-    assert interrupted["interruptions"] == 1 and interrupted["retries"] == 0
-    assert interrupted["resumed_from_checkpoint"]
-    assert fallback["status"] == "SUCCEEDED"
-    assert fallback["ondemand_fallback"] and fallback["capacity_type"] == "on-demand"
-    assert not interrupted["ondemand_fallback"]
-    for job in result.jobs:  # also over several runs on different instance types
-        assert job["cost_usd"] == pytest.approx(
-            job["hourly_usd"] * job["held_seconds"] / 3600 + job["storage_usd"],
-            rel=1e-3,
-            abs=1e-6,
-        )
-    # A job that leaves its GPU idle is flagged by its utilization alarm; the others are not.
-    assert jobs["idle-notebook"]["flags"] == ["low-utilization"]
-    assert jobs["idle-notebook"]["status"] == "SUCCEEDED"  # on_idle: flag
-    assert interrupted["flags"] == fallback["flags"] == []
-    # Out of GPU memory on 16 and 24 GiB GPUs: retried until it ran on GPUs with more.
-    oom = jobs["oom-finetune"]
-    assert oom["status"] == "SUCCEEDED" and oom["retries"] >= 1
-    assert load_bundled().instance_type(oom["instance_type"]).gpu_memory_gib >= 40
-    # Its own metric (samples/s, printed on stdout) stays low: scaled out to two nodes, once.
-    elastic = jobs["elastic-train"]
-    assert elastic["status"] == "SUCCEEDED" and elastic["flags"] == ["scaled-out"]
-    assert elastic["retries"] == elastic["preemptions"] == 0
-    # GPU memory growing: restarted once (its one retry), then only flagged.
-    leaky = jobs["leaky-finetune"]
-    assert leaky["status"] == "SUCCEEDED" and leaky["flags"] == ["memory-leak"]
-    assert leaky["retries"] == 1

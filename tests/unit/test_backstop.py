@@ -97,17 +97,16 @@ def test_a_job_whose_requeue_fails_still_ends_in_a_final_status_with_its_cost() 
     assert ports.queue.waiting() == [] and ports.queue.state().running == []
 
 
-def test_the_lifecycles_own_end_of_a_failed_job_is_left_alone() -> None:
+def test_a_job_that_ended_keeps_its_status_when_its_workflow_breaks_after() -> None:
+    # The lifecycle's own end of a failed job is a Succeed state (no event reaches the
+    # backstop); a FAILED execution of an ended job is a workflow that broke after it ended.
     service, ports, job_id, _instance = running_job()
     ports.jobs.transition(job_id, JobStatus.FAILED, ports.clock.now(), {"failure_reason": "x"})
     store = cast(InMemoryJobStore, ports.jobs)
-    before = store.get(job_id)
-    assert (
-        BackstopService(ports, service).workflow_ended(WorkflowEnd(job_id, "FAILED", "JobFailed"))
-        is None
-    )
-    assert store.get(job_id) == before
-    assert cast(FakeFleet, ports.fleet).live != {}  # not even looked at: Release did that
+    BackstopService(ports, service).workflow_ended(WorkflowEnd(job_id, "FAILED", "ReleaseFailed"))
+    ended = store.get(job_id)
+    assert ended.status is JobStatus.FAILED and ended.failure_reason == "x"
+    assert cast(FakeFleet, ports.fleet).live == {}  # its instances are not left running
     assert (
         BackstopService(ports, service).workflow_ended(WorkflowEnd("j-" + "9" * 20, "FAILED"))
         is None

@@ -10,10 +10,13 @@ from typing import Any, cast
 
 import pytest
 
-from gpufleet.adapters.local.memory import InMemoryObjects, RecordingWorkflow
+from gpufleet import telemetry
+from gpufleet.adapters.local.memory import FakeFleet, InMemoryObjects, RecordingWorkflow
 from gpufleet.domain.job import JobStatus
+from gpufleet.domain.launch import LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
-from gpufleet.handlers import on_node_report, on_release, on_requeue
+from gpufleet.emulator.metrics import emf_metrics
+from gpufleet.handlers import on_launch, on_node_report, on_release, on_requeue
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService, NodeReport
 from tests.helpers import SPEC_YAML, local_ports, make_settings, plan_of
@@ -73,6 +76,79 @@ def test_a_requeued_run_starts_again_one_launch_attempt_on(
     assert (state["launch"]["step"], state["launch"]["attempt"]) == (0, 3)
     assert LaunchPlan.model_validate(state["plan"]).steps
     assert ports.jobs.get(job_id).status is JobStatus.QUEUED
+
+
+# -- launches ----------------------------------------------------------------------------------
+
+
+def counted(output: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, dimensions, total) of each metric a handler published (embedded metric format:
+    a metric's values are a list)."""
+    published = []
+    for line in output.splitlines():
+        for metric in emf_metrics(line):
+            total = sum(json.loads(line)[metric.name])
+            published.append((metric.name, dict(metric.dimensions), float(total)))
+    return sorted(published)
+
+
+def launch_task(plan: LaunchPlan, job_id: str, step: int, attempt: int, token: str) -> Any:
+    return {
+        "job_id": job_id,
+        "task_token": token,
+        "plan": plan.model_dump(mode="json"),
+        "step": step,
+        "attempt": attempt,
+    }
+
+
+def launchable(fleet: FakeFleet) -> tuple[LifecycleService, Any, str, LaunchPlan]:
+    ports = local_ports(fleet)
+    service = build_lifecycle(ports, SETTINGS)
+    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    job_id = build_intake(ports, SETTINGS, service).submit_object("jobs/a.yaml", "a", "a").job_id
+    assert job_id is not None
+    return service, ports, job_id, plan_of(ports, job_id)
+
+
+SERVICE = {telemetry.SERVICE_DIMENSION: telemetry.SERVICE}
+
+
+def test_a_launch_counts_its_instances_by_capacity_type_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    service, ports, job_id, plan = launchable(FakeFleet())
+    monkeypatch.setattr(on_launch, "lifecycle", lambda: service)
+    capsys.readouterr()
+    on_launch.handler(launch_task(plan, job_id, 0, 0, "run-1"), Context())
+    spot = {**SERVICE, telemetry.CAPACITY_TYPE: "spot"}
+    assert counted(capsys.readouterr().out) == [(telemetry.INSTANCES_LAUNCHED.name, spot, 1.0)]
+    # Step Functions runs the step again (a timeout, a lost response): it launches nothing more
+    # and counts nothing more.
+    on_launch.handler(launch_task(plan, job_id, 0, 0, "run-2"), Context())
+    assert counted(capsys.readouterr().out) == []
+    assert ports.jobs.get(job_id).placement is not None
+
+
+def test_a_launch_on_on_demand_after_spot_had_none_counts_a_fallback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_spot(request: LaunchRequest) -> list[str] | None:
+        return ["InsufficientInstanceCapacity"] if request.capacity_type == "spot" else None
+
+    service, ports, job_id, plan = launchable(FakeFleet(no_spot))
+    monkeypatch.setattr(on_launch, "lifecycle", lambda: service)
+    capsys.readouterr()
+    on_launch.handler(launch_task(plan, job_id, 0, 0, "run-1"), Context())
+    failure = {**SERVICE, telemetry.ERROR_CATEGORY: "capacity"}
+    assert counted(capsys.readouterr().out) == [(telemetry.LAUNCH_FAILURES.name, failure, 1.0)]
+    nxt = cast(RecordingWorkflow, ports.workflow).completed["run-1"]["launch"]
+    on_launch.handler(launch_task(plan, job_id, nxt["step"], nxt["attempt"], "run-2"), Context())
+    on_demand = {**SERVICE, telemetry.CAPACITY_TYPE: "on-demand"}
+    assert counted(capsys.readouterr().out) == [
+        (telemetry.INSTANCES_LAUNCHED.name, on_demand, 1.0),
+        (telemetry.ONDEMAND_FALLBACKS.name, SERVICE, 1.0),
+    ]
 
 
 # -- node reports ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from gpufleet.domain.job import Job
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.faults import CapacityFaults, injected
+from gpufleet.emulator.metrics import PublishedMetric, published_metrics
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, ApiCall, Invocation, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
@@ -69,6 +70,8 @@ class DemoResult:
     # What the control plane did, one by one (the account's Recorder): not part of the JSON.
     calls: list[ApiCall] = field(default_factory=list)
     invocations: list[Invocation] = field(default_factory=list)
+    # Every metric the functions and the nodes published to CloudWatch: not part of the JSON.
+    metrics: frozenset[PublishedMetric] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -303,6 +306,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             result.rejected = len(observer.rejections)
             result.instances_running = len(nodes.running_instances())
             result.state_transitions = _state_transitions(account)
+            result.metrics = published_metrics(account)
         result.api_calls = dict(sorted(account.recorder.api_calls.items()))
         result.calls = list(account.recorder.calls)
         result.invocations = list(account.recorder.invocations)

@@ -49,9 +49,14 @@ def count(
     with single_metric(
         name=metric.name, unit=MetricUnit(metric.unit), value=value, namespace=telemetry.NAMESPACE
     ) as alone:
-        alone.add_dimension(name="service", value=telemetry.SERVICE)
+        alone.add_dimension(name=telemetry.SERVICE_DIMENSION, value=telemetry.SERVICE)
         for name, dimension_value in dimensions.items():
             alone.add_dimension(name=name, value=dimension_value)
+
+
+def count_submission(accepted: bool) -> None:
+    """One spec through intake, from either intake function: a job, or a rejection."""
+    count(telemetry.JOBS_ACCEPTED if accepted else telemetry.JOBS_REJECTED)
 
 
 @cache

@@ -8,7 +8,8 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpufleet.handlers.common import lifecycle, logger, metrics, tracer
+from gpufleet import telemetry
+from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import InstanceEvent
 from gpufleet.topology import DETAIL_STATE_CHANGE
 
@@ -25,5 +26,5 @@ def handler(event: InstanceEvent, context: LambdaContext) -> dict[str, Any]:
     else:
         job_id = lifecycle().instance_interrupted(instance_id)
         if job_id is not None:
-            metrics.add_metric(name="SpotInterruptions", unit="Count", value=1)
+            count(telemetry.SPOT_INTERRUPTIONS)
     return {"instance_id": instance_id, "job_id": job_id}

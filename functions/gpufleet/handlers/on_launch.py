@@ -1,5 +1,6 @@
 """Workflow task (.waitForTaskToken): one CreateFleet attempt for one step of the plan; the
-token then waits for the node's report of the run."""
+token then waits for the node's report of the run. Counts the instances a launch got (once: a
+repeated step reports none) and the launch failures, by category."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gpufleet import telemetry
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import LaunchTask
+from gpufleet.services.lifecycle import Launched
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -20,7 +22,14 @@ def handler(task: LaunchTask, context: LambdaContext) -> None:
     logger.append_keys(job_id=task.job_id)
     plan = LaunchPlan.model_validate(task.plan)
     failed = lifecycle().launch(
-        task.job_id, plan, task.step, task.attempt, task.task_token, task.admission, task.tries
+        task.job_id,
+        plan,
+        task.step,
+        task.attempt,
+        task.task_token,
+        task.admission,
+        task.tries,
+        launched=count_launch,
     )
     if failed is not None:
         count(
@@ -29,3 +38,13 @@ def handler(task: LaunchTask, context: LambdaContext) -> None:
                 telemetry.ERROR_CATEGORY: failed.category or telemetry.UNKNOWN_ERROR_CATEGORY
             },
         )
+
+
+def count_launch(launched: Launched) -> None:
+    count(
+        telemetry.INSTANCES_LAUNCHED,
+        launched.instances,
+        {telemetry.CAPACITY_TYPE: launched.capacity_type.value},
+    )
+    if launched.ondemand_fallback:
+        count(telemetry.ONDEMAND_FALLBACKS)

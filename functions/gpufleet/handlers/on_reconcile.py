@@ -8,7 +8,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpufleet.handlers.common import logger, metrics, reconciler, tracer
+from gpufleet import telemetry
+from gpufleet.handlers.common import count, logger, metrics, reconciler, tracer
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -17,7 +18,7 @@ from gpufleet.handlers.common import logger, metrics, reconciler, tracer
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # The schedule's event carries nothing the pass needs.
     result = reconciler().run()
-    metrics.add_metric(name="OrphansTerminated", unit="Count", value=len(result.terminated))
+    count(telemetry.ORPHANS_TERMINATED, len(result.terminated))
     if result.terminated:
         logger.warning("terminated orphaned instances", extra={"instances": result.terminated})
     if result.runs_ended or result.jobs_ended:

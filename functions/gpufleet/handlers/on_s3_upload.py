@@ -11,6 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from gpufleet.domain.job import s3_delivery_key
 from gpufleet.handlers.common import (
     IDEMPOTENCY,
+    count_submission,
     idempotency_store,
     intake,
     logger,
@@ -34,9 +35,7 @@ def submit(delivery: Delivery) -> dict[str, Any]:
         delivery.object_key, delivery.delivery_key, delivery.source, delivery.version_id
     )
     if outcome.ignored is None:
-        metrics.add_metric(
-            name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
-        )
+        count_submission(outcome.accepted)
     return dict(describe(outcome))
 
 

@@ -8,7 +8,15 @@ from aws_lambda_powertools.utilities.idempotency import idempotent_function
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpufleet.handlers.common import IDEMPOTENCY, idempotency_store, intake, logger, metrics, tracer
+from gpufleet.handlers.common import (
+    IDEMPOTENCY,
+    count_submission,
+    idempotency_store,
+    intake,
+    logger,
+    metrics,
+    tracer,
+)
 from gpufleet.handlers.models import Delivery, SubmittedEvent
 from gpufleet.services.intake import describe
 
@@ -20,9 +28,7 @@ from gpufleet.services.intake import describe
 )
 def submit(delivery: Delivery) -> dict[str, Any]:
     outcome = intake().submit_document(delivery.document, delivery.delivery_key, delivery.source)
-    metrics.add_metric(
-        name="JobsAccepted" if outcome.accepted else "JobsRejected", unit="Count", value=1
-    )
+    count_submission(outcome.accepted)
     return dict(describe(outcome))
 
 

@@ -25,10 +25,6 @@ from gpufleet.domain.job import Job, JobNotFound
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.lifecycle import LifecycleService
 
-# The lifecycle's own end for a job that did not succeed: Release settled it already.
-SETTLED_FAILURE = "JobFailed"
-
-
 # The status of a job's workflow that has no execution at all.
 NEVER_STARTED = "NEVER_STARTED"
 
@@ -77,14 +73,12 @@ class BackstopService:
         self._lifecycle = lifecycle
 
     def workflow_ended(self, end: WorkflowEnd) -> dict[str, Any] | None:
-        """A job's workflow ended without succeeding: end the job, unless its Release did (the
-        usual end of a job that failed, `JobFailed`). None when there is nothing to end."""
+        """A job's workflow ended without succeeding (the lifecycle's own end of a job that
+        failed is a success of its workflow): end the job. None when there is nothing to end."""
         try:
             job = self._ports.jobs.get(end.job_id)
         except JobNotFound:
             return None  # an execution of another machine's naming, or a job long gone
-        if job.status.terminal and end.error == SETTLED_FAILURE:
-            return None
         error, cause = failure_of(end)
         return self._lifecycle.end_abandoned(job.job_id, error, cause)
 

@@ -148,6 +148,20 @@ class LaunchStepResult(BaseModel):
     category: str = ""  # of the launch error (capacity, quota, configuration)
 
 
+class Launched(BaseModel):
+    """The instances a launch got, for the Launch function's metrics."""
+
+    model_config = ConfigDict(frozen=True)
+
+    capacity_type: CapacityType
+    instances: int = Field(ge=1)
+    ondemand_fallback: bool  # on-demand, after an earlier step of the plan tried spot
+
+
+def _unheard(_launched: Launched) -> None:
+    """For callers that count no launches."""
+
+
 def run_manifest_key(job_id: str) -> str:
     return f"{RUNS_PREFIX}{job_id}/run.json"
 
@@ -432,13 +446,19 @@ class LifecycleService:
         task_token: str,
         admission: Mapping[str, Any] | None = None,
         tries: int = 0,
+        *,
+        launched: Callable[[Launched], None] = _unheard,
     ) -> LaunchStepResult | None:
         """Try one step of the plan (one capacity type over its offerings). The workflow waits
         on `task_token` for the whole run: a launched job parks it with its placement, and the
         node's report completes it; a launch that got no capacity completes it at once with what
         to do next (returned too). `admission` is what the dispatcher said when it admitted the
-        job (when it was queued, when admitted)."""
-        result = self._launch(job_id, plan, step, attempt, tries, task_token, admission or {})
+        job (when it was queued, when admitted). `launched` hears of the instances a launch got,
+        once: from the call that recorded them (a repeated step finds them recorded, and says
+        nothing)."""
+        result = self._launch(
+            job_id, plan, step, attempt, tries, task_token, admission or {}, launched
+        )
         if result is not None:
             self._ports.workflow.complete_task(task_token, {"launch": result.model_dump()})
         return result
@@ -452,6 +472,7 @@ class LifecycleService:
         tries: int,
         task_token: str,
         admission: Mapping[str, Any],
+        launched: Callable[[Launched], None],
     ) -> LaunchStepResult | None:
         job = self._ports.jobs.get(job_id)
         if job.status.terminal:
@@ -508,6 +529,13 @@ class LifecycleService:
                 # Alarms first: a recorded placement is never retried, so it must have them.
                 self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
                 self._record_launch(job, changes)
+                launched(
+                    Launched(
+                        capacity_type=result.capacity_type,
+                        instances=len(result.instance_ids),
+                        ondemand_fallback=fell_back,
+                    )
+                )
                 return None
             shortages = shortage_keys(result, self._policy.region)
             until = self._now() + self._policy.capacity_memory_seconds
