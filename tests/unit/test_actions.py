@@ -19,7 +19,9 @@ from gpufleet.domain.settlement import MEMORY_LEAK, RESIZED
 from gpufleet.handlers.models import AlarmEvent
 from gpufleet.services.actions import MetricActions
 from gpufleet.services.factory import build_actions, build_lifecycle
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import control_key
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import DETAIL_JOB_SCALED
 from tests.helpers import intake_for, local_ports, make_settings, plan_of
 

@@ -14,7 +14,7 @@ from gpufleet.adapters.local.memory import ManualClock, RecordingWorkflow
 from gpufleet.domain.catalog import Offering, load_bundled
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.spec import parse_spec
-from gpufleet.services.lifecycle import NodeReport
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.sim.engine import EngineConfig, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
 from gpufleet.sim.market import Lease, MarketConfig, MarketModel

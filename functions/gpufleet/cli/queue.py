@@ -92,7 +92,7 @@ def run_queue(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     from gpufleet.domain.job import JobNotFound
-    from gpufleet.services.lifecycle import JobAlreadyEnded
+    from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
     try:
         summary = connect(args).lifecycle.cancel(args.job_id)
@@ -130,7 +130,7 @@ def run_resize(args: argparse.Namespace) -> int:
 
     from gpufleet.domain.job import JobNotFound
     from gpufleet.domain.selection import NoFeasibleOffering
-    from gpufleet.services.lifecycle import JobAlreadyEnded
+    from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
     changes = {
         key: value
