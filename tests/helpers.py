@@ -13,7 +13,8 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.ports import JobStore, Ports
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import LifecycleService, queued_job
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import queued_job
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
 

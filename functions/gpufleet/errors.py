@@ -1,7 +1,7 @@
 """The project's errors: one base, and the four kinds a caller tells apart.
 
 Every exception gpufleet defines derives from `GpufleetError` through one of the kinds. The
-kinds are for code that catches; the state machine and `domain/retry.JOB_ERRORS` match a failed
+kinds are for code that catches; the state machine and `domain/settlement.JOB_ERRORS` match a failed
 step by its error's own class name (the Lambda runtime's `errorType`), which is why each class
 keeps the name it has.
 

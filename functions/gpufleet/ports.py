@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
+from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the queue's port
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.spec import JobSpec, Priority
 from gpufleet.errors import NotFound, RefusedInput
@@ -138,16 +139,6 @@ class QueueState:
     streams: Mapping[tuple[str, Priority], frozenset[Shape]] = field(default_factory=dict)
     # Waiting jobs that preempted others: a pass considers them first.
     nominees: Sequence[QueuedJob] = ()
-
-
-@dataclass(frozen=True)
-class AdmissionLimits:
-    """What the admission write is conditioned on, so that concurrent dispatchers can never
-    exceed a cap or a quota between reading the queue and writing."""
-
-    max_gpus: int
-    max_instances: int
-    team_gpus: int | None  # None: not bound by the team quota (the shared reserve)
 
 
 class JobQueue(Protocol):

@@ -17,8 +17,8 @@ from gpufleet.adapters.aws.alarms import CloudWatchAlarms, alarm_name
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus, Placement
-from gpufleet.domain.retry import MEMORY_LEAK, RESIZED
 from gpufleet.domain.scaling import AlarmKind
+from gpufleet.domain.settlement import MEMORY_LEAK, RESIZED
 from gpufleet.domain.spec import parse_spec
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.alarms import AlarmEvaluator

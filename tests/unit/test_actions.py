@@ -14,12 +14,14 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.retry import MEMORY_LEAK, RESIZED
 from gpufleet.domain.scaling import AlarmKind
+from gpufleet.domain.settlement import MEMORY_LEAK, RESIZED
 from gpufleet.handlers.models import AlarmEvent
 from gpufleet.services.actions import MetricActions
 from gpufleet.services.factory import build_actions, build_lifecycle
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import control_key
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import DETAIL_JOB_SCALED
 from tests.helpers import intake_for, local_ports, make_settings, plan_of
 
@@ -64,12 +66,13 @@ class Running:
         objects = cast(InMemoryObjects, self.ports.objects).objects
         return b"checkpoint" in objects.get(control_key(self.job_id), b"")
 
-    def finish_run(self, token: str = "token") -> dict[str, Any]:
+    def finish_run(self, token: str = "token", exit_code: int = 0) -> dict[str, Any]:
         """The node stops (at the checkpoint asked for) and the workflow releases the run."""
         instance = self.job().placement.instance_ids[0]
-        self.lifecycle.node_report(
-            NodeReport(job_id=self.job_id, instance_id=instance, phase="finished", exit_code=0)
+        report = NodeReport(
+            job_id=self.job_id, instance_id=instance, phase="finished", exit_code=exit_code
         )
+        self.lifecycle.node_report(report)
         run = cast(RecordingWorkflow, self.ports.workflow).completed[token]
         return self.lifecycle.release(self.job_id, {"run": run})
 
@@ -122,6 +125,18 @@ def test_a_job_that_is_not_elastic_is_flagged_when_idle_and_never_resized() -> N
     assert job.actions.on_alarm(job.job_id, AlarmKind.BUSY) == []
     assert job.actions.on_alarm(job.job_id, AlarmKind.IDLE) == ["low-utilization"]
     assert job.job().resources_override is None
+
+
+def test_a_job_released_for_idle_gpus_is_cancelled_whatever_its_container_exits_with() -> None:
+    """The container stopped at the checkpoint may exit non-zero (143 after SIGTERM): the job
+    still ends as its release asked, not retried as a failed run."""
+    job = Running("on_idle: release\n")
+    assert job.actions.on_alarm(job.job_id, AlarmKind.IDLE) == ["low-utilization"]
+    assert job.checkpoint_asked()
+    released = job.finish_run(exit_code=143)
+    assert released["requeue"] is False
+    assert released["outcome"]["status"] == "CANCELLED"
+    assert "idle" in released["outcome"]["failure_reason"]
 
 
 def test_a_memory_leak_alerts_flags_and_restarts_the_job_as_a_retry() -> None:

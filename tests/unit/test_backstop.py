@@ -15,12 +15,13 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.retry import RESIZED
 from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.settlement import RESIZED
 from gpufleet.domain.spec import Resources
 from gpufleet.ports import WorkflowRun
 from gpufleet.services.backstop import BackstopService, WorkflowEnd, failure_of
-from gpufleet.services.lifecycle import LifecycleService, NodeReport
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.run_reports import NodeReport
 from tests.helpers import plan_of
 from tests.unit.test_services import admitted_job, run_to_finish, started
 

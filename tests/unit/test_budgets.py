@@ -15,7 +15,8 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
-from gpufleet.services.lifecycle import NodeReport, control_key
+from gpufleet.services.lifecycle_base import control_key
+from gpufleet.services.run_reports import NodeReport
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 

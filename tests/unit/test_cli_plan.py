@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.duration import estimate_duration
+from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.planning import plan_launch, rank_offerings
+from gpufleet.domain.spec import SpotPolicy, parse_spec
 
 
 def run(argv: list[str]) -> int:
@@ -27,6 +32,7 @@ resources:
 spot: never
 expected_duration: 4h
 checkpoint: s3://acme-ckpt/llm/
+checkpoint_interval: 1h
 """
 
 
@@ -181,3 +187,41 @@ def test_a_refreshed_catalog_file_can_be_planned_against(
     types = {o["instance_type"] for o in json.loads(capsys.readouterr().out)["offerings"]}
     assert types == {"g5.xlarge"}
     assert run(["--gpus", "1", "--catalog", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.parametrize("interval", ["", "checkpoint_interval: 30m\n"])
+def test_plan_ranks_as_a_launch_does_with_the_specs_checkpoint_interval(
+    interval: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint interval a ranking weighs is the spec's (none: a spot interruption costs
+    the whole run), in `gpufleet plan` as in the plan a launch is made from."""
+    text = SPEC.replace("checkpoint_interval: 1h\n", interval).replace("spot: never", "spot: auto")
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(text)
+    assert run([str(spec_file), "--json", "--limit", "50"]) == 0
+    shown = json.loads(capsys.readouterr().out)["offerings"]
+    spec = parse_spec(text)
+    launch_plan = plan_launch(
+        spec,
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=3,
+        retry_wait_seconds=60,
+        boot_allowance_seconds=600,
+        heartbeat_timeout_seconds=600,
+        expected=estimate_duration(spec, []),
+    )
+    spot = launch_plan.steps[0]
+    assert spot.capacity_type is CapacityType.SPOT
+    best = spot.overrides[0]
+    first_spot = next(o for o in shown if o["capacity_type"] == "spot")
+    assert (first_spot["instance_type"], first_spot["zone"]) == (best.instance_type, best.zone)
+    ranked = rank_offerings(
+        spec.resources,
+        SpotPolicy.REQUIRED,
+        load_bundled(),
+        "us-east-1",
+        expected=estimate_duration(spec, []),
+        checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
+    )
+    assert first_spot["expected_cost_usd"] == round(ranked.best.expected_cost_usd, 4)

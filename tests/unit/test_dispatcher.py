@@ -27,14 +27,14 @@ from gpufleet.ports import AdmissionLimits, Ports, QueueEntry
 from gpufleet.services.dispatcher import DispatcherService, queue_listing
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import (
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import (
     JobAlreadyEnded,
-    LifecycleService,
-    NodeReport,
     control_key,
     queued_job,
     run_manifest_key,
 )
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import DETAIL_JOB_QUEUED
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 

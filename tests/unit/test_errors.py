@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gpufleet
 from gpufleet.adapters.aws import transactions
-from gpufleet.domain.retry import JOB_ERRORS
+from gpufleet.domain.settlement import JOB_ERRORS
 from gpufleet.errors import Conflict, GpufleetError, NotFound, RefusedInput, TransientError
 
 PACKAGE = Path(gpufleet.__file__).parent

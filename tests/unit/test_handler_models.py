@@ -19,7 +19,7 @@ from gpufleet.handlers.models import (
     SubmittedEvent,
     TokenTask,
 )
-from gpufleet.services.lifecycle import NodeReport
+from gpufleet.services.run_reports import NodeReport
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
 

@@ -18,7 +18,8 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.metrics import emf_metrics
 from gpufleet.handlers import on_launch, on_node_report, on_release, on_requeue
 from gpufleet.services.factory import build_intake, build_lifecycle
-from gpufleet.services.lifecycle import LifecycleService, NodeReport
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.run_reports import NodeReport
 from tests.helpers import SPEC_YAML, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings()

@@ -24,7 +24,9 @@ from gpufleet.domain.spec import Resources
 from gpufleet.ports import Ports
 from gpufleet.services.bookings import book
 from gpufleet.services.factory import build_intake, build_lifecycle
-from gpufleet.services.lifecycle import JobAlreadyEnded, LifecycleService, NodeReport
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import JobAlreadyEnded
+from gpufleet.services.run_reports import NodeReport
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings()

@@ -4,9 +4,8 @@ import pytest
 
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.duration import DurationEstimate
-from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
-from gpufleet.domain.planning import LaunchPlan, LaunchStep, outcome_of, plan_launch
+from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.spec import parse_spec
 
@@ -125,33 +124,6 @@ def test_the_override_chosen_prefers_the_zone_specific_one() -> None:
     assert step.override_for("g5.xlarge", "us-east-1f").hourly_usd == 1.0
     with pytest.raises(ValueError, match="not among"):
         step.override_for("p5.48xlarge", None)
-
-
-@pytest.mark.parametrize(
-    ("state", "status", "reason_part"),
-    [
-        ({"run": {"exit_code": 0}}, JobStatus.SUCCEEDED, ""),
-        ({"run": {"exit_code": 3, "reason": "oom"}}, JobStatus.FAILED, "exit code 3: oom"),
-        ({"run": {"exit_code": None, "reason": "lost"}}, JobStatus.FAILED, "lost"),
-        ({"launch": {"give_up": True, "error": "ICE"}}, JobStatus.FAILED, "no capacity"),
-        ({"error": {"Error": "States.Timeout"}}, JobStatus.FAILED, "timeout"),
-        ({"error": {"Error": "States.HeartbeatTimeout"}}, JobStatus.FAILED, "heartbeats stopped"),
-        ({"error": {"Error": "NoFeasibleOffering", "Cause": "x"}}, JobStatus.FAILED, "x"),
-        ({}, JobStatus.FAILED, "without a result"),
-    ],
-)
-def test_outcome_of_the_workflow_state(
-    state: dict[str, object], status: JobStatus, reason_part: str
-) -> None:
-    got_status, reason, _ = outcome_of(state)
-    assert got_status is status
-    assert reason_part in reason
-
-
-def test_a_timeout_before_the_jobs_own_limit_means_the_node_went_silent() -> None:
-    state = {"error": {"Error": "States.Timeout"}}
-    assert "heartbeats" in outcome_of(state, ran_seconds=120, timeout_seconds=3600)[1]
-    assert "exceeded" in outcome_of(state, ran_seconds=3700, timeout_seconds=3600)[1]
 
 
 def test_waiting_for_capacity_backs_off_exponentially_up_to_a_cap() -> None:

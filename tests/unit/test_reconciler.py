@@ -19,8 +19,8 @@ from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.factory import build_intake, build_lifecycle
-from gpufleet.services.lifecycle import NodeReport
 from gpufleet.services.reconciler import ReconcilerService
+from gpufleet.services.run_reports import NodeReport
 from tests.helpers import SPEC_YAML, local_ports, plan_of
 from tests.unit.test_services import SETTINGS
 

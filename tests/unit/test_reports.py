@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gpufleet.domain.cost import cost_report
 from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.spec import parse_spec
-from gpufleet.services.lifecycle import cost_report
 from gpufleet.services.reports import (
     CostGrouping,
     cost_lines,

@@ -7,7 +7,6 @@ import pytest
 from pydantic import ValidationError
 
 from gpufleet.domain.config import FleetConfig, MetricPolicy, WarmPool
-from gpufleet.domain.retry import MEMORY_LEAK, RETRY, after_run
 from gpufleet.domain.scaling import AlarmKind, Comparison, job_alarm_rules, scaled_in, scaled_out
 from gpufleet.domain.spec import Elastic, JobSpec, Resources, SpecError, parse_spec
 from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
@@ -168,14 +167,6 @@ def test_a_scale_on_window_is_whole_periods_within_a_day() -> None:
     )
     own = next(r for r in job_alarm_rules(job, policy) if r.kind is AlarmKind.SCALE_ON)
     assert own.periods == 205 and own.periods * own.period_seconds <= 86_400
-
-
-def test_a_memory_leak_drain_is_a_retry_while_retries_last() -> None:
-    job = spec("max_retries: 1")
-    first = after_run(job, {}, drain_reason=MEMORY_LEAK, retries=0, interruptions=0, ran_seconds=9)
-    assert first.requeue and first.kind == RETRY
-    last = after_run(job, {}, drain_reason=MEMORY_LEAK, retries=1, interruptions=0, ran_seconds=9)
-    assert not last.requeue
 
 
 POOL = WarmPool(instance_type="g5.xlarge", count=2, ttl_minutes=30)

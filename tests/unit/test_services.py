@@ -27,14 +27,10 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import Booking, QueuePolicy, TeamQuota
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.services.factory import build_actions, build_dispatcher, build_lifecycle
-from gpufleet.services.lifecycle import (
-    LaunchStepResult,
-    LifecycleService,
-    NodeReport,
-    control_key,
-    queued_job,
-    run_manifest_key,
-)
+from gpufleet.services.launch_steps import LaunchStepResult
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import control_key, queued_job, run_manifest_key
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of
 

@@ -28,7 +28,9 @@ from gpufleet.domain.spec import Resources, SpecError, parse_spec
 from gpufleet.domain.stages import ENV_STAGE_INPUT, ENV_STAGE_OUTPUT
 from gpufleet.domain.templates import apply_template
 from gpufleet.services.factory import build_intake, build_lifecycle
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, control_key, run_manifest_key
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import control_key, run_manifest_key
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import (
     CONTROL_RUN_STAGE,
     DETAIL_NODE_FINISHED,

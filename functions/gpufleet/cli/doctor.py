@@ -225,7 +225,7 @@ def _ended(job: Job) -> bool:
 
 
 def _cancel(connection: Connection, job: Job) -> Job:
-    from gpufleet.services.lifecycle import JobAlreadyEnded
+    from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
     with contextlib.suppress(JobAlreadyEnded):  # it ended meanwhile
         connection.lifecycle.cancel(job.job_id)

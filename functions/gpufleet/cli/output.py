@@ -147,7 +147,7 @@ def _domain_error(exc: BaseException) -> CliError | None:
     from gpufleet.domain.queueing import BookingRefused
     from gpufleet.domain.selection import NoFeasibleOffering
     from gpufleet.domain.spec import SpecError
-    from gpufleet.services.lifecycle import JobAlreadyEnded
+    from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
     if isinstance(exc, SpecError):
         document = exc.to_dict()

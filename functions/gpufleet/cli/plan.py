@@ -23,12 +23,11 @@ from pydantic import ValidationError
 from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.duration import DEFAULT_SECONDS, DurationEstimate, estimate_duration
-from gpufleet.domain.selection import Selection, select
+from gpufleet.domain.planning import rank_offerings
+from gpufleet.domain.selection import Selection
 from gpufleet.domain.spec import Resources, SpotPolicy, parse_spec
 
 DEFAULT_REGION = "us-east-1"
-# A spec that names a checkpoint URI but no interval is assumed to checkpoint this often.
-DEFAULT_CHECKPOINT_HOURS = 1.0
 
 _RESOURCE_FLAGS = ("gpus", "gpu_memory_gib", "gpu_model", "nodes", "vcpus", "memory_gib", "arch")
 
@@ -80,8 +79,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--checkpoint-hours",
         type=_positive,
-        help="checkpoint interval in hours (default: none, or "
-        f"{DEFAULT_CHECKPOINT_HOURS:g} h when the spec names a checkpoint URI)",
+        help="checkpoint interval in hours (default: the spec's checkpoint_interval, else none)",
     )
     parser.add_argument(
         "--limit",
@@ -143,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         if args.hours
         else DurationEstimate(DEFAULT_SECONDS, "default")
     )
-    checkpoint: float | None = args.checkpoint_hours
+    checkpoint_seconds = round(args.checkpoint_hours * 3600) if args.checkpoint_hours else None
     if args.limit < 1:
         raise invalid("--limit must be >= 1")
     if args.file:
@@ -164,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
             spot = spec.spot
         if args.hours is None:
             estimate = estimate_duration(spec, history=[])
-        if checkpoint is None and spec.checkpoint:
-            checkpoint = DEFAULT_CHECKPOINT_HOURS
+        if checkpoint_seconds is None:
+            checkpoint_seconds = spec.checkpoint_interval_seconds
     else:
         if not flags:
             raise invalid("give a spec FILE or at least --gpus (see gpufleet plan --help)")
@@ -186,15 +184,15 @@ def run(args: argparse.Namespace) -> int:
                 for e in exc.errors(include_url=False)
             )
             raise invalid(problems) from None
-    hours = estimate.seconds / 3600
     catalog = load_catalog(args.catalog)
-    selection = select(  # NoFeasibleOffering is reported with the constraint that ruled out all
+    # NoFeasibleOffering is reported with the constraint that ruled out all.
+    selection = rank_offerings(
         resources,
         spot,
         catalog,
         args.price_region,
-        expected_hours=hours,
-        checkpoint_interval_hours=checkpoint,
+        expected=estimate,
+        checkpoint_interval_seconds=checkpoint_seconds,
         limit=args.limit,
     )
     prices = prices_as_of(catalog)
@@ -206,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         document["expected_duration"] = {"seconds": estimate.seconds, "source": estimate.source}
         print_json(document)
     else:
-        print(render(selection, resources, spot, hours, checkpoint))
+        checkpoint = None if checkpoint_seconds is None else checkpoint_seconds / 3600
+        print(render(selection, resources, spot, estimate.seconds / 3600, checkpoint))
         source = "--hours" if estimate.source == "flag" else estimate.describe()
         print(f"\nexpected run time {_duration(estimate.seconds)}: {source}")
         print(prices_note(prices))

@@ -91,7 +91,7 @@ def _interrupted(args: argparse.Namespace, connection: Any, job_id: str) -> int:
             f"`gpufleet cancel {job_id}` cancels it",
         )
         return EXIT_INTERRUPTED
-    from gpufleet.services.lifecycle import JobAlreadyEnded
+    from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
     with contextlib.suppress(JobAlreadyEnded):  # it ended meanwhile
         connection.lifecycle.cancel(job_id)

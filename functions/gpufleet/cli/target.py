@@ -147,7 +147,7 @@ class Connection:
         import time
 
         from gpufleet.domain.job import JobStatus
-        from gpufleet.services.lifecycle import queued_job
+        from gpufleet.services.lifecycle_base import queued_job
 
         if job.status is not JobStatus.QUEUED:
             return None

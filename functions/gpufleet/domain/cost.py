@@ -1,12 +1,24 @@
 """What a run cost: every node's hourly price for every second it was held, plus its EBS
-storage for the same seconds."""
+storage for the same seconds; and what a job has cost over all its runs.
+
+A job's earlier runs (requeued after a preemption or an interruption, retried, earlier stages)
+are kept in its `prior_*` fields; its current run is priced from its placement up to the moment
+its instances were released. Everything that prices a job (the settlement of a run, the cost
+report the CLI prints, a team's spend this month, the budget stop) goes through here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
+from gpufleet.domain.config import CostPolicy
 from gpufleet.domain.job import Job, Placement
+
+if TYPE_CHECKING:  # planning ranks by duration, which reads the cost of past runs
+    from gpufleet.domain.planning import LaunchPlan
 
 
 def held_seconds(placement: Placement, released_at: float) -> float:
@@ -39,6 +51,91 @@ def run_cost_usd(placement: Placement, released_at: float) -> float:
     return compute + storage_cost_usd(placement, released_at)
 
 
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a job has cost and held so far, every run of it."""
+
+    cost_usd: float  # instances and storage
+    held_seconds: float
+    storage_usd: float  # the storage part of cost_usd
+
+    def as_prior(self) -> dict[str, float]:
+        """The job's fields that keep it once the current run has ended."""
+        return {
+            "prior_cost_usd": self.cost_usd,
+            "prior_held_seconds": self.held_seconds,
+            "prior_storage_usd": self.storage_usd,
+        }
+
+
+def spent_until(job: Job, until: float | None) -> Spent:
+    """The job's cost, held time and storage cost of every run so far, its current run's up
+    to `until` included (None, or no placement: the earlier runs' alone)."""
+    placement = job.placement
+    if placement is None or until is None:
+        return Spent(job.prior_cost_usd, job.prior_held_seconds, job.prior_storage_usd)
+    return Spent(
+        job.prior_cost_usd + run_cost_usd(placement, until),
+        job.prior_held_seconds + held_seconds(placement, until),
+        job.prior_storage_usd + storage_cost_usd(placement, until),
+    )
+
+
+def launch_costs(job: Job) -> tuple[float, float | None]:
+    """What a launched (or launching) job costs per hour (0 before it holds instances), and
+    when that cost reaches its budget (None: no budget)."""
+    placement = job.placement
+    if placement is None:
+        return 0.0, None
+    per_hour = fleet_hourly_usd(placement) + storage_usd_per_hour(
+        len(placement.instance_ids), placement.storage_gib, placement.storage_usd_per_gib_month
+    )
+    budget, stop_at = job.spec.budget_usd, None
+    if budget is not None and per_hour > 0:
+        left = max(0.0, budget - job.prior_cost_usd)
+        stop_at = placement.launched_at + left / per_hour * 3600
+    return round(per_hour, 6), stop_at
+
+
+def estimated_run_usd(plan: LaunchPlan, *, root_volume_gib: int, cost: CostPolicy) -> float:
+    """Before a run: the plan's first choice x expected hours x the estimate factor, plus the
+    nodes' storage for as long."""
+    hours = plan.expected_seconds / 3600
+    storage = storage_usd_per_hour(plan.nodes, root_volume_gib, cost.ebs_usd_per_gib_month)
+    return round(plan.estimated_cost_usd() * cost.estimate_factor + storage * hours, 6)
+
+
+def cost_report(job: Job) -> dict[str, Any]:
+    """The job's cost line, as the demo and the CLI print it: cost_usd = hourly_usd x
+    held_seconds / 3600 + storage_usd, over every run of the job (a preempted or interrupted
+    run was paid for too)."""
+    placement = job.placement
+    estimate = job.estimated_cost_usd
+    if placement is None or job.released_at is None:
+        return {
+            "hourly_usd": None,
+            "held_seconds": round(job.prior_held_seconds, 3),
+            "storage_usd": round(job.prior_storage_usd, 6),
+            "cost_usd": job.cost_usd or 0.0,
+            "estimated_cost_usd": estimate,
+        }
+    spent = spent_until(job, job.released_at)
+    storage = job.storage_usd if job.storage_usd is not None else spent.storage_usd
+    cost = job.cost_usd if job.cost_usd is not None else spent.cost_usd
+    # Over several runs (possibly on different types) the hourly price is the held-time
+    # average, so that the identity above holds exactly.
+    hourly = fleet_hourly_usd(placement)
+    if job.prior_held_seconds and spent.held_seconds > 0:
+        hourly = (cost - storage) * 3600 / spent.held_seconds
+    return {
+        "hourly_usd": round(hourly, 6),
+        "held_seconds": round(spent.held_seconds, 3),
+        "storage_usd": round(storage, 6),
+        "cost_usd": round(cost, 6),
+        "estimated_cost_usd": estimate,
+    }
+
+
 def month_start(epoch_seconds: float) -> float:
     """The start (UTC) of the calendar month `epoch_seconds` falls in."""
     moment = datetime.fromtimestamp(epoch_seconds, UTC)
@@ -55,7 +152,5 @@ def spend_this_month_usd(jobs: Iterable[Job], now: float) -> float:
         if job.cost_usd is not None:
             total += job.cost_usd
             continue
-        total += job.prior_cost_usd
-        if job.placement is not None:
-            total += run_cost_usd(job.placement, job.released_at or now)
+        total += spent_until(job, job.released_at or now).cost_usd
     return total

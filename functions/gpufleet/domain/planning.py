@@ -1,25 +1,32 @@
-"""From a job spec to a launch plan, and from a finished workflow to a job's outcome.
+"""From a job spec to a launch plan.
 
 A plan is an ordered list of steps, each one capacity type over a diversified list of offerings
 (CreateFleet overrides). `auto` jobs try spot, then on-demand; `required` only spot; `never` only
 on-demand. What to do after a failed step is decided here, not in the state machine: the ASL
 only follows `step`, `retry_later` and `give_up`.
+
+Offerings are ranked by `rank_offerings`, with the same inputs wherever a ranking is made:
+`gpufleet plan`, intake's first plan, every launch and the simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.duration import DurationEstimate
-from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
-from gpufleet.domain.selection import NoFeasibleOffering, diversify, is_feasible, select
-from gpufleet.domain.spec import JobSpec, SpotPolicy
+from gpufleet.domain.selection import (
+    NoFeasibleOffering,
+    Selection,
+    diversify,
+    is_feasible,
+    select,
+)
+from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
 
 
 class LaunchStep(BaseModel):
@@ -76,6 +83,13 @@ class LaunchPlan(BaseModel):
         first = self.steps[0].overrides[0]
         return first.hourly_usd * self.nodes * self.expected_seconds / 3600
 
+    def is_on_demand_fallback(self, step: int) -> bool:
+        """Whether a launch at `step` is an on-demand fallback: on-demand capacity after the
+        plan tried spot (the job would rather have had spot)."""
+        return self.steps[step].capacity_type is CapacityType.ON_DEMAND and any(
+            s.capacity_type is CapacityType.SPOT for s in self.steps[:step]
+        )
+
     def after_failure(self, step: int, attempts: int, category: ErrorCategory | None) -> NextMove:
         """Where to go after `attempts` launch calls, the last of which failed at `step`."""
         if category is ErrorCategory.CONFIGURATION or attempts >= self.max_launch_attempts:
@@ -89,46 +103,32 @@ class LaunchPlan(BaseModel):
         return NextMove(step=0, retry_later=True, wait_seconds=max(wait, 1))
 
 
-def outcome_of(
-    state: Mapping[str, Any],
+def rank_offerings(
+    resources: Resources,
+    spot: SpotPolicy,
+    catalog: Catalog,
+    region: str,
     *,
-    ran_seconds: float | None = None,
-    timeout_seconds: int | None = None,
-) -> tuple[JobStatus, str, int | None]:
-    """The final status, reason and exit code from the workflow's state at its end.
-
-    `ran_seconds` (since launch) tells a run that outlived its timeout from a node that went
-    silent: Step Functions may report either as `States.Timeout`.
-    """
-    run = state.get("run")
-    if isinstance(run, Mapping):
-        exit_code = run.get("exit_code")
-        if exit_code == 0:
-            return JobStatus.SUCCEEDED, "", 0
-        if isinstance(exit_code, int):
-            detail = str(run.get("reason") or "")
-            return (
-                JobStatus.FAILED,
-                f"exit code {exit_code}" + (f": {detail}" if detail else ""),
-                (exit_code),
-            )
-        return JobStatus.FAILED, str(run.get("reason") or "the node was lost"), None
-    launch = state.get("launch")
-    if isinstance(launch, Mapping) and launch.get("give_up"):
-        return JobStatus.FAILED, f"no capacity could be launched: {launch.get('error', '')}", None
-    error = state.get("error")
-    if isinstance(error, Mapping):
-        name = str(error.get("Error", "Error"))
-        lost = (JobStatus.FAILED, "the node was lost: its heartbeats stopped", None)
-        if name == "States.HeartbeatTimeout":
-            return lost
-        if name == "States.Timeout":
-            if ran_seconds is not None and timeout_seconds and ran_seconds < timeout_seconds:
-                return lost
-            return JobStatus.FAILED, "the run exceeded its timeout", None
-        cause = str(error.get("Cause", ""))[:500]
-        return JobStatus.FAILED, f"{name}: {cause}" if cause else name, None
-    return JobStatus.FAILED, "the workflow ended without a result", None
+    expected: DurationEstimate,
+    checkpoint_interval_seconds: int | None,
+    unavailable: frozenset[str] = frozenset(),
+    limit: int = 50,
+) -> Selection:
+    """The feasible offerings for `resources` under `spot`, cheapest expected cost to finish
+    first: the price for the `expected` run time plus the rework a spot interruption costs,
+    the work since the last checkpoint (the job's `checkpoint_interval`; none: the whole run).
+    Raises NoFeasibleOffering."""
+    interval = checkpoint_interval_seconds
+    return select(
+        resources,
+        spot,
+        catalog,
+        region,
+        expected_hours=expected.seconds / 3600,
+        checkpoint_interval_hours=None if interval is None else interval / 3600,
+        unavailable=unavailable,
+        limit=limit,
+    )
 
 
 _STEP_ORDER: dict[SpotPolicy, tuple[tuple[CapacityType, SpotPolicy], ...]] = {
@@ -161,7 +161,6 @@ def plan_launch(
     `free_reservations` are the active reservations with how many instances each has free.
     Raises NoFeasibleOffering when no capacity type has an offering that fits.
     """
-    hours = expected.seconds / 3600
     steps: list[LaunchStep] = []
     reserved = reserved_step(spec, catalog, free_reservations, unavailable)
     if reserved is not None:
@@ -169,14 +168,14 @@ def plan_launch(
     last_refusal: NoFeasibleOffering | None = None
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
         try:
-            selection = select(
+            selection = rank_offerings(
                 spec.resources,
                 only_this_type,
                 catalog,
                 region,
-                expected_hours=hours,
+                expected=expected,
+                checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
                 unavailable=unavailable,
-                limit=50,
             )
         except NoFeasibleOffering as exc:
             last_refusal = exc

@@ -234,6 +234,16 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """What the write of an admission is conditioned on (`admission_limits`), so that
+    concurrent dispatchers can never exceed a cap or a quota between reading and writing."""
+
+    max_gpus: int
+    max_instances: int
+    team_gpus: int | None  # None: not bound by the team quota (the shared reserve)
+
+
+@dataclass(frozen=True, slots=True)
 class Preemption:
     victim_id: str
     for_job_id: str
@@ -355,7 +365,7 @@ class _Pass:
     no_victims: dict[tuple[str, Priority], list[Shape]] = field(default_factory=dict)
 
     def entitlement(self, team: str) -> int:
-        return self.policy.quota(team).gpus + self.booked.get(team, 0)
+        return entitlement(team, self.booked, self.policy)
 
     def idle_quota_of_others(self, team: str) -> int:
         teams = set(self.policy.teams) - {team}
@@ -454,6 +464,12 @@ class _Pass:
         if not victims and job.preemptions == 0:  # a job once preempted may not borrow
             found_none.append((job.gpus, job.instances))
         return victims
+
+
+def entitlement(team: str, booked: Mapping[str, int], policy: QueuePolicy) -> int:
+    """The GPUs a team may hold without borrowing: its quota and its bookings active now
+    (`booked`, GPUs per team)."""
+    return policy.quota(team).gpus + booked.get(team, 0)
 
 
 def _smallest(shapes: Iterable[Shape]) -> list[Shape]:
@@ -677,6 +693,26 @@ def decide_streams(
                 continue
         read_on(index)
     return decision
+
+
+def admission_limits(
+    job: QueuedJob,
+    admission: Admission,
+    bookings: Iterable[Booking],
+    now: float,
+    policy: QueuePolicy,
+) -> AdmissionLimits:
+    """The limits an admission `decide` made must still hold within when it is written: the
+    fleet's caps (its GPUs outside the reserve, unless admitted into the reserve) and, outside
+    the reserve, the team's entitlement plus all it may borrow."""
+    if admission.in_reserve:
+        return AdmissionLimits(policy.max_gpus, policy.max_instances, None)
+    team_gpus = entitlement(job.team, _booked_at(bookings, now), policy)
+    return AdmissionLimits(
+        policy.max_gpus - policy.reserve_gpus,
+        policy.max_instances,
+        team_gpus + policy.quota(job.team).borrow,
+    )
 
 
 def most_booked(team: str, bookings: Iterable[Booking], now: float) -> int:

@@ -169,6 +169,12 @@ ExpectedDuration = Annotated[
     Field(ge=1, le=MAX_RUN_SECONDS),
     _duration_schema(1),
 ]
+CheckpointInterval = Annotated[
+    int,
+    BeforeValidator(parse_duration),
+    Field(ge=60, le=MAX_RUN_SECONDS),
+    _duration_schema(60),
+]
 
 
 def canonical_json(value: Any) -> str:
@@ -347,6 +353,13 @@ class JobSpec(_Strict):
     checkpoint: CheckpointUri | None = Field(
         default=None, description="S3 URI where the job writes and reads checkpoints"
     )
+    checkpoint_interval_seconds: CheckpointInterval | None = Field(
+        default=None,
+        alias="checkpoint_interval",
+        description="How often the job writes a checkpoint ('30m'): the work a spot "
+        "interruption costs it, which selection weighs. Needs `checkpoint`; none: as if it "
+        "lost the whole run",
+    )
     max_retries: Count = Field(
         default=3, ge=0, le=20, description="Retries of a failed run (exit code, lost node)"
     )
@@ -418,6 +431,12 @@ class JobSpec(_Strict):
                     f"laid over the job's); the limit is {MAX_ENV}"
                 )
         return stages
+
+    @model_validator(mode="after")
+    def _interval_needs_checkpoint(self) -> JobSpec:
+        if self.checkpoint_interval_seconds is not None and self.checkpoint is None:
+            raise ValueError("checkpoint_interval needs a checkpoint URI to write to")
+        return self
 
     @model_validator(mode="after")
     def _scale_on_needs_elastic(self) -> JobSpec:

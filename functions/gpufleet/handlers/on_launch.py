@@ -11,7 +11,7 @@ from gpufleet import telemetry
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import LaunchTask
-from gpufleet.services.lifecycle import Launched
+from gpufleet.services.launch_steps import Launched
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from gpufleet import telemetry
 from gpufleet.domain.job import DroppedReport
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
-from gpufleet.services.lifecycle import NodeReport
+from gpufleet.services.run_reports import NodeReport
 
 # What of a refused report goes in the log: where it is wrong, never what it says (a forged
 # report can be large, and is not ours to store).

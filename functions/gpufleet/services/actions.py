@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import Job, JobStatus
-from gpufleet.domain.retry import IDLE, MEMORY_LEAK, OVERHEATED
 from gpufleet.domain.scaling import AlarmKind, scaled_in, scaled_out
+from gpufleet.domain.settlement import IDLE, MEMORY_LEAK, OVERHEATED
 from gpufleet.domain.spec import Resources
 from gpufleet.ports import Ports
 from gpufleet.services.lifecycle import LifecycleService

@@ -24,13 +24,14 @@ from gpufleet.domain.queueing import (
     RunningJob,
     Stream,
     WaitingJobs,
+    admission_limits,
     admission_order,
     decide,
     decide_streams,
     effective_priority,
 )
-from gpufleet.domain.retry import PREEMPTED, RECLAIMED
-from gpufleet.ports import AdmissionLimits, Ports, QueueEntry, QueueState, RunningEntry
+from gpufleet.domain.settlement import PREEMPTED, RECLAIMED
+from gpufleet.ports import Ports, QueueEntry, QueueState, RunningEntry
 from gpufleet.services.lifecycle import LifecycleService
 
 
@@ -175,17 +176,8 @@ class DispatcherService:
     ) -> bool:
         """Admit the job under the caps and quotas, and tell its workflow (with when the
         latest capacity shortage the state knows of expires, for its launch)."""
-        policy = self._policy
         job = entry.job
-        booked = sum(b.gpus for b in state.bookings if b.team == job.team and b.active_at(now))
-        quota = policy.quota(job.team)
-        limits = AdmissionLimits(
-            max_gpus=policy.max_gpus
-            if admission.in_reserve
-            else policy.max_gpus - policy.reserve_gpus,
-            max_instances=policy.max_instances,
-            team_gpus=None if admission.in_reserve else quota.gpus + booked + quota.borrow,
-        )
+        limits = admission_limits(job, admission, state.bookings, now, self._policy)
         running = RunningJob(
             job_id=job.job_id,
             team=job.team,

@@ -14,7 +14,8 @@ from gpufleet.services.actions import MetricActions
 from gpufleet.services.backstop import BackstopService
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import LifecyclePolicy, LifecycleService
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import LifecyclePolicy
 from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.settings import Settings
 

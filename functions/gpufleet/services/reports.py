@@ -1,7 +1,8 @@
 """What the CLI reports about jobs: one job in detail, job listings, and cost by team, job or day.
 
-Cost lines are `lifecycle.cost_report(job)`, whatever keys it carries (`job_costs`); adding them
-up treats every numeric key as an amount except prices per hour, which do not add up across jobs.
+Cost lines are `domain.cost.cost_report(job)`, whatever keys it carries (`job_costs`); adding them
+up treats every numeric key as an amount except prices per hour, which do not add up across
+jobs.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from gpufleet.domain.cost import cost_report
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.ports import JobStore
-from gpufleet.services.lifecycle import cost_report
 
 # A team's listing with a status filter looks at this many of the team's newest jobs.
 TEAM_DEPTH = 1000

@@ -21,18 +21,23 @@ moves jobs between states and asks the core what to do.
   team's `HISTORY_DEPTH` most recently submitted jobs, of which those that completed count
   with the time their last placement was held (as `recent_for_team` and the lifecycle do).
 - Cost: `domain.cost.run_cost_usd` per held interval (one `Placement` per launch).
+- How a run ends (back to the queue, retried on GPUs with more memory, succeeded, failed):
+  `domain.settlement.settle`, on the job as its record would stand, as Release settles it.
+  The loop only says how the run ended (`RunEnd`) and carries the settlement out.
 
 Per job: arrival -> queued -> admitted by `decide` -> launch attempts per the plan -> boot
 (`boot_seconds`, plus `restore_seconds` when resuming from a checkpoint) -> running -> one of
 
-- completion: released at once, cost recorded;
+- its end: it exits 0, or with the exit (code, out of memory) its trace job's `failed_runs`
+  give the next run that reaches its end; a failed run keeps its last periodic checkpoint;
 - spot interruption (market): work since the last checkpoint is lost (`checkpointed_progress`
-  on the run's own progress: periodic checkpoints every `checkpoint_interval_seconds` of work),
-  released, requeued (`interruptions`, `requeues`);
+  on the run's own progress: periodic checkpoints every `checkpoint_interval_seconds` of work);
 - preemption (`decide`): the victim is marked draining for its preemptor, checkpoints at once
-  (keeps all its progress) and is released `preemption_grace_seconds` later, then requeued with
-  `preempted_for` (`preemptions`, `requeues`). A victim still launching or booting is released
-  at once.
+  (keeps all its progress) and is released `preemption_grace_seconds` later. A victim still
+  launching or booting is released at once.
+
+Each is then settled: released (cost recorded) and requeued (`requeues`; a preempted job with
+`preempted_for`), or ended.
 
 Dispatch passes. A pass (one `decide` call) runs when something changed: an arrival, a
 release, a requeue. Passes are coalesced to at most one per `dispatch_interval_seconds` (a
@@ -45,10 +50,10 @@ refuses it (`never_admissible`).
 
 Simplifications (documented in sim/README.md): the simulated fleet picks the first override of a
 step that the market has room for (cheapest first), the 2-minute interruption notice is not
-used for an extra checkpoint, interruptions are not capped (the Lambdas' run-end rule), run
-timeouts are not enforced (every mapped timeout is at least twice the trace duration, except
-for jobs longer than the spec's 14-day cap, which the trace says did finish), and a static pool
-packs jobs by GPU count (no fragmentation).
+used for an extra checkpoint, a failed run takes its full trace duration, run timeouts are not
+enforced (every mapped timeout is at least twice the trace duration, except for jobs longer
+than the spec's 14-day cap, which the trace says did finish), and a static pool packs jobs by
+GPU count (no fragmentation).
 """
 
 from __future__ import annotations
@@ -65,8 +70,8 @@ from typing import Any, Literal
 from gpufleet.adapters.local.memory import InMemoryCapacityMemory
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
 from gpufleet.domain.cost import held_seconds, run_cost_usd
-from gpufleet.domain.duration import DurationEstimate, PastRun, estimate_duration
-from gpufleet.domain.job import Placement
+from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, PastRun, estimate_duration
+from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
@@ -84,11 +89,19 @@ from gpufleet.domain.queueing import (
     never_admissible,
 )
 from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.settlement import (
+    DEFAULT_MAX_INTERRUPTIONS,
+    PREEMPTED,
+    RECLAIMED,
+    EndKind,
+    RunEnd,
+    Settlement,
+    settle,
+)
 from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
-from gpufleet.services.lifecycle import HISTORY_DEPTH
 from gpufleet.sim.mapping import TraceMapping, to_spec
 from gpufleet.sim.market import Lease, MarketConfig, MarketModel, checkpointed_progress
-from gpufleet.sim.traces import Trace, TraceJob
+from gpufleet.sim.traces import RunExit, Trace, TraceJob
 
 DurationModel = Literal["oracle", "history"]
 
@@ -160,8 +173,11 @@ class SimPolicy:
     # Requeued jobs keep their first submission time (they age on and keep their place);
     # False puts them at the back of their class.
     requeue_keeps_place: bool = True
-    # Spot interruptions consume the spec's `max_retries`; when they run out the job fails.
+    # Spot interruptions are capped at the spec's `max_retries` (the next one fails the job)
+    # instead of the Lambdas' `max_interruptions`.
     interruptions_use_retries: bool = False
+    # The Lambdas' `max_interruptions` (their settings' default).
+    max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
     # After a spot interruption, the pool it happened in is remembered as short (for
     # `capacity_memory_seconds`), so the relaunch fails over to the next zone or type.
     avoid_interrupted_pool: bool = False
@@ -246,24 +262,32 @@ class _Job:
     __slots__ = (
         "attempts",
         "base_plan",
+        "drain_reason",
         "duration",
+        "ended_runs",
         "enqueued_at",
         "expected",
+        "failed_runs",
         "first_start",
         "gpus",
         "idx",
         "in_history",
         "instance_gpus",
+        "interruptions",
         "job_id",
         "lease",
         "nodes",
         "past_run",
         "placement",
         "preempted_for",
+        "preemptions",
         "priority",
         "progress",
+        "resources_override",
         "retries",
         "run_from",
+        "run_shape",
+        "run_spec",
         "shape",
         "spec",
         "state",
@@ -292,14 +316,24 @@ class _Job:
         self.run_from = 0.0  # progress when the current run started working
         self.work_start = 0.0  # when the current run starts (or started) working
         self.first_start: float | None = None
+        # What the one settlement (`domain.settlement.settle`) reads and updates, as on the
+        # job's record: why its run is being stopped, its counters, what it now asks for.
+        self.drain_reason: str | None = None
         self.retries = 0
+        self.interruptions = 0
+        self.preemptions = 0
+        self.resources_override: Resources | None = None
+        self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
+        self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
         self.step = 0
         self.base_plan: LaunchPlan | None = None
         self.lease: Lease | None = None
         self.instance_gpus = 0
         self.placement: Placement | None = None
-        self.shape = resource_shape(spec.resources)
+        self.shape = resource_shape(spec.resources)  # the spec's (its team's history is by it)
+        self.run_spec = spec  # what it now asks for: the spec, with the override if any
+        self.run_shape = self.shape
         self.past_run: PastRun | None = None  # its completed run, for the team's history
         self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
         self.expected: DurationEstimate | None = None  # what its current plan is ranked by
@@ -676,11 +710,10 @@ class Engine:
         # Plans are ranked (and cached) by the estimate to two significant figures.
         job.expected = DurationEstimate(_plan_seconds(expected.seconds), expected.source)
         job.base_plan = self.planner(
-            job.spec, job.shape, self._spot(job), frozenset(), job.expected
+            job.run_spec, job.run_shape, self._spot(job), frozenset(), job.expected
         )
         if job.base_plan is None:
-            self._release_admission(job)
-            self._fail(job, "no feasible offering")
+            self._settle(job, RunEnd(EndKind.STEP_FAILED, self.now, reason="NoFeasibleOffering"))
             return
         self._on_launch(job)
 
@@ -690,7 +723,9 @@ class Engine:
         capacity_type = plan.steps[job.step].capacity_type
         assert job.expected is not None
         unavailable = self._unavailable()
-        current = self.planner(job.spec, job.shape, self._spot(job), unavailable, job.expected)
+        current = self.planner(
+            job.run_spec, job.run_shape, self._spot(job), unavailable, job.expected
+        )
         step: LaunchStep | None = None
         if current is not None:
             step = next((s for s in current.steps if s.capacity_type == capacity_type), None)
@@ -721,8 +756,9 @@ class Engine:
         self._remember(shortage_keys(result, self.region))
         move = plan.after_failure(job.step, job.attempts, result.error_category)
         if move.give_up:
-            self._release_admission(job)
-            self._fail(job, "no capacity could be launched")
+            codes = sorted({error.code for error in result.errors})
+            give_up = RunEnd(EndKind.LAUNCH_GAVE_UP, self.now, reason=", ".join(codes))
+            self._settle(job, give_up)
             return
         job.step = move.step
         self._push(self.now + (move.wait_seconds if move.retry_later else 0), _LAUNCH, job)
@@ -754,10 +790,7 @@ class Engine:
         self, job: _Job, lease: Lease, capacity_type: CapacityType, plan: LaunchPlan
     ) -> None:
         offering = lease.offering
-        if capacity_type is CapacityType.ON_DEMAND and plan.steps[0].capacity_type in (
-            CapacityType.SPOT,
-            CapacityType.RESERVED,
-        ):
+        if plan.is_on_demand_fallback(job.step):
             self.result.ondemand_fallbacks += 1
         it: InstanceType = offering.instance_type
         ids = []
@@ -770,6 +803,7 @@ class Engine:
             capacity_type=capacity_type.value,
             zone=offering.zone,
             hourly_usd=offering.hourly_usd,
+            gpu_memory_gib=it.gpu_memory_gib,
             launched_at=self.now,
         )
         job.lease = lease
@@ -837,39 +871,37 @@ class Engine:
             return job.run_from + (self.now - job.work_start)
         return job.progress
 
+    def _kept(self, job: _Job, reached: float) -> float:
+        """The progress a run that stopped unplanned at `reached` keeps: its last periodic
+        checkpoint (none without checkpoints)."""
+        if self.checkpoint_every is None or not self._checkpoints(job):
+            return 0.0
+        return job.run_from + checkpointed_progress(
+            max(0.0, reached - job.run_from), self.checkpoint_every
+        )
+
     def _on_end(self, job: _Job) -> None:
-        if job.state == _RUNNING:
-            self.gpus_used -= job.gpus
-        job.state = _DONE
+        """The run reached its end: it exits 0, or as the trace job's next failed run says."""
+        reached = self._stop_work(job)
         job.version += 1
-        job.progress = job.duration
-        self._release_instances(job)
-        self.result.completed += 1
-        self.result.gpu_seconds_useful += job.gpus * job.duration
-        self.result.jcts[job.idx] = self.now - job.submit
-        self._release_admission(job)
+        failed = job.failed_runs[job.ended_runs] if job.ended_runs < len(job.failed_runs) else None
+        job.ended_runs += 1
+        end = RunEnd(
+            EndKind.EXITED,
+            self.now,
+            exit_code=failed.exit_code if failed is not None else 0,
+            oom=failed is not None and failed.oom,
+        )
+        if failed is not None:
+            job.progress = self._kept(job, reached)
+        self._settle(job, end)
 
     def _on_interrupt(self, job: _Job) -> None:
-        reached = self._stop_work(job)
-        if self.checkpoint_every is None or not self._checkpoints(job):
-            job.progress = 0.0
-        else:
-            job.progress = job.run_from + checkpointed_progress(
-                max(0.0, reached - job.run_from), self.checkpoint_every
-            )
+        job.progress = self._kept(job, self._stop_work(job))
         job.version += 1
         self._avoid_interrupted_pool(job)
-        self._release_instances(job)
-        self.running.pop(job.job_id, None)
         self.result.interruptions += 1
-        if self.policy.interruptions_use_retries:
-            job.retries += 1
-            if job.retries > job.spec.max_retries:
-                self._fail(job, "interrupted more often than max_retries")
-                self._request_dispatch()
-                return
-        self.result.requeues += 1
-        self._enqueue(job, self.now)
+        self._settle(job, RunEnd(EndKind.INTERRUPTED, self.now))
 
     def _drain(self, job: _Job, for_job_id: str | None) -> None:
         """`decide` asked this job to make room: checkpoint, stop, requeue."""
@@ -888,28 +920,81 @@ class Engine:
             draining_for=for_job_id or "",
         )
         job.preempted_for = for_job_id
-        grace = self.policy.queue.preemption_grace_seconds
+        job.drain_reason = PREEMPTED if for_job_id is not None else RECLAIMED
+        self.result.preemptions += 1
         if job.state == _RUNNING:
-            remaining = job.duration - (job.run_from + self.now - job.work_start)
-            if remaining <= grace:
-                return  # it finishes before it could stop: let it
-            self.result.preemptions += 1
             reached = self._stop_work(job)
             job.progress = reached if self._checkpoints(job) else 0.0  # saved now, in full
             job.state = _DRAINING
             job.version += 1
-            self._push(self.now + grace, _DRAINED, job)
+            self._push(self.now + self.policy.queue.preemption_grace_seconds, _DRAINED, job)
             return
         # Launching or booting: nothing to save; stop at once.
-        self.result.preemptions += 1
         self._on_drained(job)
 
     def _on_drained(self, job: _Job) -> None:
+        """The drained run stopped at its checkpoint, as asked."""
         job.version += 1
+        self._settle(job, RunEnd(EndKind.DRAINED, self.now, exit_code=0))
+
+    def _settle(self, job: _Job, end: RunEnd) -> None:
+        """Settle the end of the job's run with the one rule the Release step applies
+        (`domain.settlement.settle`, on the job as its record would stand), and carry it out:
+        its instances and its share released, then back to the queue, or its end."""
+        placement = job.placement
+        record = Job(
+            job_id=job.job_id,
+            status=JobStatus.RUNNING,
+            spec=job.spec,
+            source="simulation",
+            created_at=job.submit,
+            updated_at=self.now,
+            placement=placement,
+            drain_reason=job.drain_reason,
+            preempted_for=job.preempted_for,
+            retries=job.retries,
+            interruptions=job.interruptions,
+            preemptions=job.preemptions,
+            resources_override=job.resources_override,
+        )
+        cap = job.spec.max_retries if self.policy.interruptions_use_retries else None
+        settlement = settle(
+            record,
+            end,
+            max_interruptions=self.policy.max_interruptions if cap is None else cap,
+            instance_type=self.market.catalog.instance_type(placement.instance_type)
+            if placement is not None
+            else None,
+        )
+        settled = settlement.job
+        if settled.status is JobStatus.SUCCEEDED:
+            job.state = _DONE
+            job.progress = job.duration
+            self.result.completed += 1
+            self.result.gpu_seconds_useful += job.gpus * job.duration
+            self.result.jcts[job.idx] = self.now - job.submit
         self._release_instances(job)
-        self.running.pop(job.job_id, None)
+        self._release_admission(job)
+        if settlement.requeue is not None:
+            self._requeue(job, settlement)
+        elif settled.status is not JobStatus.SUCCEEDED:
+            self._fail(job, settlement.reason)
+
+    def _requeue(self, job: _Job, settlement: Settlement) -> None:
+        """Back to the queue with what the settlement recorded: its counters, and what it now
+        asks for (more GPU memory after it ran out of it)."""
+        settled = settlement.job
+        job.retries = settled.retries
+        job.interruptions = settled.interruptions
+        job.preemptions = settled.preemptions
+        if settled.resources_override != job.resources_override:
+            job.resources_override = settled.resources_override
+            job.run_spec = settled.effective_spec
+            job.run_shape = resource_shape(job.run_spec.resources)
+        job.drain_reason = None
         self.result.requeues += 1
-        self._enqueue(job, self.now, job.preempted_for)
+        preempted_for = job.preempted_for if settlement.requeue == PREEMPTED else None
+        self._enqueue(job, self.now, preempted_for)
 
     def _fail(self, job: _Job, reason: str) -> None:
         job.state = _FAILED

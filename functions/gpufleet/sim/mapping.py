@@ -19,9 +19,10 @@
   `min_timeout_seconds`, at most 14 days. A trace job longer than 14 days (Philly 79, ITP 4,
   openb 29 GPU pods) cannot be expressed exactly: the simulator should run the `TraceJob`'s duration
   and decide what its timeout means for such jobs.
-- Spot policy `auto` (configurable); a checkpoint URI under `checkpoint_prefix` when
-  `checkpoint_interval_seconds` is set (the interval itself is simulator physics, not a spec
-  field: see `gpufleet.sim.market.checkpointed_progress`).
+- Spot policy `auto` (configurable); a checkpoint URI under `checkpoint_prefix` and the spec's
+  `checkpoint_interval` when `checkpoint_interval_seconds` is set: plans rank offerings with
+  it, as Launch does, and the simulated runs checkpoint that often
+  (`gpufleet.sim.market.checkpointed_progress`).
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def to_spec(job: TraceJob, mapping: TraceMapping | None = None) -> JobSpec:
         resources=_resources(job.gpus, m.max_gpus_per_node, m.min_gpu_memory_gib, m.arch),
         spot=m.spot,
         checkpoint=checkpoint,
+        checkpoint_interval_seconds=m.checkpoint_interval_seconds,
         max_retries=m.max_retries,
         timeout_seconds=timeout,
         expected_duration_seconds=min(duration, MAX_SPEC_SECONDS),

@@ -50,6 +50,9 @@ POLICY_NAMES: tuple[str, ...] = (GPUFLEET, STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIK
 BASELINES: tuple[str, ...] = (STATIC_ONDEMAND, FIFO_SPOT, BATCH_LIKE, SKYPILOT_LIKE)
 # "Until it gets one": a bound only so that a job no offering could ever hold still ends.
 SKYPILOT_LAUNCH_ATTEMPTS = 100_000
+# A managed spot job recovers from every preemption "without user intervention" (its restart
+# limit, `max_restarts_on_errors`, counts the job's own failures): a bound as above.
+SKYPILOT_INTERRUPTIONS = 100_000
 
 ONE_TEAM = "all"
 
@@ -196,6 +199,7 @@ def skypilot_like_policy(
         spot=SpotPolicy.REQUIRED,
         avoid_interrupted_pool=True,
         max_launch_attempts=SKYPILOT_LAUNCH_ATTEMPTS,
+        max_interruptions=SKYPILOT_INTERRUPTIONS,
         description=(
             "managed spot jobs: cheapest spot first, retried until launched, a preempted job "
             "fails over to the next zone or type; one FIFO queue, no priorities"

@@ -58,6 +58,15 @@ class TraceError(RefusedInput, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class RunExit:
+    """How a run that ended by itself (not interrupted, not stopped) ended: its container's
+    exit code, and whether it died of GPU out-of-memory."""
+
+    exit_code: int
+    oom: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class TraceJob:
     """One job (or pod) of a trace, as the trace records it."""
 
@@ -72,6 +81,10 @@ class TraceJob:
     cpu_milli: int | None = None  # openb: requested CPU, milli-cores
     memory_mib: int | None = None  # openb: requested memory, MiB
     trace_wait_seconds: float | None = None  # openb: scheduled - created in the real cluster
+    # How the job's first runs that reach their end end, in order (each after the run's full
+    # duration); every later one exits 0. The trace formats give none: a run there succeeds
+    # (openb's Failed phase is not read as one).
+    failed_runs: tuple[RunExit, ...] = ()
 
     @property
     def end_seconds(self) -> float:

@@ -1,0 +1,132 @@
+"""Stopping or reshaping a job from outside its run: an operator's cancel and resize, and the
+stop of a job whose cost reached its budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Literal
+
+from gpufleet.domain.job import IllegalTransition, Job, JobNotFound, JobStatus, is_job_id
+from gpufleet.domain.settlement import BUDGET, RESIZED
+from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.ports import QueueEntry
+from gpufleet.services.lifecycle_base import JobAlreadyEnded, LifecycleBase
+
+
+class JobCommands(LifecycleBase):
+    """Cancel, resize and budget stops."""
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a waiting or running job. A running job's instances are terminated now, not
+        when its workflow gets round to it; the workflow then records the cost. Raises
+        JobNotFound or JobAlreadyEnded, with nothing changed, for a job it cannot cancel (one
+        that ends while it is being cancelled included)."""
+        job = self._operated_job(job_id)
+        entry = self._ports.queue.remove(job_id)
+        changes: dict[str, Any] = {"failure_reason": "cancelled"}
+        if entry is not None:
+            # Its wait ends here: counted as an admission counts it.
+            waited = max(0.0, self._now() - entry.queued_at)
+            changes["waited_seconds"] = job.waited_seconds + waited
+        try:
+            job = self._move(job, JobStatus.CANCELLED, changes)
+        except IllegalTransition as exc:
+            if exc.current is not None and exc.current.terminal:
+                raise JobAlreadyEnded(job_id, exc.current) from None
+            raise
+        if entry is not None:
+            self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
+            return job.summary()
+        self._ports.fleet.terminate_job_instances(job_id)
+        if job.placement is not None and job.released_at is None:
+            job = self._ports.jobs.update(job_id, self._now(), {"released_at": self._now()})
+        if self._ports.queue.release(job_id):
+            self._capacity_freed(job_id)
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(
+                job.task_token, {"exit_code": None, "reason": "cancelled", "cancelled": True}
+            )
+        return job.summary()
+
+    def resize(self, job_id: str, shape: Resources | Mapping[str, Any]) -> dict[str, Any]:
+        """Give a job a new shape: `shape` is the whole of it, or new values of some fields of
+        its current one (`{"gpus": 8}`). A waiting job waits with it; a running one
+        checkpoints and resumes on the new shape without being resubmitted. A shape the job
+        already has changes nothing.
+
+        Judged as a submission is, before anything changes: raises JobNotFound or
+        JobAlreadyEnded for a job it cannot resize, pydantic's ValidationError when the shape,
+        or the job's spec with it, breaks a rule of the spec (a cap, the elastic range), and
+        NoFeasibleOffering (what `gpufleet plan` says of the shape) when nothing in the
+        catalog can hold it."""
+        job = self._operated_job(job_id)
+        current = job.effective_spec.resources
+        resources = (
+            shape
+            if isinstance(shape, Resources)
+            else Resources.model_validate({**current.model_dump(), **shape})
+        )
+        if resources == current:
+            return job.summary()
+        resized = job.model_copy(update={"resources_override": resources})
+        JobSpec.model_validate(resized.effective_spec.to_document())
+        self._plan(resized)
+        job = self._ports.jobs.update(job_id, self._now(), {"resources_override": resources})
+        entry = self._ports.queue.remove(job_id)
+        if entry is not None:
+            self._ports.queue.enqueue(
+                QueueEntry(
+                    job=replace(entry.job, gpus=resources.total_gpus, instances=resources.nodes),
+                    task_token=entry.task_token,
+                    queued_at=entry.queued_at,
+                )
+            )
+        elif job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
+            self.drain(job_id, RESIZED)
+        return job.summary()
+
+    def _operated_job(self, job_id: str) -> Job:
+        """The job an operator's command names, which must exist and not have ended."""
+        if not is_job_id(job_id):
+            raise JobNotFound(job_id)  # no store holds it, and a malformed key may not be read
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal:
+            raise JobAlreadyEnded(job_id, job.status)
+        return job
+
+    def over_budget(self, job_id: str) -> bool:
+        """A running job's cost reached its own budget: stop it as its spec says."""
+        job = self._ports.jobs.get(job_id)
+        budget = f"its budget of ${job.spec.budget_usd or 0:.2f}"
+        return self.stop_for_budget(job_id, budget, job.spec.on_budget)
+
+    def stop_for_budget(self, job_id: str, budget: str, how: Literal["checkpoint", "stop"]) -> bool:
+        """A running job's cost (or its team's this month) reached `budget`: tell the
+        operators, and stop it, after a checkpoint or at once; either way it ends FAILED."""
+        job = self._ports.jobs.get(job_id)
+        if job.status.terminal or job.drain_reason == BUDGET:
+            return False
+        self._ports.notifier.notify(
+            f"gpufleet: job {job.spec.name} stopped for budget",
+            f"Job {job_id} ({job.spec.name}, team {job.spec.team}) reached {budget}; it is "
+            + ("stopped after a checkpoint." if how == "checkpoint" else "stopped now."),
+        )
+        reason = {"failure_reason": f"stopped: the cost reached {budget}"}
+        if how == "checkpoint":
+            stopping = self.drain(job_id, BUDGET)
+            if stopping:
+                self._ports.jobs.update(job_id, self._now(), reason)
+            return stopping
+        self._ports.jobs.update(
+            job_id,
+            self._now(),
+            {"drain_reason": BUDGET, "drain_requested_at": self._now(), **reason},
+        )
+        self._ports.fleet.terminate_job_instances(job_id)
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(
+                job.task_token, {"exit_code": None, "reason": "stopped: budget reached"}
+            )
+        return True

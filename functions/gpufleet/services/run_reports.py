@@ -1,0 +1,200 @@
+"""What the fleet says about a run: its node's start, heartbeats and finish, and the instance
+events (a spot warning, an instance gone) that end it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.domain.job import (
+    JOB_ID_PATTERN,
+    DroppedReport,
+    IllegalTransition,
+    Job,
+    JobNotFound,
+    JobStatus,
+)
+from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.settlement import INTERRUPTED
+from gpufleet.services.lifecycle_base import LifecycleBase
+
+# A process's exit status as Linux reports it, and docker with it: 0 to 255, a death by signal
+# n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
+# is not even one DynamoDB can store (38 digits at most).
+MAX_EXIT_CODE = 255
+
+
+class NodeReport(BaseModel):
+    """What a node agent says about its job (the `detail` of its event)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    instance_id: str = Field(max_length=64)
+    phase: Literal["started", "heartbeat", "finished"]
+    exit_code: int | None = Field(default=None, ge=0, le=MAX_EXIT_CODE, strict=True)
+    reason: str = Field(default="", max_length=2000)
+    # The node saw its own spot interruption notice (IMDS) and checkpointed.
+    interrupted: bool = False
+    # The container died of GPU out-of-memory (recognised in its last log lines).
+    oom: bool = False
+    # The stage of a multi-stage job the node ran (reports of an earlier stage are stale).
+    stage: str | None = Field(default=None, max_length=64)
+
+
+class RunReports(LifecycleBase):
+    """Node reports and the instance events that end a run."""
+
+    def node_report(self, report: NodeReport) -> DroppedReport | None:
+        """A node's start, heartbeat or finish. A report for a job that does not exist, or from
+        an instance the job does not hold (stale, or forged), changes nothing and is dropped:
+        the answer says which (None: the report was heard). One about a stage the job has
+        moved past, or delivered again after the job ended, is ignored."""
+        try:
+            if report.phase == "heartbeat" or report.stage is not None:
+                job = self._ports.jobs.get(report.job_id)
+            else:
+                found = self._report_in_one_write(report)
+                if found is None:
+                    return None
+                job = found
+        except JobNotFound:
+            return DroppedReport.UNKNOWN_JOB
+        if job.placement is None or report.instance_id not in job.placement.instance_ids:
+            return DroppedReport.UNKNOWN_INSTANCE
+        if job.status.terminal:
+            return None  # a report delivered again after the job ended
+        if report.stage is not None and report.stage != job.stage_name:
+            return None
+        if report.phase == "started":
+            self._move(job, JobStatus.RUNNING)
+        elif report.phase == "heartbeat":
+            if job.task_token is not None:
+                self._ports.workflow.heartbeat(job.task_token)
+        else:
+            self._node_finished(job, report)
+        return None
+
+    def _report_in_one_write(self, report: NodeReport) -> Job | None:
+        """The usual report, a start of a launching job or the finish of a running one, in the
+        one conditional write it causes: the condition checks that the job holds the instance.
+        None when it was applied; otherwise the job as the write found it, for the checks that
+        decide what the report means (stale, repeated, a finish that overtook its start)."""
+        if report.phase == "started":
+            target, sources, changes = JobStatus.RUNNING, None, None
+        else:
+            target, sources = JobStatus.RUNNING, [JobStatus.RUNNING]
+            changes = {"run_result": _run_result(report)}
+        try:
+            job = self._ports.jobs.transition(
+                report.job_id,
+                target,
+                self._now(),
+                changes,
+                sources=sources,
+                holding=report.instance_id,
+            )
+        except IllegalTransition as exc:
+            return exc.job if exc.job is not None else self._ports.jobs.get(report.job_id)
+        if report.phase == "started":
+            self._status_changed(job, JobStatus.LAUNCHING)
+        elif job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, _finish_output(report, job))
+        return None
+
+    def _node_finished(self, job: Job, report: NodeReport) -> None:
+        result = _run_result(report, job)
+        # A finish can overtake its start; the node evidently ran.
+        job = self._move(job, JobStatus.RUNNING, {"run_result": result})
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, result)
+
+    def instance_interrupted(self, instance_id: str) -> str | None:
+        """A spot interruption warning or rebalance recommendation for one of our instances:
+        its job checkpoints now (two minutes' notice) and is requeued."""
+        job_id = self._ports.fleet.job_of(instance_id)
+        if job_id is None:
+            return None
+        placement = self._ports.jobs.get(job_id).placement
+        if placement is None or instance_id not in placement.instance_ids:
+            return None  # a leftover instance the job does not run on: the reconciler's
+        self.drain(job_id, INTERRUPTED)
+        return job_id
+
+    def instance_gone(self, instance_id: str, state: str, job_id: str | None = None) -> str | None:
+        """An instance of a running job stopped or terminated without gpufleet releasing it
+        (a spot reclaim, a hardware failure, someone's console): the run ends now, and the
+        release step decides between requeue (spot) and retry. `job_id`: the job the caller
+        knows it for (else read from the instance's tags)."""
+        job_id = job_id or self._ports.fleet.job_of(instance_id)
+        if job_id is None:
+            return None
+        job = self._ports.jobs.get(job_id)
+        placement = job.placement
+        if (
+            job.status.terminal
+            or job.released_at is not None
+            or placement is None
+            or instance_id not in placement.instance_ids
+        ):
+            return None  # released by us, or an instance the job no longer holds
+        result = job.run_result  # the run's end is on record (a call that died after writing it)
+        if result is None:
+            result = {
+                "exit_code": None,
+                "reason": f"instance {instance_id} is {state}",
+                "interrupted": placement.capacity_type == CapacityType.SPOT.value,
+            }
+            job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+        if job.task_token is not None:
+            self._ports.workflow.complete_task(job.task_token, result)
+        return job_id
+
+
+# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
+_FINISHED_JOB = "job"
+
+# The largest job handed over that way. Step Functions fails an execution whose state passes
+# 256 KiB (States.DataLimitExceeded, which no Catch takes), and a spec may be that large: a
+# larger job stays behind, and the release step reads its record.
+_FINISHED_JOB_MAX_BYTES = 32 * 1024
+
+
+def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
+    """A node's finish as the waiting task gets it: the run's result and, when it is small
+    enough, the job as the finish's write left it, for the release step to settle from in
+    one write (unless the job changes meanwhile)."""
+    output = _run_result(report, job)
+    document = job.model_dump(mode="json")
+    if len(json.dumps(document).encode()) <= _FINISHED_JOB_MAX_BYTES:
+        output[_FINISHED_JOB] = document
+    return output
+
+
+def finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
+    """The job as its node's finish left it, when the workflow carries it and it has a single
+    stage (a multi-stage job's release may keep its instances: it reads the record)."""
+    run = state.get("run")
+    document = run.get(_FINISHED_JOB) if isinstance(run, Mapping) else None
+    if not isinstance(document, Mapping):
+        return None
+    job = Job.model_validate(document)
+    return job if job.job_id == job_id and not job.spec.stages else None
+
+
+def _run_result(report: NodeReport, job: Job | None = None) -> dict[str, Any]:
+    """What a node's finish hands the workflow (and the job keeps)."""
+    result: dict[str, Any] = {
+        "exit_code": report.exit_code,
+        "reason": report.reason,
+        "interrupted": report.interrupted,
+        "oom": report.oom,
+    }
+    stage = report.stage if report.stage is not None else job.stage_name if job else None
+    if stage is not None:
+        result["stage"] = stage  # which stage's run the release step looks at
+    return result

@@ -1,0 +1,153 @@
+"""The same runs, ended the same ways, through the Lambdas' services and through the
+simulator: both settle them with `domain.settlement.settle`, so both reach the same verdicts
+(how often the job went back to the queue, on which instances it ran, how it ended)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import cast
+
+import pytest
+
+from gpufleet.adapters.local.memory import ManualClock, RecordingWorkflow
+from gpufleet.domain.catalog import Offering, load_bundled
+from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.spec import parse_spec
+from gpufleet.services.run_reports import NodeReport
+from gpufleet.sim.engine import EngineConfig, Workload, simulate
+from gpufleet.sim.mapping import TraceMapping
+from gpufleet.sim.market import Lease, MarketConfig, MarketModel
+from gpufleet.sim.policies import FIFO_SPOT, build_policies
+from gpufleet.sim.traces import RunExit, TraceJob
+from tests.helpers import SPEC_YAML, plan_of
+from tests.unit.test_services import lifecycle_with_job, started
+
+RAN = 600.0  # every run ends ten minutes in
+INTERRUPTED = "interrupted"
+Run = RunExit | str  # how one run ends: its exit, or a spot interruption
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    requeues: int
+    instance_types: tuple[str, ...]  # of each run, in order
+    status: str
+    reason: str
+
+
+def through_the_lambdas(runs: list[Run]) -> Verdicts:
+    """Each run launched, started, ended as given (its node's report, or a spot warning and
+    then the node's report) and released by the services on the in-memory ports."""
+    service, ports, job_id = lifecycle_with_job()
+    clock = cast(ManualClock, ports.clock)
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    plan, requeues, types = plan_of(ports, job_id), 0, []
+    for attempt, run in enumerate(runs):
+        token = f"run-{attempt}"
+        assert service.launch(job_id, plan, 0, attempt, token, {"admitted": True}) is None
+        placement = ports.jobs.get(job_id).placement
+        types.append(placement.instance_type)
+        instance = placement.instance_ids[0]
+        service.node_report(started(job_id, instance))
+        clock.advance(RAN)
+        if run == INTERRUPTED:
+            assert service.instance_interrupted(instance) == job_id
+            exit_code, oom = 0, False  # it checkpointed and stopped, as the warning asked
+        else:
+            assert isinstance(run, RunExit)
+            exit_code, oom = run.exit_code, run.oom
+        finished = NodeReport(
+            job_id=job_id,
+            instance_id=instance,
+            phase="finished",
+            exit_code=exit_code,
+            oom=oom,
+            interrupted=run == INTERRUPTED,
+        )
+        service.node_report(finished)
+        released = service.release(job_id, {"run": workflow.completed[token]})
+        if not released["requeue"]:
+            break
+        requeues += 1
+        plan = LaunchPlan.model_validate(service.requeue_input(job_id, attempt + 1)["plan"])
+    job = ports.jobs.get(job_id)
+    return Verdicts(requeues, tuple(types), job.status.value, job.failure_reason or "")
+
+
+class ScriptedMarket(MarketModel):
+    """The bundled catalog, spot always there, no launch failures; the runs the script marks
+    are interrupted halfway, the others are not. Records the type of each launch."""
+
+    def __init__(self, runs: list[Run]) -> None:
+        config = MarketConfig(hazard_scale=0.0, spot_launch_failure=0.0)
+        super().__init__(load_bundled(), "us-east-1", config)
+        self._interrupted = [run == INTERRUPTED for run in runs]
+        self.types: list[str] = []
+
+    def launch(
+        self, offering: Offering, instances: int, at: float, rng: random.Random
+    ) -> Lease | None:
+        lease = super().launch(offering, instances, at, rng)
+        if lease is not None:
+            self.types.append(offering.instance_type.name)
+        return lease
+
+    def next_interruption(
+        self, lease: Lease, start: float, rng: random.Random, until: float
+    ) -> float | None:
+        interrupted = self._interrupted.pop(0) if self._interrupted else False
+        return (start + until) / 2 if interrupted else None
+
+
+def through_the_simulator(runs: list[Run]) -> Verdicts:
+    """One trace job of the same spec whose runs end as given, replayed by the engine."""
+    spec = parse_spec(SPEC_YAML)
+    trace = TraceJob(
+        "j-0",
+        0.0,
+        RAN,
+        1,
+        team=spec.team,
+        failed_runs=tuple(run for run in runs if isinstance(run, RunExit) and run.exit_code),
+    )
+    mapping = TraceMapping(region="us-east-1", high_share=0.0)
+    workload = Workload((trace,), (spec,), mapping, "one job")
+    [policy] = build_policies([FIFO_SPOT], workload)
+    market = ScriptedMarket(runs)
+    result = simulate(workload, policy, market=market, config=EngineConfig())
+    [reason] = result.failures or {"": 0}
+    status = "SUCCEEDED" if result.completed else "FAILED"
+    return Verdicts(result.requeues, tuple(market.types), status, reason)
+
+
+EXIT_0, EXIT_1 = RunExit(0), RunExit(1)
+OOM = RunExit(137, oom=True)
+
+
+@pytest.mark.parametrize(
+    ("runs", "requeues", "status", "reason"),
+    [
+        ([EXIT_0], 0, "SUCCEEDED", ""),
+        ([EXIT_1, EXIT_1, EXIT_1, EXIT_1], 3, "FAILED", "exit code 1"),  # max_retries: 3
+        ([OOM, EXIT_0], 1, "SUCCEEDED", ""),
+        ([INTERRUPTED, EXIT_1, EXIT_0], 2, "SUCCEEDED", ""),
+        # Ten interruptions requeue without using a retry; the eleventh ends the job.
+        ([INTERRUPTED] * 11, 10, "FAILED", "interrupted 11 times; giving up"),
+    ],
+    ids=["success", "retries-used-up", "out-of-memory", "interrupted-then-retried", "cap"],
+)
+def test_the_lambdas_and_the_simulator_settle_runs_alike(
+    runs: list[Run], requeues: int, status: str, reason: str
+) -> None:
+    lambdas = through_the_lambdas(runs)
+    assert (lambdas.requeues, lambdas.status, lambdas.reason) == (requeues, status, reason)
+    assert through_the_simulator(runs) == lambdas
+
+
+def test_out_of_memory_moves_both_to_gpus_with_more_memory() -> None:
+    catalog = load_bundled()
+    lambdas = through_the_lambdas([OOM, EXIT_0])
+    first, second = (catalog.instance_type(name) for name in lambdas.instance_types)
+    assert second.gpu_memory_gib > first.gpu_memory_gib
+    assert through_the_simulator([OOM, EXIT_0]).instance_types == lambdas.instance_types

@@ -1,0 +1,244 @@
+"""The one settlement of a run's end: requeue (and why) or the job's end, its counters, its
+resources for the next run, its cost, and the commands that carry it out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.cost import run_cost_usd
+from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.settlement import (
+    BUDGET,
+    IDLE,
+    INTERRUPTED,
+    MEMORY_LEAK,
+    NEXT_STAGE,
+    OUT_OF_MEMORY,
+    PREEMPTED,
+    RECLAIMED,
+    RETRY,
+    EndKind,
+    PublishStatusChange,
+    Record,
+    ReleaseShare,
+    Requeue,
+    RunEnd,
+    RunStageHere,
+    Terminate,
+    requeue_changes,
+    settle,
+)
+from gpufleet.domain.spec import parse_spec
+
+SPEC = parse_spec(
+    "name: a\nteam: t\nimage: i\ncommand: [x]\nmax_retries: 2\ntimeout: 1h\n"
+    "retry_exit_codes: []\nno_retry_exit_codes: [2]\n"
+)
+LAUNCHED = 1000.0
+PLACEMENT = Placement(
+    instance_ids=["i-1"],
+    instance_type="g5.xlarge",
+    capacity_type="spot",
+    hourly_usd=1.0,
+    gpu_memory_gib=24.0,
+    launched_at=LAUNCHED,
+    storage_gib=100,
+    storage_usd_per_gib_month=0.08,
+)
+
+
+def running(**fields: Any) -> Job:
+    values: dict[str, Any] = {
+        "job_id": "j-0123456789abcdef0123",
+        "status": JobStatus.RUNNING,
+        "spec": SPEC,
+        "source": "test",
+        "created_at": 0.0,
+        "updated_at": 0.0,
+        "placement": PLACEMENT,
+    }
+    values.update(fields)
+    return Job(**values)
+
+
+def end(kind: EndKind = EndKind.EXITED, ran: float = 60.0, **fields: Any) -> RunEnd:
+    return RunEnd(kind, LAUNCHED + ran, **fields)
+
+
+def verdict(job: Job, run_end: RunEnd, **kwargs: Any) -> tuple[str | None, JobStatus]:
+    settled = settle(job, run_end, **kwargs)
+    return settled.requeue, settled.job.status
+
+
+def test_success_ends_the_job_and_a_cancelled_job_keeps_its_status() -> None:
+    assert verdict(running(), end(exit_code=0)) == (None, JobStatus.SUCCEEDED)
+    cancelled = running(status=JobStatus.CANCELLED, drain_reason=PREEMPTED)
+    assert verdict(cancelled, end(EndKind.CANCELLED)) == (None, JobStatus.CANCELLED)
+
+
+@pytest.mark.parametrize("drain", [PREEMPTED, RECLAIMED, "resized", "overheated"])
+def test_a_checkpointed_run_is_always_requeued(drain: str) -> None:
+    assert verdict(running(drain_reason=drain), end(exit_code=0)) == (drain, JobStatus.QUEUED)
+    assert verdict(running(drain_reason=drain, retries=2), end(exit_code=1))[0] == drain
+
+
+def test_interruptions_requeue_up_to_a_cap_without_using_retries() -> None:
+    interrupted = end(EndKind.INTERRUPTED)
+    assert verdict(running(retries=2), interrupted) == (INTERRUPTED, JobStatus.QUEUED)
+    assert verdict(running(drain_reason=INTERRUPTED), end(exit_code=0))[0] == INTERRUPTED
+    settled = settle(running(interruptions=9), interrupted)
+    assert (settled.job.interruptions, settled.job.retries) == (10, 0)
+    last = settle(running(interruptions=10), interrupted)
+    assert last.requeue is None and last.job.status is JobStatus.FAILED
+    assert last.job.failure_reason == "interrupted 11 times; giving up"
+    assert settle(running(interruptions=3), interrupted, max_interruptions=3).requeue is None
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "retries", "expected"),
+    [(1, 0, RETRY), (1, 2, None), (2, 0, None), (137, 1, RETRY)],
+)
+def test_failed_runs_retry_per_the_spec(exit_code: int, retries: int, expected: str) -> None:
+    settled = settle(running(retries=retries), end(exit_code=exit_code))
+    assert settled.requeue == expected
+    if expected is None:
+        assert settled.job.status is JobStatus.FAILED and settled.job.exit_code == exit_code
+        assert settled.job.failure_reason == f"exit code {exit_code}"
+    else:
+        assert settled.job.retries == retries + 1
+
+
+def test_an_allow_list_of_exit_codes_limits_retries() -> None:
+    job = running(spec=SPEC.model_copy(update={"retry_exit_codes": [75]}))
+    assert settle(job, end(exit_code=75)).requeue == RETRY
+    assert settle(job, end(exit_code=1)).requeue is None
+
+
+def test_out_of_memory_retries_on_gpus_with_more_memory() -> None:
+    settled = settle(running(), end(exit_code=137, oom=True))
+    assert settled.requeue == OUT_OF_MEMORY and settled.job.retries == 1
+    override = settled.job.resources_override
+    assert override is not None and override.gpu_memory_gib == PLACEMENT.gpu_memory_gib + 0.5
+    assert settled.job.effective_spec.resources.gpu_memory_gib == 24.5
+    # Without the opt-in (or a retry left), an out-of-memory exit is an exit code like any.
+    opted_out = running(spec=SPEC.model_copy(update={"retry_oom_with_more_memory": False}))
+    assert settle(opted_out, end(exit_code=137, oom=True)).requeue == RETRY
+    assert settle(running(retries=2), end(exit_code=137, oom=True)).requeue is None
+
+
+def test_lost_nodes_are_retried_but_an_exceeded_timeout_is_final() -> None:
+    lost = settle(running(), end(EndKind.NODE_LOST, reason="instance i-1 is terminated"))
+    assert (lost.requeue, lost.reason) == (RETRY, "instance i-1 is terminated")
+    assert settle(running(), end(EndKind.HEARTBEAT_TIMEOUT)).requeue == RETRY
+    # Step Functions says Timeout for a node gone silent before the job's own hour, too.
+    assert settle(running(), end(EndKind.TIMED_OUT, ran=120)).requeue == RETRY
+    exceeded = settle(running(), end(EndKind.TIMED_OUT, ran=4000))
+    assert exceeded.requeue is None
+    assert exceeded.job.failure_reason == "the run exceeded its timeout"
+    given_up = settle(running(placement=None), end(EndKind.LAUNCH_GAVE_UP, reason="ICE"))
+    assert given_up.job.failure_reason == "no capacity could be launched: ICE"
+    assert settle(running(retries=2), end(EndKind.NODE_LOST)).job.failure_reason == (
+        "the node was lost"
+    )
+
+
+def test_a_control_plane_step_that_kept_failing_is_retried_but_a_job_error_is_final() -> None:
+    crashed = end(EndKind.STEP_FAILED, reason="ProvisionedThroughputExceededException", cause="x")
+    assert settle(running(), crashed).requeue == RETRY
+    no_retries = running(spec=SPEC.model_copy(update={"max_retries": 0}))
+    assert settle(no_retries, crashed).job.failure_reason == (
+        "ProvisionedThroughputExceededException: x"
+    )
+    job_error = settle(running(), end(EndKind.STEP_FAILED, reason="NoFeasibleOffering"))
+    assert job_error.requeue is None and job_error.job.failure_reason == "NoFeasibleOffering"
+    nothing = settle(running(), end(EndKind.NO_RESULT))
+    assert nothing.job.failure_reason == "the workflow ended without a result"
+
+
+def test_drains_that_end_the_job_win_over_the_runs_own_end() -> None:
+    # Released for idle GPUs: cancelled, whatever exit code the checkpoint-and-stop left.
+    idle = settle(running(drain_reason=IDLE), end(exit_code=143))
+    assert idle.requeue is None and idle.job.status is JobStatus.CANCELLED
+    over = running(drain_reason=BUDGET, failure_reason="stopped: the cost reached $5.00")
+    stopped = settle(over, end(EndKind.NODE_LOST))
+    assert stopped.job.status is JobStatus.FAILED
+    assert stopped.job.failure_reason == "stopped: the cost reached $5.00"
+
+
+def test_a_memory_leak_drain_is_a_retry_while_retries_last() -> None:
+    job = running(drain_reason=MEMORY_LEAK, spec=SPEC.model_copy(update={"max_retries": 1}))
+    assert settle(job, end(exit_code=0)).requeue == RETRY
+    assert settle(job.model_copy(update={"retries": 1}), end(exit_code=0)).requeue is None
+
+
+def test_an_abandoned_run_ends_failed_whatever_its_drain() -> None:
+    job = running(drain_reason=PREEMPTED)
+    abandoned = settle(job, end(EndKind.ABANDONED, reason="WorkflowAborted", cause="by hand"))
+    assert abandoned.requeue is None and abandoned.job.status is JobStatus.FAILED
+    assert abandoned.job.failure_reason == "WorkflowAborted: by hand"
+
+
+def test_the_commands_of_an_end_and_of_a_requeue() -> None:
+    ended = settle(running(), end(exit_code=0))
+    assert [type(c) for c in ended.commands] == [
+        Terminate,
+        ReleaseShare,
+        Record,
+        PublishStatusChange,
+    ]
+    requeued = settle(running(), end(exit_code=1))
+    assert requeued.commands[:2] == (Terminate(), ReleaseShare())
+    record = requeued.commands[2]
+    assert isinstance(record, Record) and record.status is JobStatus.RUNNING
+    assert record.changes["drain_reason"] == RETRY
+    assert requeued.commands[3] == Requeue(RETRY)
+
+
+def test_the_run_is_paid_until_its_release_and_kept_across_requeues() -> None:
+    ran = 1800.0
+    cost = run_cost_usd(PLACEMENT, LAUNCHED + ran)
+    ended = settle(running(prior_cost_usd=0.5, prior_held_seconds=60), end(exit_code=0, ran=ran))
+    assert ended.run_cost_usd == pytest.approx(cost) and ended.run_held_seconds == ran
+    assert ended.job.cost_usd == round(0.5 + cost, 6)
+    assert ended.job.released_at == LAUNCHED + ran
+    requeued = settle(running(prior_cost_usd=0.5, prior_held_seconds=60), end(ran=ran, exit_code=1))
+    assert requeued.job.placement is None and requeued.job.released_at is None
+    assert requeued.job.prior_cost_usd == pytest.approx(0.5 + cost)
+    assert requeued.job.prior_held_seconds == 60 + ran
+    # A release already recorded (a cancel's) is when the cost stopped.
+    cancelled = running(status=JobStatus.CANCELLED, released_at=LAUNCHED + 60)
+    settled = settle(cancelled, end(EndKind.CANCELLED, ran=ran))
+    assert settled.job.cost_usd == round(run_cost_usd(PLACEMENT, LAUNCHED + 60), 6)
+    assert settled.job.status is JobStatus.CANCELLED
+
+
+def test_requeue_changes_are_what_the_settlement_queued_the_job_with() -> None:
+    settled = settle(running(interruptions=2), end(EndKind.INTERRUPTED))
+    released = running(interruptions=2).model_copy(update=dict(settled.commands[2].changes))  # type: ignore[union-attr]
+    assert released.model_copy(update=requeue_changes(released, 0.0)).interruptions == 3
+
+
+STAGED = parse_spec(
+    "name: s\nteam: t\nimage: i\ncommand: [x]\nresources: {gpus: 1}\nstages:\n"
+    "  - {name: prep}\n  - {name: train, reuse_previous: true}\n  - {name: eval}\n"
+)
+
+
+def test_a_stage_that_succeeds_moves_on_here_when_the_next_one_reuses_its_instances() -> None:
+    g5 = load_bundled().instance_type("g5.xlarge")
+    job = running(spec=STAGED)
+    here = settle(job, end(exit_code=0, stage="prep"), instance_type=g5)
+    assert here.requeue is None and here.commands[-1] == RunStageHere("train")
+    assert here.job.stage_index == 1 and here.job.placement is not None
+    assert here.job.stage_records[0].status is JobStatus.SUCCEEDED
+    # Without the catalog's word that it fits, or for a stage that does not reuse: the queue.
+    assert settle(job, end(exit_code=0, stage="prep")).requeue == NEXT_STAGE
+    following = here.job.model_copy(update={"placement": PLACEMENT})
+    moved_on = settle(following, end(exit_code=0, stage="train"), instance_type=g5)
+    assert moved_on.requeue == NEXT_STAGE and moved_on.job.stage_index == 2
+    assert moved_on.job.retries == 0
+    failed = settle(following.model_copy(update={"retries": 3}), end(exit_code=1, stage="train"))
+    assert failed.job.failure_reason == "stage 'train': exit code 1"
