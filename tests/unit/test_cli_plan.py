@@ -225,3 +225,35 @@ def test_plan_ranks_as_a_launch_does_with_the_specs_checkpoint_interval(
         checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
     )
     assert first_spot["expected_cost_usd"] == round(ranked.best.expected_cost_usd, 4)
+
+
+TEMPLATES = """\
+templates:
+  big-train: {gpus: 8, gpu_memory_gib: 80, gpu_models: [H100]}
+"""
+
+
+def test_a_spec_naming_a_template_is_planned_as_intake_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(TEMPLATES)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: j\nteam: t\nimage: img\ncommand: [x]\ntemplate: big-train\n")
+    assert run([str(spec), "--config", str(config), "--json"]) == 0
+    offerings = json.loads(capsys.readouterr().out)["offerings"]
+    assert offerings and all(
+        o["gpus"] == 8 and o["gpu_model"] == "H100" and o["gpu_memory_gib"] >= 80
+        for o in offerings
+    )
+
+
+def test_a_template_the_config_lacks_is_refused_with_the_known_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(TEMPLATES)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: j\nteam: t\nimage: img\ncommand: [x]\ntemplate: nope\n")
+    assert run([str(spec), "--config", str(config)]) == 2
+    assert "known templates: big-train" in capsys.readouterr().err

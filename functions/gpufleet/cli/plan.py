@@ -22,10 +22,12 @@ from pydantic import ValidationError
 
 from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.domain.catalog import Catalog, load_bundled
+from gpufleet.domain.config import FleetConfig, config_from_yaml
 from gpufleet.domain.duration import DEFAULT_SECONDS, DurationEstimate, estimate_duration
 from gpufleet.domain.planning import rank_offerings
 from gpufleet.domain.selection import Selection
 from gpufleet.domain.spec import Resources, SpotPolicy, parse_spec
+from gpufleet.domain.templates import apply_template
 
 DEFAULT_REGION = "us-east-1"
 
@@ -81,6 +83,7 @@ def register(commands: Any) -> None:
         type=_positive,
         help="checkpoint interval in hours (default: the spec's checkpoint_interval, else none)",
     )
+    add_config_argument(parser, "where a spec's `template:` is looked up")
     parser.add_argument(
         "--limit",
         type=int,
@@ -133,6 +136,23 @@ def load_catalog(path: str | None) -> Catalog:
         raise invalid(f"cannot load the catalog {path}: {exc}") from None
 
 
+def add_config_argument(parser: argparse.ArgumentParser, purpose: str) -> None:
+    parser.add_argument(
+        "--config",
+        default="gpufleet.yaml",
+        help=f"the fleet config file, {purpose} (%(default)s)",
+    )
+
+
+def read_fleet_config(path: str) -> FleetConfig:
+    """The fleet config at `path`; a ConfigFileError is reported as InvalidConfig."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
+    return config_from_yaml(text)
+
+
 def run(args: argparse.Namespace) -> int:
     flags = [f for f in _RESOURCE_FLAGS if getattr(args, f) is not None]
     spot = SpotPolicy(args.spot) if args.spot else SpotPolicy.AUTO
@@ -157,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
                 f"cannot read {args.file}: {exc.strerror}", ErrorCode.NOT_FOUND
             ) from None
         spec = parse_spec(raw)  # a SpecError is reported with its fields
+        if spec.template is not None or spec.stages:
+            # As intake reads it: the template's resources, the spec's fields laid over them.
+            spec = apply_template(spec, read_fleet_config(args.config).templates)
         resources = spec.resources
         if not args.spot:
             spot = spec.spot

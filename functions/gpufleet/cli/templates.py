@@ -16,13 +16,18 @@ be read or is invalid.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from gpufleet.cli.output import CliError, ErrorCode, print_json
-from gpufleet.cli.plan import add_price_region_argument, prices_as_of, prices_note, to_json
+from gpufleet.cli.output import print_json
+from gpufleet.cli.plan import (
+    add_config_argument,
+    add_price_region_argument,
+    prices_as_of,
+    prices_note,
+    read_fleet_config,
+    to_json,
+)
 from gpufleet.domain.catalog import Catalog, load_bundled
-from gpufleet.domain.config import config_from_yaml
 from gpufleet.domain.duration import DEFAULT_SECONDS
 from gpufleet.domain.selection import NoFeasibleOffering, select
 from gpufleet.domain.spec import Resources, SpotPolicy
@@ -35,19 +40,13 @@ def register(commands: Any) -> None:
         description="List the resource templates of the fleet config (a job spec names one "
         "with `template: NAME`) and, for each, the instance `gpufleet plan` would choose first.",
     )
-    parser.add_argument(
-        "--config", default="gpufleet.yaml", help="the fleet config file (%(default)s)"
-    )
+    add_config_argument(parser, "whose templates are listed")
     add_price_region_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        text = Path(args.config).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {args.config}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
-    config = config_from_yaml(text)  # a ConfigFileError is reported as InvalidConfig
+    config = read_fleet_config(args.config)
     catalog = load_bundled()
     region = args.price_region
     listing = [
