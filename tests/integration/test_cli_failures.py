@@ -21,6 +21,9 @@ def test_a_missing_region_missing_credentials_and_an_unreachable_endpoint_are_ex
         monkeypatch.setenv(name, "gpufleet-test")
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
+    # `--endpoint-url` below is exported for the command's process (this one): put back after.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "unset-after-the-test")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
     argv = ["status", "j-0", *NEEDS_TARGET, "--json"]
     code, _, err = run(capsys, argv)
     assert code == 2 and "no AWS region" in json_error(err)["message"]

@@ -31,7 +31,9 @@ from gpufleet.errors import TransientError
 from gpufleet.ports import Ports
 from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.factory import build_dispatcher, build_lifecycle
-from gpufleet.services.lifecycle import LifecycleService, NodeReport, queued_job
+from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import queued_job
+from gpufleet.services.run_reports import NodeReport
 from gpufleet.topology import JOBS_TABLE
 from tests.helpers import SPEC_YAML, enqueue, intake_for, make_settings, plan_of
 from tests.integration.dynamo_faults import cancelled_first_tries

@@ -243,8 +243,7 @@ def test_a_spec_naming_a_template_is_planned_as_intake_reads_it(
     assert run([str(spec), "--config", str(config), "--json"]) == 0
     offerings = json.loads(capsys.readouterr().out)["offerings"]
     assert offerings and all(
-        o["gpus"] == 8 and o["gpu_model"] == "H100" and o["gpu_memory_gib"] >= 80
-        for o in offerings
+        o["gpus"] == 8 and o["gpu_model"] == "H100" and o["gpu_memory_gib"] >= 80 for o in offerings
     )
 
 

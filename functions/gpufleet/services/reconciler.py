@@ -23,10 +23,12 @@ the pool is topped up while launches ask for its type and released when they sto
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from gpufleet.domain.config import WarmPool
 from gpufleet.domain.job import Job, JobNotFound, JobStatus
+from gpufleet.domain.release import instance_gone, why_orphaned
 from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
 from gpufleet.ports import ManagedInstance, Ports
 from gpufleet.services.backstop import BackstopService
@@ -89,7 +91,7 @@ class ReconcilerService:
         live = [job for status in LIVE_STATUSES for job in self._live_jobs(status)]
         running = {instance.instance_id for instance in managed}
         for job in live:
-            gone = self._instance_gone(job, running, now)
+            gone = instance_gone(job, running, now, grace_seconds=self._grace)
             if gone and self._lifecycle.instance_gone(gone, "not running", job.job_id):
                 result.runs_ended[job.job_id] = gone
         result.jobs_ended = self._backstop.abandoned(live, now, self._abandoned_after)
@@ -99,19 +101,6 @@ class ReconcilerService:
 
     def _live_jobs(self, status: JobStatus) -> list[Job]:
         return self._ports.jobs.list_jobs(status, limit=LIVE_JOBS_PER_STATUS)
-
-    def _instance_gone(self, job: Job, running: set[str], now: float) -> str | None:
-        """An instance the job's run holds that no longer runs, while nobody released it (None:
-        there is none). Its run's end is told again on every pass until Release records the
-        release: a pass that died half way, or a waiting task that missed it, gets it then."""
-        placement = job.placement
-        if (
-            placement is None
-            or job.released_at is not None
-            or now - placement.launched_at < self._grace  # EC2 may not list it yet
-        ):
-            return None
-        return next((i for i in placement.instance_ids if i not in running), None)
 
     def _tend_warm_pool(self, pool: WarmPool, now: float, result: ReconcileResult) -> None:
         status = self._ports.fleet.warm_pool()
@@ -130,20 +119,15 @@ class ReconcilerService:
             return True
 
     def _why_orphaned(self, instance: ManagedInstance, now: float) -> str | None:
-        age = now - instance.launched_at
-        if age < self._grace:
-            return None  # a launch may be recording it right now
-        if instance.job_id is None:
-            return "no job tag"
-        try:
-            job = self._ports.jobs.get(instance.job_id)
-        except JobNotFound:
-            return "its job does not exist"
-        if job.status.terminal:
-            return f"its job is {job.status.value}"
-        placement = job.placement
-        if placement is None or instance.instance_id not in placement.instance_ids:
-            return "its job does not hold it (left over from a launch)"
-        if job.status is JobStatus.LAUNCHING and age > self._boot_allowance:
-            return "its node never reported in"
-        return None
+        job = None
+        if instance.job_id is not None:
+            with contextlib.suppress(JobNotFound):  # a tag naming no job: judged as such
+                job = self._ports.jobs.get(instance.job_id)
+        return why_orphaned(
+            instance.instance_id,
+            now - instance.launched_at,
+            job,
+            tagged=instance.job_id is not None,
+            grace_seconds=self._grace,
+            boot_allowance_seconds=self._boot_allowance,
+        )
