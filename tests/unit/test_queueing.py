@@ -6,12 +6,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.domain.queueing import (
     LOOKAHEAD,
     Booking,
+    Preemption,
     QueuedJob,
     QueuePolicy,
     RunningJob,
@@ -360,6 +361,36 @@ def test_a_stream_of_jobs_that_wait_is_read_no_further_than_the_lookahead() -> N
     assert decision.blocked_streams == {("vision", Priority.NORMAL): WaitReason.BEHIND}
 
 
+def test_a_job_preempted_before_may_preempt_where_one_of_its_shape_may_not() -> None:
+    # The fleet's instances are full; guest borrows, and nlp leaves 2 GPUs of its quota idle.
+    # Both vision jobs ask for what a guest borrower frees. The one never preempted would
+    # borrow nlp's idle quota, and a job that would borrow takes from nobody. The one preempted
+    # before may not borrow again: it would run in the reserve (open to low work at night), so
+    # it preempts. Its stream's shape, and the first job of that shape finding no victims, must
+    # not hide it: the shape is the same, but it may do what a job never preempted may not.
+    night = POLICY.model_copy(
+        update={
+            "windows": [
+                TimeWindow(name="night", start="22:00", end="06:00", reserve_open_to=[Priority.LOW])
+            ]
+        }
+    )
+    at_night = NOW + 11 * HOUR  # 23:00 UTC
+    full = [
+        RunningJob("v1", "vision", Priority.NORMAL, 8, 1, at_night - HOUR),
+        RunningJob("n1", "nlp", Priority.NORMAL, 4, 4, at_night - HOUR),
+        RunningJob("n2", "nlp", Priority.NORMAL, 2, 2, at_night - HOUR),
+        RunningJob("g1", "guest", Priority.NORMAL, 2, 2, at_night - HOUR, borrowed=True),
+    ]
+    fresh = QueuedJob("fresh", "vision", Priority.LOW, 2, 2, at_night - 2 * HOUR)
+    again = QueuedJob("again", "vision", Priority.LOW, 2, 2, at_night - HOUR, preemptions=1)
+    alone = decide([fresh], full, [], at_night, night)
+    assert alone.preemptions == [] and alone.waiting == {"fresh": WaitReason.CAPACITY}
+    decision = decide([fresh, again], full, [], at_night, night)
+    assert decision.preemptions == [Preemption("g1", "again")]
+    assert decision.waiting == {"fresh": WaitReason.CAPACITY, "again": WaitReason.PREEMPTING}
+
+
 streams_strategy = st.lists(
     st.tuples(
         st.sampled_from(["vision", "nlp", "guest"]),
@@ -375,6 +406,22 @@ streams_strategy = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(streams_strategy, streams_strategy, st.sampled_from([NOW, NOW - 13 * HOUR]))
+# Found by Hypothesis: q10, once preempted, may not borrow, so it preempts r3 to run in the
+# reserve; a job of its shape never preempted would borrow and may not.
+@example(
+    waiting_specs=[
+        *[("vision", Priority.CRITICAL, 0, 1, 0.0, False)] * 10,
+        ("guest", Priority.LOW, 0, 3, 6 * HOUR, True),
+    ],
+    running_specs=[
+        ("vision", Priority.CRITICAL, 0, 1, 0.0, False),
+        ("vision", Priority.CRITICAL, 0, 1, 0.0, False),
+        ("vision", Priority.CRITICAL, 0, 2, 0.0, False),
+        ("vision", Priority.HIGH, 0, 3, 600.0, True),
+        ("guest", Priority.CRITICAL, 1, 1, 0.0, False),
+    ],
+    now=NOW - 13 * HOUR,
+)
 def test_judging_streams_by_their_shapes_never_changes_what_a_pass_does(
     waiting_specs: list[tuple[str, Priority, int, int, float, bool]],
     running_specs: list[tuple[str, Priority, int, int, float, bool]],

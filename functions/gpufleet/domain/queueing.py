@@ -360,8 +360,9 @@ class _Pass:
     spend: dict[str, float]  # this month, of the teams with a budget (admissions included)
     usage: _Usage = field(default_factory=_Usage)
     changes: int = 0  # admissions and preemptions made so far in the pass
-    # (team, class) -> shapes a job of that kind, never preempted, found no victims for: a
-    # later job of the kind at least as large finds none either (the pass only makes it harder).
+    # (team, class) -> shapes no job of that kind could find victims for (`preemptable_for`):
+    # a later job of the kind at least as large finds none either (the pass only makes it
+    # harder).
     no_victims: dict[tuple[str, Priority], list[Shape]] = field(default_factory=dict)
 
     def entitlement(self, team: str) -> int:
@@ -388,10 +389,11 @@ class _Pass:
             budget is not None and self.spend.get(job.team, 0.0) + job.estimated_cost_usd > budget
         )
 
-    def fit(self, job: QueuedJob) -> tuple[WaitReason | None, bool, bool]:
+    def fit(self, job: QueuedJob, *, borrow: bool = True) -> tuple[WaitReason | None, bool, bool]:
         """Why the job cannot be admitted now (None if it can), and whether it would borrow
-        and whether it would sit in the reserve. Never easier for a larger job (more GPUs or
-        instances) than for a smaller one of the same team and class."""
+        and whether it would sit in the reserve (`borrow` False: on a route that does not
+        borrow). Never easier for a larger job (more GPUs or instances) than for a smaller one
+        of the same team and class, both never preempted, or both asked not to borrow."""
         policy, usage = self.policy, self.usage
         reserve_open = job.priority in self.reserve_open_to
         if usage.instances + job.instances > policy.max_instances:
@@ -416,7 +418,7 @@ class _Pass:
         # A job once preempted runs within its team's own quota, when it fits there: borrowing
         # again would make it the first victim of the next reclaim, over and over. A job larger
         # than its team's whole entitlement can only ever run on borrowed GPUs, so it still may.
-        may_borrow = job.preemptions == 0 or job.gpus > self.entitlement(job.team)
+        may_borrow = borrow and (job.preemptions == 0 or job.gpus > self.entitlement(job.team))
         if (
             may_borrow
             and over <= policy.quota(job.team).borrow
@@ -438,9 +440,10 @@ class _Pass:
 
     def stream_blocked(self, stream: Stream) -> WaitReason | None:
         """Why no job of the stream could be admitted now or preempt for room (None when one
-        might), from its shapes alone. Exact: a job is never easier to admit, nor finds
-        victims more easily, than a job of its shape that was never preempted and costs
-        nothing; and as a pass admits and preempts, what is left only gets harder."""
+        might), from its shapes alone. Exact: a job is never easier to admit than a job of
+        its shape that was never preempted and costs nothing, nor finds victims where
+        `preemptable_for` says no job of its shape could; and as a pass admits and preempts,
+        what is left only gets harder."""
         budget = self.policy.quota(stream.team).monthly_budget_usd
         if budget is not None and self.spend.get(stream.team, 0.0) > budget:
             return WaitReason.BUDGET
@@ -448,22 +451,43 @@ class _Pass:
         for gpus, instances in _smallest(stream.shapes):
             probe = QueuedJob("", stream.team, stream.priority, gpus, instances, self.now)
             reason, _, _ = self.fit(probe)
-            if reason is None or (self.policy.preemption and self.victims_for(probe)):
+            preempts = self.policy.preemption and self.preemptable_for(probe) is not None
+            if reason is None or preempts:
                 return None
             reasons.append(reason)
         return reasons[0] if reasons else None
 
-    def victims_for(self, job: QueuedJob) -> list[RunningJob] | None:
-        """`_choose_victims`, skipped for a job no smaller (in GPUs and instances) than one
-        of its kind that found none in this pass."""
+    def preemptable_for(self, job: QueuedJob) -> list[RunningJob] | None:
+        """The running jobs `job` may preempt, in the order they are chosen; None when no job
+        of its team and class, as large or larger, preempted before or not, could find
+        victims among them now or later in the pass.
+
+        Whether a job may preempt hangs on the route it would run on, not only on its size:
+        one never preempted that would borrow takes from nobody, while one preempted before,
+        which may not borrow, takes the same room in the reserve and so may preempt (as may a
+        larger one that could not borrow enough). The bound is therefore the route-free one:
+        would the job fit without borrowing (critical work: any way a job never preempted
+        may) once every running job it may preempt is gone? That is never false where some
+        set of victims lets a job of the shape in, and larger jobs only fit less."""
         kind = (job.team, job.priority)
         found_none = self.no_victims.setdefault(kind, [])
         if any(job.gpus >= gpus and job.instances >= n for gpus, n in found_none):
             return None
-        victims = _choose_victims(self, job)
-        if not victims and job.preemptions == 0:  # a job once preempted may not borrow
-            found_none.append((job.gpus, job.instances))
-        return victims
+        candidates = sorted(
+            (r for r in self.running.values() if _may_preempt(job, r, self.now, self.policy)),
+            key=_victim_order,
+        )
+        critical = job.priority is Priority.CRITICAL
+        probe = replace(job, preemptions=0) if critical else job
+        if _fits_without(self, probe, candidates, borrow=critical):
+            return candidates
+        found_none.append((job.gpus, job.instances))
+        return None
+
+    def victims_for(self, job: QueuedJob) -> list[RunningJob] | None:
+        """`_choose_victims`, skipped where `preemptable_for` says none can be found."""
+        candidates = self.preemptable_for(job)
+        return None if candidates is None else _choose_victims(self, job, candidates)
 
 
 def entitlement(team: str, booked: Mapping[str, int], policy: QueuePolicy) -> int:
@@ -500,33 +524,35 @@ def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: Q
     return victim.borrowed
 
 
-def _choose_victims(state: _Pass, job: QueuedJob) -> list[RunningJob] | None:
-    """The smallest set of eligible running jobs whose release lets `job` in, or None."""
-    candidates = sorted(
-        (r for r in state.running.values() if _may_preempt(job, r, state.now, state.policy)),
-        key=_victim_order,
-    )
+def _fits_without(
+    state: _Pass, job: QueuedJob, victims: Sequence[RunningJob], *, borrow: bool = True
+) -> bool:
+    """Would the job fit, within its entitlement, once these victims are gone (`borrow` False:
+    on a route that does not borrow)? Only entitled (or critical) work preempts: a job that
+    would borrow never takes from anyone."""
+    for victim in victims:
+        state.usage.add(victim.team, victim.gpus, victim.instances, sign=-1)
+    reason, borrowed, _ = state.fit(job, borrow=borrow)
+    for victim in victims:
+        state.usage.add(victim.team, victim.gpus, victim.instances)
+    return reason is None and (not borrowed or job.priority is Priority.CRITICAL)
 
-    def fits_without(victims: Sequence[RunningJob]) -> bool:
-        """Would the job fit, within its entitlement, once these victims are gone? Only
-        entitled (or critical) work preempts: a job that would borrow never takes from anyone."""
-        for victim in victims:
-            state.usage.add(victim.team, victim.gpus, victim.instances, sign=-1)
-        reason, borrowed, _ = state.fit(job)
-        for victim in victims:
-            state.usage.add(victim.team, victim.gpus, victim.instances)
-        return reason is None and (not borrowed or job.priority is Priority.CRITICAL)
 
+def _choose_victims(
+    state: _Pass, job: QueuedJob, candidates: Sequence[RunningJob]
+) -> list[RunningJob] | None:
+    """The smallest set of the candidates (in their order) whose release lets `job` in, or
+    None."""
     chosen: list[RunningJob] = []
     for candidate in candidates:
         chosen.append(candidate)
-        if fits_without(chosen):
+        if _fits_without(state, job, chosen):
             break
     else:
         return None
     for victim in reversed(list(chosen)):  # prune what is not needed
         trial = [v for v in chosen if v is not victim]
-        if fits_without(trial):
+        if _fits_without(state, job, trial):
             chosen = trial
     return chosen
 
