@@ -35,7 +35,8 @@ class Settings(BaseModel):
     # A live job whose workflow has not run for this long is ended by the reconciler (the
     # backstop's event, which usually ends it within seconds, was lost).
     abandoned_after_seconds: int = 900
-    # Spot interruptions a job may absorb (each requeues it) before it fails.
+    # Spot interruptions a job may absorb (each requeues it) before it runs on on-demand only
+    # (spot: auto) or fails (spot: required).
     max_interruptions: int = 10
     # How long an offering that failed for capacity is skipped by every launch.
     capacity_memory_seconds: int = 300

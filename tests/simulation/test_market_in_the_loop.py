@@ -247,8 +247,11 @@ def test_skypilot_like_fails_over_to_the_next_zone_after_a_preemption() -> None:
     assert moves and all(before != after for before, after in moves)  # never the same pool
     assert {key for _, key in sky.launched} <= {"spot:g9.xlarge:test-1a", "spot:g9.xlarge:test-1b"}
     fleet = RecordingMarket(measured_market(every_hour))
-    run(w, GPUFLEET, fleet)
-    assert all(before == after for before, after in relaunch_pools(fleet))  # back to the cheapest
+    interrupted = run(w, GPUFLEET, fleet)
+    on_spot = [(before, after) for before, after in relaunch_pools(fleet) if after[:5] == "spot:"]
+    assert on_spot and all(before == after for before, after in on_spot)  # back to the cheapest
+    # Interrupted once more than the cap allows, spot: auto finishes on on-demand.
+    assert interrupted.completed == 1 and fleet.launched[-1][1][:10] == "on-demand:"
 
 
 # No spot capacity at all for the first three hours, then plenty.

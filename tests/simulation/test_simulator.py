@@ -186,12 +186,11 @@ def test_no_checkpoints_loses_all_progress() -> None:
     assert lost.interruptions > 0
     assert kept.completed == kept.jobs
     # Every interruption costs the whole run: more is paid for less work done, and the jobs
-    # interrupted more often than the Lambdas allow end as they end them.
+    # interrupted more often than the Lambdas allow go on, as they do, on on-demand.
     assert lost.gpu_seconds_paid - lost.gpu_seconds_useful > (
         kept.gpu_seconds_paid - kept.gpu_seconds_useful
     )
-    assert lost.failed > 0
-    assert lost.failures == {"interrupted 11 times; giving up": lost.failed}
+    assert lost.completed == lost.jobs, lost.failures
 
 
 # --- A Philly slice on the default market ---------------------------------------------------

@@ -5,7 +5,7 @@ simulator: both settle them with `domain.settlement.settle`, so both reach the s
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import pytest
@@ -26,28 +26,31 @@ from tests.unit.test_services import lifecycle_with_job, started
 RAN = 600.0  # every run ends ten minutes in
 INTERRUPTED = "interrupted"
 Run = RunExit | str  # how one run ends: its exit, or a spot interruption
+SPOT_REQUIRED_YAML = SPEC_YAML + b"spot: required\n"
 
 
 @dataclass(frozen=True)
 class Verdicts:
     requeues: int
     instance_types: tuple[str, ...]  # of each run, in order
+    capacity_types: tuple[str, ...]  # spot or on-demand, of each run
     status: str
     reason: str
 
 
-def through_the_lambdas(runs: list[Run]) -> Verdicts:
+def through_the_lambdas(runs: list[Run], spec_yaml: bytes = SPEC_YAML) -> Verdicts:
     """Each run launched, started, ended as given (its node's report, or a spot warning and
     then the node's report) and released by the services on the in-memory ports."""
-    service, ports, job_id = lifecycle_with_job()
+    service, ports, job_id = lifecycle_with_job(body=spec_yaml)
     clock = cast(ManualClock, ports.clock)
     workflow = cast(RecordingWorkflow, ports.workflow)
-    plan, requeues, types = plan_of(ports, job_id), 0, []
+    plan, requeues, types, capacity = plan_of(ports, job_id), 0, [], []
     for attempt, run in enumerate(runs):
         token = f"run-{attempt}"
         assert service.launch(job_id, plan, 0, attempt, token, {"admitted": True}) is None
         placement = ports.jobs.get(job_id).placement
         types.append(placement.instance_type)
+        capacity.append(placement.capacity_type)
         instance = placement.instance_ids[0]
         service.node_report(started(job_id, instance))
         clock.advance(RAN)
@@ -72,7 +75,8 @@ def through_the_lambdas(runs: list[Run]) -> Verdicts:
         requeues += 1
         plan = LaunchPlan.model_validate(service.requeue_input(job_id, attempt + 1)["plan"])
     job = ports.jobs.get(job_id)
-    return Verdicts(requeues, tuple(types), job.status.value, job.failure_reason or "")
+    reason = job.failure_reason or ""
+    return Verdicts(requeues, tuple(types), tuple(capacity), job.status.value, reason)
 
 
 class ScriptedMarket(MarketModel):
@@ -84,6 +88,7 @@ class ScriptedMarket(MarketModel):
         super().__init__(load_bundled(), "us-east-1", config)
         self._interrupted = [run == INTERRUPTED for run in runs]
         self.types: list[str] = []
+        self.capacity_types: list[str] = []
 
     def launch(
         self, offering: Offering, instances: int, at: float, rng: random.Random
@@ -91,6 +96,7 @@ class ScriptedMarket(MarketModel):
         lease = super().launch(offering, instances, at, rng)
         if lease is not None:
             self.types.append(offering.instance_type.name)
+            self.capacity_types.append(str(offering.capacity_type))
         return lease
 
     def next_interruption(
@@ -100,9 +106,10 @@ class ScriptedMarket(MarketModel):
         return (start + until) / 2 if interrupted else None
 
 
-def through_the_simulator(runs: list[Run]) -> Verdicts:
-    """One trace job of the same spec whose runs end as given, replayed by the engine."""
-    spec = parse_spec(SPEC_YAML)
+def through_the_simulator(runs: list[Run], spec_yaml: bytes = SPEC_YAML) -> Verdicts:
+    """One trace job of the same spec whose runs end as given, replayed by the engine (FIFO,
+    with the spec's own spot policy)."""
+    spec = parse_spec(spec_yaml)
     trace = TraceJob(
         "j-0",
         0.0,
@@ -113,12 +120,14 @@ def through_the_simulator(runs: list[Run]) -> Verdicts:
     )
     mapping = TraceMapping(region="us-east-1", high_share=0.0)
     workload = Workload((trace,), (spec,), mapping, "one job")
-    [policy] = build_policies([FIFO_SPOT], workload)
+    [fifo] = build_policies([FIFO_SPOT], workload)
+    policy = replace(fifo, spot=None)
     market = ScriptedMarket(runs)
     result = simulate(workload, policy, market=market, config=EngineConfig())
     [reason] = result.failures or {"": 0}
     status = "SUCCEEDED" if result.completed else "FAILED"
-    return Verdicts(result.requeues, tuple(market.types), status, reason)
+    launched = (tuple(market.types), tuple(market.capacity_types))
+    return Verdicts(result.requeues, *launched, status, reason)
 
 
 EXIT_0, EXIT_1 = RunExit(0), RunExit(1)
@@ -132,10 +141,8 @@ OOM = RunExit(137, oom=True)
         ([EXIT_1, EXIT_1, EXIT_1, EXIT_1], 3, "FAILED", "exit code 1"),  # max_retries: 3
         ([OOM, EXIT_0], 1, "SUCCEEDED", ""),
         ([INTERRUPTED, EXIT_1, EXIT_0], 2, "SUCCEEDED", ""),
-        # Ten interruptions requeue without using a retry; the eleventh ends the job.
-        ([INTERRUPTED] * 11, 10, "FAILED", "interrupted 11 times; giving up"),
     ],
-    ids=["success", "retries-used-up", "out-of-memory", "interrupted-then-retried", "cap"],
+    ids=["success", "retries-used-up", "out-of-memory", "interrupted-then-retried"],
 )
 def test_the_lambdas_and_the_simulator_settle_runs_alike(
     runs: list[Run], requeues: int, status: str, reason: str
@@ -143,6 +150,25 @@ def test_the_lambdas_and_the_simulator_settle_runs_alike(
     lambdas = through_the_lambdas(runs)
     assert (lambdas.requeues, lambdas.status, lambdas.reason) == (requeues, status, reason)
     assert through_the_simulator(runs) == lambdas
+
+
+def test_at_the_interruption_cap_both_move_an_auto_job_to_on_demand() -> None:
+    """Ten interruptions requeue without using a retry; the eleventh sends the job (spot:
+    auto) back to the queue for on-demand, where its next run completes."""
+    runs: list[Run] = [*[INTERRUPTED] * 11, EXIT_0]
+    lambdas = through_the_lambdas(runs)
+    assert (lambdas.requeues, lambdas.status, lambdas.reason) == (11, "SUCCEEDED", "")
+    assert lambdas.capacity_types == ("spot",) * 11 + ("on-demand",)
+    assert through_the_simulator(runs) == lambdas
+
+
+def test_at_the_interruption_cap_both_fail_a_spot_required_job() -> None:
+    runs: list[Run] = [INTERRUPTED] * 11
+    lambdas = through_the_lambdas(runs, SPOT_REQUIRED_YAML)
+    verdict = (lambdas.requeues, lambdas.status, lambdas.reason)
+    assert verdict == (10, "FAILED", "interrupted 11 times; giving up")
+    assert set(lambdas.capacity_types) == {"spot"}
+    assert through_the_simulator(runs, SPOT_REQUIRED_YAML) == lambdas
 
 
 def test_out_of_memory_moves_both_to_gpus_with_more_memory() -> None:

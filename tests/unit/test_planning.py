@@ -7,7 +7,7 @@ from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
 from gpufleet.domain.selection import NoFeasibleOffering
-from gpufleet.domain.spec import parse_spec
+from gpufleet.domain.spec import JobSpec, parse_spec
 
 
 def spec(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -> object:
@@ -18,8 +18,13 @@ def spec(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -
 
 
 def plan(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -> LaunchPlan:
+    return plan_for(spec(spot, resources))  # type: ignore[arg-type]
+
+
+def plan_for(job_spec: JobSpec) -> LaunchPlan:
+    """The plan for `job_spec` in us-east-1 with the bundled catalog."""
     return plan_launch(
-        spec(spot, resources),  # type: ignore[arg-type]
+        job_spec,
         load_bundled(),
         "us-east-1",
         max_launch_attempts=5,

@@ -121,6 +121,8 @@ def test_nothing_to_report_totals_zero_jobs() -> None:
 def test_job_detail_says_where_it_ran_what_it_cost_and_what_happened() -> None:
     job = JOBS[0].model_copy(update={"retries": 1, "flags": ["low-utilization"]})
     detail = job_detail(job)
+    assert detail["on_demand_only"] is False
+    assert job_detail(job.model_copy(update={"on_demand_only": True}))["on_demand_only"]
     assert detail["id"] == "a"
     assert detail["instance_type"] == "g5.xlarge" and detail["capacity_type"] == "spot"
     assert detail["cost_usd"] == pytest.approx(2.0)

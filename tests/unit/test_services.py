@@ -168,9 +168,11 @@ def finished(job_id: str, instance_id: str, exit_code: int = 0) -> NodeReport:
     return NodeReport(job_id=job_id, instance_id=instance_id, phase="finished", exit_code=exit_code)
 
 
-def lifecycle_with_job(fleet: FakeFleet | None = None) -> tuple[LifecycleService, Any, str]:
+def lifecycle_with_job(
+    fleet: FakeFleet | None = None, body: bytes = SPEC_YAML
+) -> tuple[LifecycleService, Any, str]:
     ports = local_ports(fleet)
-    job_id = submit(ports).job_id
+    job_id = submit(ports, body=body).job_id
     return build_lifecycle(ports, SETTINGS), ports, job_id
 
 

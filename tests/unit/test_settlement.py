@@ -10,12 +10,14 @@ import pytest
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.cost import run_cost_usd
 from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.launch import CapacityType
 from gpufleet.domain.settlement import (
     BUDGET,
     IDLE,
     INTERRUPTED,
     MEMORY_LEAK,
     NEXT_STAGE,
+    ON_DEMAND,
     OUT_OF_MEMORY,
     PREEMPTED,
     RECLAIMED,
@@ -31,7 +33,8 @@ from gpufleet.domain.settlement import (
     requeue_changes,
     settle,
 )
-from gpufleet.domain.spec import parse_spec
+from gpufleet.domain.spec import SpotPolicy, parse_spec
+from tests.unit.test_planning import plan_for
 
 SPEC = parse_spec(
     "name: a\nteam: t\nimage: i\ncommand: [x]\nmax_retries: 2\ntimeout: 1h\n"
@@ -91,10 +94,54 @@ def test_interruptions_requeue_up_to_a_cap_without_using_retries() -> None:
     assert verdict(running(drain_reason=INTERRUPTED), end(exit_code=0))[0] == INTERRUPTED
     settled = settle(running(interruptions=9), interrupted)
     assert (settled.job.interruptions, settled.job.retries) == (10, 0)
-    last = settle(running(interruptions=10), interrupted)
-    assert last.requeue is None and last.job.status is JobStatus.FAILED
+    assert settle(running(interruptions=2), interrupted, max_interruptions=3).requeue == INTERRUPTED
+    assert settle(running(interruptions=3), interrupted, max_interruptions=3).requeue == ON_DEMAND
+
+
+def test_an_auto_job_at_the_interruption_cap_goes_on_to_on_demand() -> None:
+    """Spot allowed, on-demand allowed: the cap does not fail the job, it ends its use of spot."""
+    interrupted = end(EndKind.INTERRUPTED)
+    at_cap = settle(running(interruptions=10), interrupted)
+    assert (at_cap.requeue, at_cap.job.status) == (ON_DEMAND, JobStatus.QUEUED)
+    assert at_cap.reason == "interrupted 11 times on spot: on-demand from now on"
+    assert at_cap.commands[3] == Requeue(ON_DEMAND)
+    assert at_cap.job.on_demand_only and at_cap.job.interruptions == 11
+    assert at_cap.job.retries == 0 and at_cap.job.placement is None
+    # Warned, checkpointed and drained (its node's exit 0): the same.
+    drained = settle(running(interruptions=10, drain_reason=INTERRUPTED), end(exit_code=0))
+    assert drained.requeue == ON_DEMAND and drained.job.on_demand_only
+    # A repeated Release (the requeue recorded, not yet carried out) settles it the same way.
+    recorded = running(interruptions=10).model_copy(update=dict(at_cap.commands[2].changes))  # type: ignore[union-attr]
+    assert settle(recorded, interrupted).requeue == ON_DEMAND
+    assert settle(recorded, end(exit_code=0)).requeue == ON_DEMAND
+    # Below the cap nothing changes: spot next time too.
+    assert not settle(running(interruptions=9), interrupted).job.on_demand_only
+
+
+def test_the_job_requeued_for_on_demand_is_planned_on_on_demand_only() -> None:
+    at_cap = settle(running(interruptions=10), end(EndKind.INTERRUPTED)).job
+    assert at_cap.spec.spot is SpotPolicy.AUTO  # what was submitted stays as it was
+    assert at_cap.effective_spec.spot is SpotPolicy.NEVER
+
+    def capacity_types(job: Job) -> list[CapacityType]:
+        return [step.capacity_type for step in plan_for(job.effective_spec).steps]
+
+    assert capacity_types(running()) == [CapacityType.SPOT, CapacityType.ON_DEMAND]
+    assert capacity_types(at_cap) == [CapacityType.ON_DEMAND]
+
+
+def test_a_spot_required_job_still_fails_at_the_interruption_cap() -> None:
+    required = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})
+    last = settle(running(spec=required, interruptions=10), end(EndKind.INTERRUPTED))
+    assert (last.requeue, last.job.status) == (None, JobStatus.FAILED)
     assert last.job.failure_reason == "interrupted 11 times; giving up"
-    assert settle(running(interruptions=3), interrupted, max_interruptions=3).requeue is None
+    assert not last.job.on_demand_only
+    # On-demand already (nothing left to move to): an interruption past the cap ends it too.
+    on_demand = running(interruptions=11, on_demand_only=True)
+    assert settle(on_demand, end(EndKind.INTERRUPTED)).job.status is JobStatus.FAILED
+    # A caller that keeps the cap final (the simulator's AWS Batch-like peer) fails it.
+    final = settle(running(interruptions=10), end(EndKind.INTERRUPTED), on_demand_after_cap=False)
+    assert final.job.status is JobStatus.FAILED
 
 
 @pytest.mark.parametrize(
@@ -240,5 +287,9 @@ def test_a_stage_that_succeeds_moves_on_here_when_the_next_one_reuses_its_instan
     moved_on = settle(following, end(exit_code=0, stage="train"), instance_type=g5)
     assert moved_on.requeue == NEXT_STAGE and moved_on.job.stage_index == 2
     assert moved_on.job.retries == 0
+    # Spot given up on by one stage is the stage's, as its counters are: the next may use it.
+    given_up = following.model_copy(update={"on_demand_only": True, "interruptions": 11})
+    moved_on = settle(given_up, end(exit_code=0, stage="train"), instance_type=g5)
+    assert not moved_on.job.on_demand_only and moved_on.job.interruptions == 0
     failed = settle(following.model_copy(update={"retries": 3}), end(exit_code=1, stage="train"))
     assert failed.job.failure_reason == "stage 'train': exit code 1"

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
 from gpufleet.errors import Conflict, NotFound
 
 
@@ -190,6 +190,8 @@ class Job(BaseModel):
     retries: int = 0
     # The job's last launch went on-demand after spot had no capacity.
     ondemand_fallback: bool = False
+    # Spot kept being reclaimed (the interruption cap, `spot: auto`): on-demand from now on.
+    on_demand_only: bool = False
     # What the job now asks for, when it differs from its spec: a resize, or more GPU memory
     # after a run ran out of it.
     resources_override: Resources | None = None
@@ -202,11 +204,15 @@ class Job(BaseModel):
 
     @property
     def effective_spec(self) -> JobSpec:
-        """What the job now asks for: its current stage's spec, with the override if any."""
+        """What the job now asks for: its current stage's spec, with the override if any, on
+        on-demand only once it gave up on spot."""
         spec = self.spec.for_stage(self.stage_index) if self.spec.stages else self.spec
-        if self.resources_override is None:
-            return spec
-        return spec.model_copy(update={"resources": self.resources_override})
+        changes: dict[str, Any] = {}
+        if self.resources_override is not None:
+            changes["resources"] = self.resources_override
+        if self.on_demand_only:
+            changes["spot"] = SpotPolicy.NEVER
+        return spec.model_copy(update=changes) if changes else spec
 
     @property
     def stage_name(self) -> str | None:

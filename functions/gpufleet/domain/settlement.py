@@ -16,7 +16,10 @@ The rules, in the order they apply:
    (overheated): back to the queue, always (it checkpointed and lost nothing). Restarted for a
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
-   back to the queue without using a retry, `max_interruptions` times; the next one fails it.
+   back to the queue without using a retry, `max_interruptions` times. The next one sends a
+   job that may run on-demand (`spot: auto`) back to the queue for on-demand capacity only
+   (`Job.on_demand_only`; on-demand is never interrupted), and fails any other (`spot:
+   required`, or a job on on-demand already).
 4. Otherwise the run's own end. Exit code 0 succeeds; a stage with stages after it goes on to
    the next one (on the same instances when the next stage asks for them and fits on them).
    A run that ran out of GPU memory is retried on GPUs with more memory; another non-zero
@@ -26,10 +29,11 @@ The rules, in the order they apply:
    Exceeding the job's own timeout, a launch that gave up, an error that says the job cannot
    run at all, and a workflow that ended without a result are final.
 
-Back in the queue, the job counts the run (`requeue_changes`): interruptions in
-`interruptions`, retries (out of memory included) in `retries`, preemptions and reclaims in
-`preemptions`; a multi-stage job's counters are its current stage's. Its cost so far moves
-into its `prior_*` fields (`domain.cost`).
+Back in the queue, the job counts the run (`requeue_changes`): interruptions (the one that
+moved it to on-demand included) in `interruptions`, retries (out of memory included) in
+`retries`, preemptions and reclaims in `preemptions`; a multi-stage job's counters, and its
+move to on-demand, are its current stage's. Its cost so far moves into its `prior_*` fields
+(`domain.cost`).
 """
 
 from __future__ import annotations
@@ -42,13 +46,15 @@ from typing import Any
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.cost import held_seconds, run_cost_usd, spent_until, storage_cost_usd
 from gpufleet.domain.job import Job, JobStatus
-from gpufleet.domain.spec import JobSpec
+from gpufleet.domain.spec import JobSpec, SpotPolicy
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse
 
 # Why a run was asked to stop (`Job.drain_reason`), and why a job goes back to the queue.
 PREEMPTED = "preempted"
 RECLAIMED = "reclaimed"
 INTERRUPTED = "interrupted"
+# Interrupted once more than `max_interruptions` allows: back to the queue for on-demand only.
+ON_DEMAND = "on-demand"
 RETRY = "retry"
 OUT_OF_MEMORY = "out-of-memory"  # a retry on GPUs with more memory
 RESIZED = "resized"
@@ -83,6 +89,7 @@ DEFAULT_MAX_INTERRUPTIONS = 10
 # The counter a run that goes back to the queue adds to, by why it went back.
 _COUNTERS = {
     INTERRUPTED: "interruptions",
+    ON_DEMAND: "interruptions",
     RETRY: "retries",
     OUT_OF_MEMORY: "retries",
     PREEMPTED: "preemptions",
@@ -195,10 +202,13 @@ def settle(
     end: RunEnd,
     *,
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS,
+    on_demand_after_cap: bool = True,
     instance_type: InstanceType | None = None,
 ) -> Settlement:
     """Settle the end of the job's current run (the rules are in the module doc).
 
+    `on_demand_after_cap` False makes the interruption cap final for every job (the
+    simulator's AWS Batch-like peer, whose interruptions use up its retries).
     `instance_type` is the catalog's entry for the type the run held: it says how many GPUs a
     stage's record counts, and whether the next stage fits on the instances."""
     placement = job.placement
@@ -238,7 +248,7 @@ def settle(
         # A repeated step: the stage the run was of ended, and the next one runs here already.
         return settled(job, None, _here_reason(job), (RunStageHere(job.stage_name or ""),))
 
-    verdict = _verdict(job, end, ran, max_interruptions)
+    verdict = _verdict(job, end, ran, max_interruptions, on_demand_after_cap)
     if verdict.requeue == NEXT_STAGE:
         here = _next_stage_here(job, end, instance_type)
         if here is not None:
@@ -297,6 +307,8 @@ def requeue_changes(job: Job, now: float) -> dict[str, Any]:
     counter = _COUNTERS.get(job.drain_reason or "")
     if counter is not None:
         changes[counter] = getattr(job, counter) + 1
+    if job.drain_reason == ON_DEMAND:
+        changes["on_demand_only"] = True
     if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
         # Next time, only GPUs with more memory than those it ran out of.
         resources = job.effective_spec.resources
@@ -319,18 +331,21 @@ def requeue_changes(job: Job, now: float) -> dict[str, Any]:
 
 
 def next_stage_changes(job: Job) -> dict[str, Any]:
-    """What moving a multi-stage job to its next stage changes: the stage, and the counters and
-    resource override, which are each stage's own."""
+    """What moving a multi-stage job to its next stage changes: the stage, and the counters,
+    resource override and move to on-demand, which are each stage's own."""
     return {
         "stage_index": job.stage_index + 1,
         "retries": 0,
         "preemptions": 0,
         "interruptions": 0,
         "resources_override": None,
+        "on_demand_only": False,
     }
 
 
-def _verdict(job: Job, end: RunEnd, ran: float | None, max_interruptions: int) -> _Verdict:
+def _verdict(
+    job: Job, end: RunEnd, ran: float | None, max_interruptions: int, on_demand_after_cap: bool
+) -> _Verdict:
     """Requeue (and why) or the end (and how) of a job that has not ended yet."""
     spec = job.effective_spec
     status, reason = _own_end(end, ran, spec.timeout_seconds)
@@ -349,11 +364,15 @@ def _verdict(job: Job, end: RunEnd, ran: float | None, max_interruptions: int) -
         if retries_left:
             return _Verdict(RETRY, status, "its GPU memory kept growing (a leak)")
         return _ended(job, status, reason)
-    if drain == INTERRUPTED or end.kind is EndKind.INTERRUPTED:
+    # ON_DEMAND: a repeated Release, after the first recorded its requeue.
+    if drain in (INTERRUPTED, ON_DEMAND) or end.kind is EndKind.INTERRUPTED:
+        times = job.interruptions + 1
         if job.interruptions < max_interruptions:
             return _Verdict(INTERRUPTED, status, "spot interruption")
-        giving_up = f"interrupted {job.interruptions + 1} times; giving up"
-        return _Verdict(None, JobStatus.FAILED, giving_up)
+        if on_demand_after_cap and spec.spot is SpotPolicy.AUTO:
+            moved = f"interrupted {times} times on spot: on-demand from now on"
+            return _Verdict(ON_DEMAND, status, moved)
+        return _Verdict(None, JobStatus.FAILED, f"interrupted {times} times; giving up")
     retry = _retry(spec, end, ran) if retries_left else None
     if retry is not None:
         return _Verdict(retry[0], status, retry[1])

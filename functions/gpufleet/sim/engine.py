@@ -173,8 +173,9 @@ class SimPolicy:
     # Requeued jobs keep their first submission time (they age on and keep their place);
     # False puts them at the back of their class.
     requeue_keeps_place: bool = True
-    # Spot interruptions are capped at the spec's `max_retries` (the next one fails the job)
-    # instead of the Lambdas' `max_interruptions`.
+    # Spot interruptions are capped at the spec's `max_retries` instead of the Lambdas'
+    # `max_interruptions`, and the next one fails the job (spot: auto too; the Lambdas move
+    # it to on-demand).
     interruptions_use_retries: bool = False
     # The Lambdas' `max_interruptions` (their settings' default).
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS
@@ -277,6 +278,7 @@ class _Job:
         "job_id",
         "lease",
         "nodes",
+        "on_demand_only",
         "past_run",
         "placement",
         "preempted_for",
@@ -301,7 +303,9 @@ class _Job:
     def __init__(self, idx: int, trace: TraceJob, spec: JobSpec, policy: SimPolicy) -> None:
         self.idx = idx
         self.job_id = spec.name
-        self.spec = spec
+        # With the policy's spot policy, if it has one: the job's plans and settlement read it.
+        spot = policy.spot or spec.spot
+        self.spec = spec if spot is spec.spot else spec.model_copy(update={"spot": spot})
         self.submit = trace.submit_seconds
         self.duration = trace.duration_seconds
         self.gpus = trace.gpus  # useful GPUs (the trace's)
@@ -323,6 +327,7 @@ class _Job:
         self.interruptions = 0
         self.preemptions = 0
         self.resources_override: Resources | None = None
+        self.on_demand_only = False
         self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
         self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
@@ -332,7 +337,9 @@ class _Job:
         self.instance_gpus = 0
         self.placement: Placement | None = None
         self.shape = resource_shape(spec.resources)  # the spec's (its team's history is by it)
-        self.run_spec = spec  # what it now asks for: the spec, with the override if any
+        # What it now asks for (the record's `effective_spec`): the spec, with the override if
+        # any, on-demand only once it gave up on spot.
+        self.run_spec = self.spec
         self.run_shape = self.shape
         self.past_run: PastRun | None = None  # its completed run, for the team's history
         self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
@@ -372,13 +379,12 @@ class _Planner:
         self,
         spec: JobSpec,
         shape: tuple[object, ...],
-        spot: SpotPolicy,
         unavailable: frozenset[str],
         expected: DurationEstimate,
     ) -> LaunchPlan | None:
         """The plan for `spec` (its resources' `resource_shape` is `shape`), ranked by
         `expected` (already rounded by `_plan_seconds`)."""
-        key = (shape, spot, expected.seconds, expected.source, unavailable)
+        key = (shape, spec.spot, expected.seconds, expected.source, unavailable)
         self.calls += 1
         hit = self._cache.get(key)
         if hit is None:
@@ -388,7 +394,7 @@ class _Planner:
             c = self._config
             try:
                 hit = plan_launch(
-                    spec if spec.spot is spot else spec.model_copy(update={"spot": spot}),
+                    spec,
                     self._catalog,
                     self._region,
                     max_launch_attempts=self._max_launch_attempts,
@@ -690,9 +696,6 @@ class Engine:
 
     # -- Launch --------------------------------------------------------------------------------
 
-    def _spot(self, job: _Job) -> SpotPolicy:
-        return self.policy.spot or job.spec.spot
-
     def _expected(self, job: _Job) -> DurationEstimate:
         """What the plan ranks offerings by (see the module doc)."""
         if self.history is None:
@@ -709,9 +712,7 @@ class Engine:
         sources[expected.source] = sources.get(expected.source, 0) + 1
         # Plans are ranked (and cached) by the estimate to two significant figures.
         job.expected = DurationEstimate(_plan_seconds(expected.seconds), expected.source)
-        job.base_plan = self.planner(
-            job.run_spec, job.run_shape, self._spot(job), frozenset(), job.expected
-        )
+        job.base_plan = self.planner(job.run_spec, job.run_shape, frozenset(), job.expected)
         if job.base_plan is None:
             self._settle(job, RunEnd(EndKind.STEP_FAILED, self.now, reason="NoFeasibleOffering"))
             return
@@ -723,9 +724,7 @@ class Engine:
         capacity_type = plan.steps[job.step].capacity_type
         assert job.expected is not None
         unavailable = self._unavailable()
-        current = self.planner(
-            job.run_spec, job.run_shape, self._spot(job), unavailable, job.expected
-        )
+        current = self.planner(job.run_spec, job.run_shape, unavailable, job.expected)
         step: LaunchStep | None = None
         if current is not None:
             step = next((s for s in current.steps if s.capacity_type == capacity_type), None)
@@ -956,12 +955,14 @@ class Engine:
             interruptions=job.interruptions,
             preemptions=job.preemptions,
             resources_override=job.resources_override,
+            on_demand_only=job.on_demand_only,
         )
         cap = job.spec.max_retries if self.policy.interruptions_use_retries else None
         settlement = settle(
             record,
             end,
             max_interruptions=self.policy.max_interruptions if cap is None else cap,
+            on_demand_after_cap=not self.policy.interruptions_use_retries,
             instance_type=self.market.catalog.instance_type(placement.instance_type)
             if placement is not None
             else None,
@@ -982,13 +983,18 @@ class Engine:
 
     def _requeue(self, job: _Job, settlement: Settlement) -> None:
         """Back to the queue with what the settlement recorded: its counters, and what it now
-        asks for (more GPU memory after it ran out of it)."""
+        asks for (more GPU memory after it ran out of it, on-demand only after the
+        interruption cap)."""
         settled = settlement.job
         job.retries = settled.retries
         job.interruptions = settled.interruptions
         job.preemptions = settled.preemptions
-        if settled.resources_override != job.resources_override:
+        if (settled.resources_override, settled.on_demand_only) != (
+            job.resources_override,
+            job.on_demand_only,
+        ):
             job.resources_override = settled.resources_override
+            job.on_demand_only = settled.on_demand_only
             job.run_spec = settled.effective_spec
             job.run_shape = resource_shape(job.run_spec.resources)
         job.drain_reason = None

@@ -48,6 +48,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "interruptions": ("interruptions", "num"),
     "retries": ("retries", "num"),
     "ondemand_fallback": ("ondemand_fallback", "num"),
+    "on_demand_only": ("on_demand_only", "num"),
     "resources_override": ("resources_override", "json"),
     "flags": ("flags", "json"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
