@@ -80,9 +80,7 @@ class GpuFleetStack(Stack):
         )
         lifecycle = topology.JOB_LIFECYCLE
         functions.connect_workflow(
-            workflow.state_machines[lifecycle.construct_id],
-            state_machine_arn(self, lifecycle),
-            executions_arn(self, lifecycle),
+            state_machine_arn(self, lifecycle), executions_arn(self, lifecycle)
         )
         intake.connect(functions.by_id())
         schedules = Schedules(

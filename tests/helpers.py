@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, cast
+
+import pytest
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
 from gpufleet.domain.job import Job
@@ -107,3 +110,12 @@ def subscribe(account: Any, name: str, pattern: Mapping[str, Any]) -> Callable[[
         return [json.loads(m["Body"]) for m in messages]
 
     return received
+
+
+@contextmanager
+def every_requeue_continues_as_new() -> Iterator[None]:
+    """Within it, Requeue continues every job in a new execution (a budget of no requeue in
+    place, `domain/history.py:requeue_budget`), as a long-lived job does past its budget."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gpufleet.services.queue_steps.requeue_budget", lambda _attempts: 0)
+        yield

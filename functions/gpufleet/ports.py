@@ -6,12 +6,13 @@ implements them in memory (unit tests and the simulator). One contract suite run
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
 from gpufleet.domain.config import MetricPolicy
+from gpufleet.domain.history import execution_name
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the queue's port
@@ -263,7 +264,8 @@ class ObjectStore(Protocol):
 
 @dataclass(frozen=True)
 class WorkflowRun:
-    """A job's lifecycle execution as it stands (executions are named after their job)."""
+    """A job's lifecycle execution as it stands (executions are named after their job, and its
+    continuations `<job_id>-<n>`: `domain/history.py`)."""
 
     status: str  # Step Functions' ExecutionStatus: RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ...
     stopped_at: float | None = None  # when it ended (None: it runs)
@@ -279,10 +281,24 @@ class WorkflowRun:
 WORKFLOW_RUNNING = frozenset({"RUNNING", "PENDING_REDRIVE"})
 
 
+def latest_run(job_id: str, run_named: Callable[[str], WorkflowRun | None]) -> WorkflowRun | None:
+    """The job's last execution, `run_named` answering for one name: an execution that
+    continued as a new one ended SUCCEEDED, so the chain is followed past those."""
+    run = run_named(job_id)
+    continuation = 0
+    while run is not None and run.status == "SUCCEEDED":
+        continuation += 1
+        following = run_named(execution_name(job_id, continuation))
+        if following is None:
+            break
+        run = following
+    return run
+
+
 class Workflow(Protocol):
-    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
-        """Start the job's lifecycle from `state`; starting it again for the same job is a
-        no-op."""
+    def start(self, job_id: str, state: Mapping[str, Any], continuation: int = 0) -> None:
+        """Start the job's lifecycle from `state` (its `continuation`th execution, when one
+        ran out of history: `domain/history.py`); starting the same one again is a no-op."""
         ...
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
@@ -298,7 +314,7 @@ class Workflow(Protocol):
         ...
 
     def run_of(self, job_id: str) -> WorkflowRun | None:
-        """The job's lifecycle execution; None when it never started."""
+        """The job's last lifecycle execution (`latest_run`); None when it never started."""
         ...
 
 

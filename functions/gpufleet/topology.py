@@ -383,6 +383,8 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     # The reconciler launches the warm pool's instances, and looks for lifecycles that ended.
     RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS, ENV_STATE_MACHINE),
     WORKFLOW_ENDED.construct_id: (ENV_STATE_MACHINE,),
+    # Past its execution's budget, a requeued job continues in a new execution.
+    REQUEUE.construct_id: (ENV_STATE_MACHINE,),
     METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
     # Budgets reached (a job's, a team's month) are told to the operators.
     DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),

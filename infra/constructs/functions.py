@@ -19,7 +19,6 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
-from aws_cdk import aws_stepfunctions as sfn
 
 from constructs import Construct
 from gpufleet import topology
@@ -84,7 +83,9 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.DISPATCH.construct_id: frozenset(
         {P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE, P.NOTIFY}
     ),
-    topology.REQUEUE.construct_id: frozenset({P.PUBLISH}),
+    # A job requeued past its execution's budget continues in a new execution
+    # (domain/history.py).
+    topology.REQUEUE.construct_id: frozenset({P.PUBLISH, P.START_WORKFLOW}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
     # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
@@ -330,15 +331,14 @@ class Functions(Construct):
             )
 
     # -- wiring that needs the state machine ---------------------------------------------------
-    def connect_workflow(self, state_machine: sfn.IStateMachine, arn: str, executions: str) -> None:
+    def connect_workflow(self, arn: str, executions: str) -> None:
         """`arn` is the state machine's ARN built from its name (see workflow.state_machine_arn),
-        so that the policies do not depend on the state machine resource; `executions` the ARN
-        pattern of its executions."""
+        so that the policies and the functions' environment do not depend on the state machine
+        resource (it names Requeue's function, which starts executions: a cycle); `executions`
+        the ARN pattern of its executions."""
         for spec in topology.FUNCTIONS:
             if topology.ENV_STATE_MACHINE in topology.EXTRA_ENV.get(spec.construct_id, ()):
-                self.functions[spec.construct_id].add_environment(
-                    topology.ENV_STATE_MACHINE, state_machine.state_machine_arn
-                )
+                self.functions[spec.construct_id].add_environment(topology.ENV_STATE_MACHINE, arn)
         for cid in STARTS_WORKFLOW:
             self.roles[cid].add_to_policy(
                 iam.PolicyStatement(

@@ -160,8 +160,11 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
     # The repository's gpufleet.yaml, validated at synth, as compact JSON.
     assert config_from_env(env[topology.ENV_CONFIG]) == repository_config()
     if topology.ENV_STATE_MACHINE in env:
-        target = env[topology.ENV_STATE_MACHINE]["Ref"]
-        assert synth.resources[target]["Type"] == "AWS::StepFunctions::StateMachine"
+        # The ARN built from the state machine's name (a Ref would be a dependency cycle for
+        # Requeue, which the definition names and which starts executions).
+        [machine] = synth.of_type("AWS::StepFunctions::StateMachine").values()
+        parts = env[topology.ENV_STATE_MACHINE]["Fn::Join"][1]
+        assert parts[-1] == f":stateMachine:{machine['Properties']['StateMachineName']}"
     if topology.ENV_SUBNETS in env:
         assert env[topology.ENV_SUBNETS] == ",".join(PLACEHOLDER_SUBNET_IDS)
         lt = env[topology.ENV_LAUNCH_TEMPLATE]["Ref"]
@@ -444,7 +447,8 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
 
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
-    "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent"},
+    # Requeue: a job past its execution's budget continues in a new one (domain/history.py).
+    "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent", "Requeue"},
     # The reconciler ends the run of an instance that went away unheard.
     "states:SendTaskSuccess": {
         "Launch",
@@ -559,6 +563,7 @@ def test_permission_table_matches_handlers() -> None:
     assert set(STARTS_WORKFLOW) == {
         topology.INTAKE_FROM_S3.construct_id,
         topology.INTAKE_FROM_EVENT.construct_id,
+        topology.REQUEUE.construct_id,  # continues a job in a new execution
     }
     assert Permission.TERMINATE in PERMISSIONS[topology.RELEASE.construct_id]
 

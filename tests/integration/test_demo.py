@@ -18,6 +18,8 @@ from gpufleet.emulator.demo import (
     run_demo,
 )
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
+from gpufleet.topology import REQUEUE
+from tests.helpers import every_requeue_continues_as_new
 
 JOB_FIELDS = {
     "id",
@@ -172,10 +174,19 @@ def test_a_node_that_goes_silent_is_taken_for_lost_and_released(
 
 
 def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkpoint() -> None:
-    result = run_demo(preemption_scenario())
+    """With every requeue past its execution's budget (docs/aws-fidelity.md F5): the preempted
+    job's Requeue starts its next execution, which runs it to the end."""
+    with every_requeue_continues_as_new():
+        result = run_demo(preemption_scenario())
     assert result.completed and result.instances_running == 0
     jobs = by_name(result)
     low, high = jobs["low-sweep"], jobs["high-urgent"]
+    continued = {
+        call.params["name"]
+        for call in result.calls
+        if call.function == REQUEUE.construct_id and call.operation == "StartExecution"
+    }
+    assert continued == {f"{low['id']}-1"}
     assert (low["priority"], high["priority"]) == ("low", "high")
     assert low["status"] == high["status"] == "SUCCEEDED"
     assert low["preemptions"] == 1 and high["preemptions"] == 0

@@ -134,7 +134,12 @@ def test_a_launch_task_carries_the_admission_when_there_is_one() -> None:
 
 
 def test_a_requeue_task_needs_the_attempt_it_counts_on_from() -> None:
-    assert RequeueTask.model_validate({"job_id": JOB_ID, "attempt": 3}).attempt == 3
+    assert (
+        RequeueTask.model_validate(
+            {"job_id": JOB_ID, "attempt": 3, "cycles": 0, "execution": JOB_ID}
+        ).attempt
+        == 3
+    )
     for bad in ({}, {"attempt": -1}):
         with pytest.raises(ValidationError):
             RequeueTask.model_validate({"job_id": JOB_ID, **bad})

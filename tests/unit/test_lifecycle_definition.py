@@ -95,8 +95,18 @@ def test_a_requeued_run_starts_from_the_state_intake_starts_one_with() -> None:
     start = LifecycleService.workflow_input(job, plan, attempt=2)
     requeue = STATES["Requeue"]
     assert requeue["ResultPath"] == "$"
-    assert requeue["ResultSelector"] == {f"{key}.$": f"$.Payload.{key}" for key in start}
-    assert requeue["Next"] == DEFINITION["StartAt"]
+    selected = {f"{key}.$": f"$.Payload.{key}" for key in [*start, "continued"]}
+    assert requeue["ResultSelector"] == selected
+    # Unless the job continued in a new execution, back to where intake's execution starts.
+    continued = STATES[requeue["Next"]]
+    assert continued["Type"] == "Choice" and continued["Default"] == DEFINITION["StartAt"]
+    [choice] = continued["Choices"]
+    assert choice["Variable"] == "$.continued" and STATES[choice["Next"]]["Type"] == "Succeed"
+    # Every state rebuilt on the way carries the execution's count of requeues to Requeue.
+    rebuilt = [s for s in STATES.values() if s["Type"] == "Pass" and s["ResultPath"] == "$"]
+    assert rebuilt and all(s["Parameters"]["cycles.$"] == "$.cycles" for s in rebuilt)
+    payload = requeue["Parameters"]["Payload"]
+    assert payload["cycles.$"] == "$.cycles" and payload["execution.$"] == "$$.Execution.Name"
     # What the Launch task reads from that state is there.
     launch = STATES["Launch"]["Parameters"]["Payload"]
     assert launch["step.$"] == "$.launch.step" and launch["attempt.$"] == "$.launch.attempt"
@@ -150,4 +160,4 @@ def test_the_backstop_hears_of_every_way_the_lifecycle_can_end_unsettled() -> No
     # Every status of an execution that ended but SUCCEEDED.
     assert set(rule.pattern["detail"]["status"]) == {"FAILED", "TIMED_OUT", "ABORTED"}
     ends = {name for name, state in STATES.items() if state["Type"] in ("Succeed", "Fail")}
-    assert ends == {"JobSucceeded", "JobFailed", "ReleaseFailed", "RequeueFailed"}
+    assert ends == {"JobSucceeded", "JobFailed", "ContinuedAsNew", "ReleaseFailed", "RequeueFailed"}

@@ -16,7 +16,14 @@ from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.metrics import emf_metrics
-from gpufleet.handlers import on_launch, on_node_report, on_release, on_requeue
+from gpufleet.handlers import (
+    on_launch,
+    on_node_report,
+    on_release,
+    on_requeue,
+    on_workflow_ended,
+)
+from gpufleet.services.backstop import WorkflowEnd
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.run_reports import NodeReport
@@ -72,7 +79,9 @@ def test_a_requeued_run_starts_again_one_launch_attempt_on(
     assert "outcome" not in released
 
     # The launch that ran it used attempt 2: the next run counts on from 3.
-    state = on_requeue.handler({"job_id": job_id, "attempt": 2}, Context())
+    state = on_requeue.handler(
+        {"job_id": job_id, "attempt": 2, "cycles": 0, "execution": job_id}, Context()
+    )
     assert state["job_id"] == job_id
     assert (state["launch"]["step"], state["launch"]["attempt"]) == (0, 3)
     assert LaunchPlan.model_validate(state["plan"]).steps
@@ -212,3 +221,26 @@ def test_an_event_that_is_no_report_at_all_is_dropped(
 ) -> None:
     assert on_node_report.handler({"detail": "nonsense"}, Context()) == {"dropped": "invalid"}
     assert dropped_metrics(capsys.readouterr().out) == ["invalid"]
+
+
+def test_the_end_of_a_continued_execution_ends_its_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that continued in `<job_id>-<n>` (docs/aws-fidelity.md F5): WorkflowEnded hears of
+    that execution failing and ends the job it names."""
+    ended: list[WorkflowEnd] = []
+
+    class Backstop:
+        def workflow_ended(self, end: WorkflowEnd) -> dict[str, Any]:
+            ended.append(end)
+            return {"job_id": end.job_id}
+
+    event = json.loads((EVENTS / "states-execution-failed.json").read_text())
+    job_id = event["detail"]["name"]
+    event["detail"]["name"] = f"{job_id}-2"
+    monkeypatch.setattr(on_workflow_ended, "backstop", Backstop)
+    monkeypatch.setattr(
+        on_workflow_ended,
+        "settings",
+        lambda: make_settings(job_state_machine_arn=event["detail"]["stateMachineArn"]),
+    )
+    assert on_workflow_ended.handler(event, Context()) == {"job_id": job_id, "ended": True}
+    assert [(e.job_id, e.status, e.error) for e in ended] == [(job_id, "FAILED", "RequeueFailed")]

@@ -15,6 +15,7 @@ from gpufleet.adapters.local.memory import (
     in_memory_ports,
 )
 from gpufleet.domain.config import WarmPool
+from gpufleet.domain.history import requeue_budget
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.ports import Ports, WorkflowRun
@@ -220,3 +221,51 @@ def test_a_run_whose_node_reported_its_end_keeps_that_end_when_its_instance_goes
     reconciler_for(ports).run()
     run_result = ports.jobs.get(job_id).run_result
     assert run_result is not None and run_result["exit_code"] == 0  # not "not running"
+
+
+def test_a_requeue_past_its_budget_continues_the_job_in_a_new_execution_the_backstop_follows() -> (
+    None
+):
+    """docs/aws-fidelity.md F5: an execution's history is bounded, so past its budget of
+    requeues Requeue starts `<job_id>-<n>` from the state it rebuilt and the current one ends;
+    the reconciler and WorkflowEnded still find the job in the continued execution."""
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    job_id, instance = launched_job(ports)
+    lifecycle = build_lifecycle(ports, SETTINGS)
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    lifecycle.node_report(
+        NodeReport(
+            job_id=job_id, instance_id=instance, phase="finished", exit_code=0, reason="preempted"
+        )
+    )
+    assert lifecycle.release(job_id, {"run": {"exit_code": 0, "interrupted": True}})["requeue"]
+    budget = requeue_budget(plan_of(ports, job_id).max_launch_attempts)
+    # Within the budget the job goes back to the queue in this execution, counted.
+    in_place = lifecycle.requeue_input(job_id, 1, cycles=budget - 1, execution=job_id)
+    assert (in_place["continued"], in_place["cycles"]) == (False, budget)
+    assert workflow.started == [job_id]
+    # Past it, the next execution starts from the same state, its count at 0.
+    past = lifecycle.requeue_input(job_id, 1, cycles=budget, execution=job_id)
+    successor = f"{job_id}-1"
+    assert past["continued"] is True and workflow.started == [job_id, successor]
+    assert workflow.inputs[successor] == {k: v for k, v in past.items() if k != "continued"}
+    assert workflow.inputs[successor]["cycles"] == 0
+    assert workflow.inputs[successor]["plan"] == in_place["plan"]
+    # A retried Requeue starts nothing more; the next continuation counts on from the name.
+    lifecycle.requeue_input(job_id, 1, cycles=budget, execution=job_id)
+    assert workflow.started == [job_id, successor]
+    assert lifecycle.requeue_input(job_id, 1, cycles=budget, execution=successor)["continued"]
+    assert workflow.started == [job_id, successor, f"{job_id}-2"]
+    # The first executions succeeded (ContinuedAsNew): the job's workflow runs on in the last.
+    workflow.ended[job_id] = workflow.ended[successor] = WorkflowRun("SUCCEEDED", clock.now())
+    reconciler = reconciler_for(ports)
+    clock.advance(1_000)
+    assert ports.workflow.running_jobs() == {job_id}
+    assert reconciler.run().jobs_ended == []
+    # When the last one fails, the job is found from it and ended.
+    workflow.ended[f"{job_id}-2"] = WorkflowRun("FAILED", clock.now(), "RequeueFailed", "boom")
+    assert ports.workflow.run_of(job_id) == workflow.ended[f"{job_id}-2"]
+    clock.advance(1_000)
+    assert reconciler.run().jobs_ended == [job_id]
+    assert ports.jobs.get(job_id).failure_reason == "RequeueFailed: boom"

@@ -53,7 +53,7 @@ def test_a_valid_upload_is_stored_queued_and_its_lifecycle_starts_with_its_plan(
     workflow = cast(RecordingWorkflow, ports.workflow)
     assert workflow.started == [outcome.job_id]
     state = workflow.inputs[outcome.job_id]
-    assert set(state) == {"job_id", "plan", "launch", "queued"}
+    assert set(state) == {"job_id", "plan", "launch", "queued", "cycles"}
     assert state["job_id"] == outcome.job_id
     assert state["launch"] == LaunchStepResult(step=0, attempt=0).model_dump()
     plan = plan_of(ports, outcome.job_id)

@@ -304,6 +304,7 @@ _NAMING_PARAMS = (
     "VersionId",  # a read of one version is s3:GetObjectVersion
     "stateMachineArn",
     "executionArn",
+    "name",  # the execution StartExecution starts
     "InstanceIds",
     "GroupName",
     "TagSpecifications",

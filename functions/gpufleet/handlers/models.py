@@ -98,6 +98,8 @@ class ReleaseTask(JobTask):
 
 class RequeueTask(JobTask):
     attempt: int = Field(ge=0)
+    cycles: int = Field(ge=0)  # requeues so far in this execution
+    execution: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$")  # this execution's name
 
 
 class InstanceEventDetail(_Open):

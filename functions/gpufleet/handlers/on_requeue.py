@@ -17,4 +17,4 @@ from gpufleet.handlers.models import RequeueTask
 def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(job_id=task.job_id)
     # The attempt that launched the last run is spent: the next launch counts on from it.
-    return lifecycle().requeue_input(task.job_id, task.attempt + 1)
+    return lifecycle().requeue_input(task.job_id, task.attempt + 1, task.cycles, task.execution)

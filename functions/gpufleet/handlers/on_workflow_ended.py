@@ -8,6 +8,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from gpufleet.domain.history import job_of_execution
 from gpufleet.handlers.common import backstop, logger, settings, tracer
 from gpufleet.handlers.models import ExecutionStatusChange
 from gpufleet.services.backstop import WorkflowEnd
@@ -18,11 +19,12 @@ from gpufleet.services.backstop import WorkflowEnd
 @event_parser(model=ExecutionStatusChange)
 def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, Any]:
     detail = event.detail
-    logger.append_keys(job_id=detail.name, status=detail.status)
+    job_id, _ = job_of_execution(detail.name)  # `<job_id>-<n>` when the job continued
+    logger.append_keys(job_id=job_id, status=detail.status)
     if detail.stateMachineArn != settings().job_state_machine_arn:
-        return {"job_id": detail.name, "ended": False}  # another state machine's execution
-    end = WorkflowEnd(detail.name, detail.status, detail.error or "", detail.cause or "")
+        return {"job_id": job_id, "ended": False}  # another state machine's execution
+    end = WorkflowEnd(job_id, detail.status, detail.error or "", detail.cause or "")
     ended = backstop().workflow_ended(end)
     if ended is not None:
         logger.warning("ended a job its workflow left unsettled", extra={"outcome": ended})
-    return {"job_id": detail.name, "ended": ended is not None}
+    return {"job_id": job_id, "ended": ended is not None}

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpufleet.domain.cost import estimated_run_usd
+from gpufleet.domain.history import job_of_execution, requeue_budget
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuedJob, most_booked, never_admissible
@@ -107,6 +108,7 @@ class QueueSteps(LifecycleBase):
             "plan": plan.model_dump(mode="json"),
             "launch": LaunchStepResult(step=0, attempt=attempt).model_dump(),
             "queued": _QUEUED_JOB.dump_python(queued_job(job), mode="json"),
+            "cycles": 0,  # requeues in this execution (see requeue_input)
         }
 
     def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
@@ -137,10 +139,21 @@ class QueueSteps(LifecycleBase):
         the launch is planned again for what the job now asks for (a resize, more GPU memory)."""
         return self._plan(self._requeued(job_id))
 
-    def requeue_input(self, job_id: str, attempt: int) -> dict[str, Any]:
-        """`requeue`, as the workflow's state for the next wait in the queue."""
+    def requeue_input(
+        self, job_id: str, attempt: int, cycles: int = 0, execution: str = ""
+    ) -> dict[str, Any]:
+        """`requeue`, as the workflow's state for the next wait in the queue, in the execution
+        named `execution` that has requeued the job `cycles` times. Past its budget
+        (`domain/history.py`) the job's next execution starts from that state instead
+        (a retried step finds it started: a no-op), and the state says `continued`."""
         job = self._requeued(job_id)
-        return self.workflow_input(job, self._plan(job), attempt)
+        plan = self._plan(job)
+        state = self.workflow_input(job, plan, attempt)
+        if cycles < requeue_budget(plan.max_launch_attempts):
+            return {**state, "cycles": cycles + 1, "continued": False}
+        _, continuation = job_of_execution(execution or job_id)  # "": the job's first
+        self._ports.workflow.start(job_id, state, continuation + 1)
+        return {**state, "continued": True}
 
     def _requeued(self, job_id: str) -> Job:
         job = self._ports.jobs.get(job_id)

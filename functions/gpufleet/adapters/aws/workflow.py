@@ -8,7 +8,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from gpufleet.ports import WorkflowRun
+from gpufleet.domain.history import execution_name, job_of_execution
+from gpufleet.ports import WorkflowRun, latest_run
 from gpufleet.topology import execution_arn
 
 # Errors that mean the task is no longer waiting: it finished, timed out, or was completed by a
@@ -21,14 +22,14 @@ class StepFunctionsWorkflow:
         self._client = client
         self._arn = state_machine_arn
 
-    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
+    def start(self, job_id: str, state: Mapping[str, Any], continuation: int = 0) -> None:
         try:
-            # The execution is named after the job: Step Functions refuses a second execution of
-            # the same name (and answers a same-input retry with the first), so a job can never
-            # run two lifecycles at once.
+            # The execution is named after the job (and its continuation): Step Functions
+            # refuses a second execution of the same name (and answers a same-input retry with
+            # the first), so a job can never run two lifecycles at once.
             self._client.start_execution(
                 stateMachineArn=self._arn,
-                name=job_id,
+                name=execution_name(job_id, continuation),
                 input=json.dumps(state),
             )
         except ClientError as exc:
@@ -47,13 +48,16 @@ class StepFunctionsWorkflow:
         pages = self._client.get_paginator("list_executions").paginate(
             stateMachineArn=self._arn, statusFilter="RUNNING"
         )
-        return frozenset(e["name"] for page in pages for e in page["executions"])
+        return frozenset(
+            job_of_execution(e["name"])[0] for page in pages for e in page["executions"]
+        )
 
     def run_of(self, job_id: str) -> WorkflowRun | None:
+        return latest_run(job_id, self._run_named)
+
+    def _run_named(self, name: str) -> WorkflowRun | None:
         try:
-            execution = self._client.describe_execution(
-                executionArn=execution_arn(self._arn, job_id)
-            )
+            execution = self._client.describe_execution(executionArn=execution_arn(self._arn, name))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
                 return None

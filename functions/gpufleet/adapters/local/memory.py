@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain.config import MetricPolicy, WarmPool
+from gpufleet.domain.history import execution_name, job_of_execution
 from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
@@ -31,6 +32,7 @@ from gpufleet.ports import (
     StatusChange,
     WarmPoolStatus,
     WorkflowRun,
+    latest_run,
 )
 
 
@@ -167,18 +169,20 @@ class InMemoryObjects:
 
 @dataclass
 class RecordingWorkflow:
-    """Starts are idempotent per job, as with named executions; tasks complete once."""
+    """Starts are idempotent per execution name, as with named executions (the job id, then
+    `<job_id>-<n>`); tasks complete once."""
 
-    started: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # execution names
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # each start's state
     completed: dict[str, dict[str, Any]] = field(default_factory=dict)
     heartbeats: list[str] = field(default_factory=list)
     ended: dict[str, WorkflowRun] = field(default_factory=dict)  # set by tests: how runs ended
 
-    def start(self, job_id: str, state: Mapping[str, Any]) -> None:
-        if job_id not in self.started:
-            self.started.append(job_id)
-            self.inputs[job_id] = dict(state)
+    def start(self, job_id: str, state: Mapping[str, Any], continuation: int = 0) -> None:
+        name = execution_name(job_id, continuation)
+        if name not in self.started:
+            self.started.append(name)
+            self.inputs[name] = dict(state)
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
         if token in self.completed:
@@ -193,12 +197,17 @@ class RecordingWorkflow:
         return True
 
     def running_jobs(self) -> frozenset[str]:
-        return frozenset(job_id for job_id in self.started if job_id not in self.ended)
+        return frozenset(
+            job_of_execution(name)[0] for name in self.started if name not in self.ended
+        )
 
     def run_of(self, job_id: str) -> WorkflowRun | None:
-        if job_id in self.ended:
-            return self.ended[job_id]
-        return WorkflowRun("RUNNING") if job_id in self.started else None
+        return latest_run(job_id, self._run_named)
+
+    def _run_named(self, name: str) -> WorkflowRun | None:
+        if name in self.ended:
+            return self.ended[name]
+        return WorkflowRun("RUNNING") if name in self.started else None
 
 
 class InMemoryCapacityMemory:
