@@ -233,14 +233,19 @@ templates:
 """
 
 
-def test_a_spec_naming_a_template_is_planned_as_intake_reads_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def plan_of_template(tmp_path: Path, template: str, *flags: str) -> int:
+    """`gpufleet plan` of a spec naming `template`, with a config holding TEMPLATES."""
     config = tmp_path / "gpufleet.yaml"
     config.write_text(TEMPLATES)
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: j\nteam: t\nimage: img\ncommand: [x]\ntemplate: big-train\n")
-    assert run([str(spec), "--config", str(config), "--json"]) == 0
+    spec.write_text(f"name: j\nteam: t\nimage: img\ncommand: [x]\ntemplate: {template}\n")
+    return run([str(spec), "--config", str(config), *flags])
+
+
+def test_a_spec_naming_a_template_is_planned_as_intake_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert plan_of_template(tmp_path, "big-train", "--json") == 0
     offerings = json.loads(capsys.readouterr().out)["offerings"]
     assert offerings and all(
         o["gpus"] == 8 and o["gpu_model"] == "H100" and o["gpu_memory_gib"] >= 80 for o in offerings
@@ -250,9 +255,5 @@ def test_a_spec_naming_a_template_is_planned_as_intake_reads_it(
 def test_a_template_the_config_lacks_is_refused_with_the_known_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = tmp_path / "gpufleet.yaml"
-    config.write_text(TEMPLATES)
-    spec = tmp_path / "job.yaml"
-    spec.write_text("name: j\nteam: t\nimage: img\ncommand: [x]\ntemplate: nope\n")
-    assert run([str(spec), "--config", str(config)]) == 2
+    assert plan_of_template(tmp_path, "nope") == 2
     assert "known templates: big-train" in capsys.readouterr().err

@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.release import instance_gone, why_orphaned
-from gpufleet.domain.spec import parse_spec
+from tests.unit.test_settlement import PLACEMENT as SETTLED_PLACEMENT
+from tests.unit.test_settlement import running
 
-SPEC = parse_spec("name: a\nteam: t\nimage: i\ncommand: [x]\n")
-PLACEMENT = Placement(
-    instance_ids=["i-1", "i-2"],
-    instance_type="g5.xlarge",
-    capacity_type="spot",
-    hourly_usd=1.0,
-    launched_at=1000.0,
-)
 GRACE, BOOT = 120.0, 600.0
+PLACEMENT = SETTLED_PLACEMENT.model_copy(update={"instance_ids": ["i-1", "i-2"]})
 
 
-def job(status: JobStatus = JobStatus.RUNNING, **fields: Any) -> Job:
-    values: dict[str, Any] = {
-        "job_id": "j-0123456789abcdef0123",
-        "status": status,
-        "spec": SPEC,
-        "source": "test",
-        "created_at": 0.0,
-        "updated_at": 0.0,
-        "placement": PLACEMENT,
-    }
-    values.update(fields)
-    return Job(**values)
+def job(status: JobStatus = JobStatus.RUNNING, **fields: object) -> Job:
+    return running(status=status, **{"placement": PLACEMENT, **fields})
 
 
 def orphaned(instance_id: str, age: float, held_by: Job | None, tagged: bool = True) -> str | None:
