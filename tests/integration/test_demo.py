@@ -74,6 +74,8 @@ def test_each_job_went_where_its_spec_and_the_market_sent_it(demo: DemoResult) -
     assert jobs["eval-sweep"]["status"] == "FAILED"
     assert jobs["eval-sweep"]["failure_reason"] == "exit code 3"
     assert jobs["speech-asr"]["status"] == "SUCCEEDED"
+    # Each ran in a zone of the account's subnets, also when its price is the region's.
+    assert all(job["zone"] and job["zone"].startswith("us-east-1") for job in demo.jobs)
 
 
 def test_cost_is_the_hourly_price_for_the_seconds_held_plus_storage(demo: DemoResult) -> None:

@@ -157,7 +157,10 @@ class LaunchResult(BaseModel):
 
     instance_ids: list[str] = Field(default_factory=list)
     instance_type: str | None = None
-    zone: str | None = None
+    zone: str | None = None  # the offering's, as the plan named it (None: priced per region)
+    # Where EC2 put the instances (the zone of the subnet it launched into), whatever the plan
+    # named: what a job's placement shows.
+    availability_zone: str | None = None
     capacity_type: CapacityType
     errors: list[LaunchError] = Field(default_factory=list)
 

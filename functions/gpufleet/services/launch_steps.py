@@ -258,7 +258,7 @@ class LaunchSteps(LifecycleBase):
             instance_ids=result.instance_ids,
             instance_type=result.instance_type,
             capacity_type=result.capacity_type.value,
-            zone=result.zone,
+            zone=result.availability_zone or result.zone,
             hourly_usd=override.hourly_usd,
             reservation_id=override.reservation_id,
             gpu_memory_gib=self._policy.gpu_memory_of(result.instance_type),

@@ -88,6 +88,10 @@ class Ec2Fleet:
         return by_zone
 
     @cached_property
+    def _zone_of_subnet(self) -> dict[str, str]:
+        return {subnet["SubnetId"]: subnet["AvailabilityZone"] for subnet in self._subnets}
+
+    @cached_property
     def _zone_names(self) -> list[str]:
         return sorted({subnet["AvailabilityZone"] for subnet in self._subnets})
 
@@ -186,10 +190,14 @@ class Ec2Fleet:
                 or [LaunchError(code="UnfulfillableCapacity", message="partial launch")],
             )
         first_group = launched[0][0]
+        chosen = first_group.get("LaunchTemplateAndOverrides", {})
         return LaunchResult(
             instance_ids=instance_ids,
             instance_type=first_group.get("InstanceType"),
-            zone=_zone_of(first_group.get("LaunchTemplateAndOverrides", {}), planned_zone),
+            zone=_zone_of(chosen, planned_zone),
+            availability_zone=self._zone_of_subnet.get(
+                chosen.get("Overrides", {}).get("SubnetId", "")
+            ),
             capacity_type=request.capacity_type,
             errors=errors,
         )
