@@ -15,13 +15,13 @@ burst fails some launches, which the state machine retries (the fleet's launch i
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.adapters.aws.transactions import Backoff
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.scaling import AlarmKind, AlarmRule, job_alarm_rules
 from gpufleet.domain.spec import JobSpec
@@ -30,7 +30,7 @@ from gpufleet.topology import ALARM_PREFIX, JOB_DIMENSION, METRICS_NAMESPACE
 # How long one create or delete keeps trying throttled calls: with a call's own SDK retries
 # (about 15 s at most) still within the Launch and Release functions' timeouts (`topology`).
 THROTTLE_PATIENCE_SECONDS = 30.0
-_LONGEST_BACKOFF_SECONDS = 2.0
+_BACKOFF = Backoff(base_seconds=0.1, cap_seconds=2.0)
 # What CloudWatch answers past its rates (the query error code the SDK reports).
 _THROTTLED = frozenset({"Throttling", "ThrottlingException"})
 
@@ -96,17 +96,17 @@ class CloudWatchAlarms:
         self._patience = patience_seconds
 
     def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
-        backoff = _Backoff(self._patience)
+        patience = _Patience(self._patience)
         for rule in job_alarm_rules(spec, policy):
-            backoff.call(self._client.put_metric_alarm, **alarm_parameters(job_id, rule))
+            patience.call(self._client.put_metric_alarm, **alarm_parameters(job_id, rule))
 
     def delete(self, job_id: str) -> None:
         # Every kind, whichever this run got: deleting an alarm that does not exist is no error.
         names = [alarm_name(job_id, kind) for kind in AlarmKind]
-        _Backoff(self._patience).call(self._client.delete_alarms, AlarmNames=names)
+        _Patience(self._patience).call(self._client.delete_alarms, AlarmNames=names)
 
 
-class _Backoff:
+class _Patience:
     """Calls tried again while CloudWatch throttles them, with full-jitter exponential backoff,
     until `patience_seconds` have passed since the first; then the throttle is raised."""
 
@@ -124,4 +124,4 @@ class _Backoff:
                 if not throttled or time.monotonic() >= self._deadline:
                     raise
             self._tries += 1
-            time.sleep(random.uniform(0, min(_LONGEST_BACKOFF_SECONDS, 0.1 * 2**self._tries)))
+            time.sleep(_BACKOFF.delay(self._tries))

@@ -126,7 +126,8 @@ class Backoff:
     """Tries of a write that DynamoDB refused for throughput or for another writer, with a wait
     before each retry drawn uniformly up to `base_seconds` * 2^n, at most `cap_seconds` ("full
     jitter": writers that collided do not collide again in step). Milliseconds, as the SDK
-    backs off on throttling: not a wait for work."""
+    backs off on throttling: not a wait for work. CloudWatch's alarm calls draw their waits
+    from one too (`alarms`)."""
 
     tries: int = 6
     base_seconds: float = 0.05
@@ -134,8 +135,12 @@ class Backoff:
     sleep: Callable[[float], None] = time.sleep
     draw: Callable[[], float] = random.random
 
+    def delay(self, retry: int) -> float:
+        """The wait before retry `retry` (0 for the first)."""
+        return float(self.draw() * min(self.cap_seconds, self.base_seconds * 2**retry))
+
     def wait(self, retry: int) -> None:
-        self.sleep(self.draw() * min(self.cap_seconds, self.base_seconds * 2**retry))
+        self.sleep(self.delay(retry))
 
 
 BACKOFF = Backoff()
