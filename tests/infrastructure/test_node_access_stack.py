@@ -97,9 +97,7 @@ def test_configured_file_systems_buckets_and_secrets_are_granted_and_nothing_mor
     objects = _text(statements["ReadDatasets"]["Resource"])
     assert "datasets-bucket/imagenet/*" in objects and "whole-bucket/*" in objects
     assert statements["ReadDatasets"]["Action"] == "s3:GetObject"
-    assert statements["ListDatasets0"]["Condition"] == {
-        "StringLike": {"s3:prefix": ["imagenet/*"]}
-    }
+    assert statements["ListDatasets0"]["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
     assert "Condition" not in statements["ListDatasets1"]  # the whole bucket is configured
     assert "secret:ml/prod/*" in _text(statements["ReadSecrets"]["Resource"])
     assert "parameter/ml/prod/*" in _text(statements["ReadParameters"]["Resource"])
