@@ -1,11 +1,13 @@
-"""A job's secrets, end to end on the embedded account: submitted by reference, read on the node
-from the account's Secrets Manager and Parameter Store at start, and handed to the container
-through its private env file; their values reach no table item, manifest or other object,
-workflow state or log."""
+"""The node's preparation on the embedded account. A job's secrets, end to end: submitted by
+reference, read on the node from the account's Secrets Manager and Parameter Store at start, and
+handed to the container through its private env file; their values reach no table item,
+manifest or other object, workflow state or log. Volumes on the emulated host: only what the
+account holds mounts."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -13,9 +15,11 @@ import pytest
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.agent.aws import AwsNodeSecrets, S3Manifests
 from gpufleet.agent.node import RunManifest
+from gpufleet.agent.prepare import SCRATCH_ARRAY as SCRATCH
 from gpufleet.agent.prepare import PreparationFailed, prepare
 from gpufleet.emulator.account import Account
-from gpufleet.emulator.patches import NODE, acting_as
+from gpufleet.emulator.node_host import EmulatedHost
+from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.topology import JOB_LIFECYCLE, JOBS_TABLE, RUNS_PREFIX
 from tests.helpers import jobs_from, wait_for
 from tests.unit.test_agent import fake_docker
@@ -136,3 +140,64 @@ def test_no_value_reaches_a_table_the_manifest_the_workflow_or_a_log(
     assert "secretsmanager:gpufleet/hf" in stored  # the references are kept ...
     assert HF_TOKEN not in stored and WANDB_KEY not in stored  # ... never the values
     assert HF_TOKEN not in raw.decode()
+
+
+# -- volumes on the emulated host: only what the account holds mounts -------------------------
+
+
+def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
+    account: Account, launched: tuple[str, bytes], tmp_path: Path
+) -> None:
+    with acting_as(EMULATOR):
+        efs = account.client("efs").create_file_system(CreationToken="data")["FileSystemId"]
+        account.client("s3").create_bucket(Bucket="datasets-bucket")
+    host = EmulatedHost(account.client, tmp_path, instance_store_disks=2)
+    document = json.loads(launched[1])
+    document["secrets"] = {}
+    document["volumes"] = [
+        {"kind": "efs", "id": efs, "mount": "/shared", "read_only": False},
+        {
+            "kind": "s3",
+            "id": "s3://datasets-bucket/x",
+            "mount": "/d",
+            "read_only": True,
+            "bucket": "datasets-bucket",
+            "prefix": "x/",
+        },
+        {"kind": "instance_store", "id": "scratch", "mount": "/scratch", "read_only": False},
+    ]
+    run = RunManifest.from_json(json.dumps(document).encode())
+    secrets = AwsNodeSecrets(lambda s, **_: account.client(s))
+    prepared = prepare(run, host, secrets, PurePosixPath(tmp_path))
+    sources = prepared.docker_args[1::2]
+    assert [Path(s.split(":")[0]).is_dir() for s in sources] == [True, True, True]
+    assert sorted(host.mounted.values()) == sorted([f"{efs}:/", "s3://datasets-bucket", SCRATCH])
+    for missing in (
+        {"kind": "efs", "id": "fs-0fffffff", "mount": "/x"},
+        {
+            "kind": "s3",
+            "id": "s3://no-such-bucket",
+            "mount": "/x",
+            "read_only": True,
+            "bucket": "no-such-bucket",
+        },
+    ):
+        document["volumes"] = [missing]
+        run = RunManifest.from_json(json.dumps(document).encode())
+        with pytest.raises(PreparationFailed, match=f"mounting {missing['kind']}"):
+            prepare(run, host, secrets, PurePosixPath(tmp_path))
+    no_disks = EmulatedHost(account.client, tmp_path)
+    document["volumes"] = [{"kind": "instance_store", "id": "scratch", "mount": "/scratch"}]
+    run = RunManifest.from_json(json.dumps(document).encode())
+    with pytest.raises(PreparationFailed, match="no NVMe instance-store disks"):
+        prepare(run, no_disks, secrets, PurePosixPath(tmp_path / "other"))
+
+
+def test_a_login_on_the_emulated_host_needs_the_password_on_stdin(
+    account: Account, tmp_path: Path
+) -> None:
+    host = EmulatedHost(account.client, tmp_path)
+    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    argv = ["docker", "login", "--username", "AWS", "--password-stdin", registry]
+    assert host(argv).returncode != 0 and host.logins == set()
+    assert host(argv, stdin="token").returncode == 0 and host.logins == {registry}
