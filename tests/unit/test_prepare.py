@@ -290,3 +290,16 @@ def test_a_failed_preparation_fails_the_run_before_docker_creates_anything(tmp_p
     assert outcome.exit_code is None
     assert outcome.reason.startswith("could not prepare the node: could not read secret HF_TOKEN")
     assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_a_secret_never_replaces_what_the_agent_sets_itself(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path)
+    secrets = FakeSecrets(secrets={"gpufleet/x": "s3://elsewhere/"})
+    run = _manifest(
+        resume=True,
+        checkpoint="s3://ckpt/j/",
+        secrets={"GPUFLEET_RESUME_FROM": "secretsmanager:gpufleet/x"},
+    )
+    docker.run(run, preparation=lambda m: prepare(m, RecordingRunner(), secrets, ROOT))
+    [create] = [call for call in docker.calls() if call["argv"][1] == "create"]
+    assert create["env_file"] == "GPUFLEET_RESUME_FROM=s3://ckpt/j/\n"

@@ -207,8 +207,9 @@ class DockerRuntime:
         except PreparationFailed as exc:
             return RunOutcome(exit_code=None, reason=f"could not prepare the node: {exc}")
         try:
-            # The secrets' values join the job's env here, in the private file only.
-            env_text = env_file_text({**container_environment(manifest), **prepared.env})
+            # The secrets' values join the job's env here, in the private file only; what the
+            # agent sets itself (where to resume from) is never replaced by one.
+            env_text = env_file_text({**prepared.env, **container_environment(manifest)})
         except ValueError as exc:
             return RunOutcome(exit_code=None, reason=f"the job's env cannot reach docker: {exc}")
         with private_env_file(env_text) as env_file:
