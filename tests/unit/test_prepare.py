@@ -303,3 +303,11 @@ def test_a_secret_never_replaces_what_the_agent_sets_itself(tmp_path: Path) -> N
     docker.run(run, preparation=lambda m: prepare(m, RecordingRunner(), secrets, ROOT))
     [create] = [call for call in docker.calls() if call["argv"][1] == "create"]
     assert create["env_file"] == "GPUFLEET_RESUME_FROM=s3://ckpt/j/\n"
+
+
+def test_a_runtime_without_preparation_never_runs_a_job_that_needs_one(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path)
+    outcome = docker.run(_manifest(secrets={"T": "ssm:/gpufleet/t"}))
+    assert outcome.exit_code is None and "runs no preparation" in outcome.reason
+    assert not (tmp_path / "calls.jsonl").exists()
+    assert docker.run(_manifest()).exit_code == 0  # nothing to prepare: it runs

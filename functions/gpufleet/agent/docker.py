@@ -145,18 +145,18 @@ def create_argv(
     manifest: RunManifest,
     env_file: Path,
     logs: ContainerLogs | None = None,
-    prepared: Sequence[str] = (),
+    volume_args: Sequence[str] = (),
 ) -> list[str]:
     """The argv for `docker create`: with every GPU, on the host network, the job's env read
     from `env_file` (no value is ever on a command line: `ps` shows command lines), the
-    volumes the node prepared (`prepared`), the image and the command as one argv element
+    volumes the node prepared (`volume_args`), the image and the command as one argv element
     each, after `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
     argv = ["docker", "create", "--name", container_name(manifest), "--gpus", "all"]
     argv += ["--network", "host", "--ipc", "host"]
     if logs is not None:
         argv += logs.options(manifest.job_id)
-    argv += [*prepared, "--env-file", str(env_file), "--", manifest.image, *manifest.command]
+    argv += [*volume_args, "--env-file", str(env_file), "--", manifest.image, *manifest.command]
     return argv
 
 
@@ -193,12 +193,12 @@ class DockerRuntime:
         preparation: Callable[[RunManifest], Prepared] | None = None,
     ) -> None:
         """`preparation` logs in, mounts the volumes and reads the secrets before the container
-        is created (agent/prepare.py); none: nothing to prepare."""
+        is created (agent/prepare.py); without one, a run that needs any of them fails."""
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
         self._cli_env = docker_cli_environment(os.environ if environment is None else environment)
-        self._preparation = preparation or (lambda _manifest: Prepared())
+        self._preparation = preparation or _nothing_to_prepare
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         deadline = time.monotonic() + manifest.timeout_seconds
@@ -238,13 +238,13 @@ class DockerRuntime:
         env_file: Path,
         stop: threading.Event,
         deadline: float,
-        prepared: Sequence[str] = (),
+        volume_args: Sequence[str] = (),
     ) -> RunOutcome | None:
         """Create the container (pulling its image, which can take minutes); None when it
         exists, else how the run ended."""
         try:
             process = self._popen(
-                create_argv(manifest, env_file, self._logs, prepared), stdout=subprocess.DEVNULL
+                create_argv(manifest, env_file, self._logs, volume_args), stdout=subprocess.DEVNULL
             )
         except OSError as exc:
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
@@ -309,6 +309,14 @@ class DockerRuntime:
             errors="replace",
             check=False,
         )
+
+
+def _nothing_to_prepare(manifest: RunManifest) -> Prepared:
+    """A runtime that cannot prepare a node: never a run without the volumes, secrets or login
+    its manifest asks for."""
+    if manifest.volumes or manifest.secrets or manifest.registry_login:
+        raise PreparationFailed("this node runs no preparation (volumes, secrets, login)")
+    return Prepared()
 
 
 _STOPPED = "checkpointed on request"
