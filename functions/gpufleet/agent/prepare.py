@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpufleet.errors import GpufleetError
+
 if TYPE_CHECKING:
     from gpufleet.agent.node import RunManifest
 
@@ -123,9 +125,10 @@ class NodeSecrets(Protocol):
         ...
 
 
-class PreparationFailed(Exception):
-    """The node could not be prepared for the run: the run fails with this reason, which
-    names what failed and never a secret's value."""
+class PreparationFailed(GpufleetError):
+    """The node could not be prepared for the run: the run fails with this reason (its finish
+    report says it; the control plane settles it as any failed run), which names what failed
+    and never a secret's value."""
 
 
 @dataclass(frozen=True)
