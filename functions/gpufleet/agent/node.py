@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
+from gpufleet.agent.prepare import RegistryLogin, VolumeMount
 from gpufleet.topology import (
     AGENT_METRICS,
     AGENT_SOURCE,
@@ -64,6 +65,11 @@ class RunManifest:
     resume: bool = False
     stage: str | None = None  # of a multi-stage job
     await_next_stage: bool = False  # the next stage may run on this instance
+    # Prepared on the node before the container starts (agent/prepare.py): secrets by
+    # reference (environment name -> where its value is read), never by value.
+    volumes: tuple[VolumeMount, ...] = ()
+    secrets: dict[str, str] = field(default_factory=dict)
+    registry_login: RegistryLogin | None = None
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
@@ -80,6 +86,9 @@ class RunManifest:
             resume=bool(document.get("resume", False)),
             stage=None if document.get("stage") is None else str(document["stage"]),
             await_next_stage=bool(document.get("await_next_stage", False)),
+            volumes=tuple(VolumeMount.from_document(v) for v in document.get("volumes", [])),
+            secrets={str(k): str(v) for k, v in document.get("secrets", {}).items()},
+            registry_login=RegistryLogin.from_document(document.get("registry_login")),
         )
 
 

@@ -112,7 +112,8 @@ class LaunchSteps(LifecycleBase):
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
         self._ports.objects.put_json(
-            run_manifest_key(job_id), run_manifest(job, self._policy.data_bucket)
+            run_manifest_key(job_id),
+            run_manifest(job, self._policy.data_bucket, self._policy.data_sources),
         )
         # A new run starts with no instruction pending: a checkpoint request was for the last.
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})

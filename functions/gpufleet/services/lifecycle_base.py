@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufleet.domain.catalog import InstanceType
-from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
+from gpufleet.domain.config import CostPolicy, DataSources, MetricPolicy, Reservation
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus
+from gpufleet.domain.node_access import manifest_access
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
 from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS
@@ -57,6 +58,8 @@ class LifecyclePolicy:
     # and how many GPUs a stage held.
     instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None
     data_bucket: str = ""  # where stages pass data to each other (runs/<job>/stages/<stage>/)
+    # The file systems and buckets jobs may mount (gpufleet.yaml `data`).
+    data_sources: DataSources = field(default_factory=DataSources)
     # The admission policy: a job no state of the fleet could ever admit is refused at intake.
     queue: QueuePolicy = field(default_factory=QueuePolicy)
 
@@ -176,9 +179,9 @@ class LifecycleBase:
         return True
 
 
-def run_manifest(job: Job, data_bucket: str) -> dict[str, Any]:
+def run_manifest(job: Job, data_bucket: str, data_sources: DataSources) -> dict[str, Any]:
     """What the node agent needs to run the job (its current stage): read by the agent, never
-    passed to a shell."""
+    passed to a shell. Secrets by reference: their values are read on the node."""
     spec = job.effective_spec
     stage_env = stage_environment(job, stage_data_root(data_bucket, job.job_id))
     return {
@@ -196,6 +199,7 @@ def run_manifest(job: Job, data_bucket: str) -> dict[str, Any]:
         "stage": job.stage_name,
         # The next stage may run on these instances: the agent waits for it after this one.
         "await_next_stage": next_stage_may_reuse(job),
+        **manifest_access(spec, data_sources),
     }
 
 
