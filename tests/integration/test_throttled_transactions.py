@@ -25,7 +25,7 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
     in_memory_ports,
 )
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.emulator.account import table_definition
 from gpufleet.errors import TransientError
 from gpufleet.ports import Ports
@@ -143,7 +143,7 @@ def test_a_job_whose_every_transaction_is_throttled_first_ends_as_its_run_did(
         admission = admit(fleet, on_arrival)
         finished = run(fleet, admission)
         if changed_after_the_finish:  # e.g. an alarm flagged it meanwhile
-            fleet.ports.jobs.update(job_id, fleet.ports.clock.now(), {"flags": ["idle"]})
+            fleet.ports.jobs.update(job_id, fleet.ports.clock.now(), JobChanges(flags=["idle"]))
         released = fleet.lifecycle.release(job_id, {"run": finished})
     # Every transaction of the paths was throttled, and tried again until it went through.
     assert len(cancelled) == transactions

@@ -14,7 +14,7 @@ from gpufleet.adapters.local.memory import (
     RecordingAlarms,
     RecordingWorkflow,
 )
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import RESIZED
 from gpufleet.domain.spec import Resources
@@ -76,7 +76,7 @@ def test_a_job_whose_requeue_fails_still_ends_in_a_final_status_with_its_cost() 
     ever, with no cost although it held an instance."""
     service, ports, job_id, instance = running_job()
     impossible = Resources(gpus=8, gpu_memory_gib=200)
-    ports.jobs.update(job_id, ports.clock.now(), {"resources_override": impossible})
+    ports.jobs.update(job_id, ports.clock.now(), JobChanges(resources_override=impossible))
     assert service.drain(job_id, RESIZED)
     checkpointed = NodeReport(
         job_id=job_id, instance_id=instance, phase="finished", exit_code=0, reason="checkpointed"
@@ -102,7 +102,9 @@ def test_a_job_that_ended_keeps_its_status_when_its_workflow_breaks_after() -> N
     # The lifecycle's own end of a failed job is a Succeed state (no event reaches the
     # backstop); a FAILED execution of an ended job is a workflow that broke after it ended.
     service, ports, job_id, _instance = running_job()
-    ports.jobs.transition(job_id, JobStatus.FAILED, ports.clock.now(), {"failure_reason": "x"})
+    ports.jobs.transition(
+        job_id, JobStatus.FAILED, ports.clock.now(), JobChanges(failure_reason="x")
+    )
     store = cast(InMemoryJobStore, ports.jobs)
     BackstopService(ports, service).workflow_ended(WorkflowEnd(job_id, "FAILED", "ReleaseFailed"))
     ended = store.get(job_id)

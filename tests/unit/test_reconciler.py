@@ -16,7 +16,7 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import WarmPool
 from gpufleet.domain.history import requeue_budget
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.factory import build_intake, build_lifecycle
@@ -57,7 +57,7 @@ def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
         NodeReport(job_id=running, instance_id=instance[running], phase="started")
     )
     # Ended with its instance left behind (its Release kept failing: ReleaseFailed).
-    ports.jobs.transition(ended, JobStatus.FAILED, clock.now(), {"failure_reason": "Boom"})
+    ports.jobs.transition(ended, JobStatus.FAILED, clock.now(), JobChanges(failure_reason="Boom"))
     # A second fleet for the running job: a launch crashed after CreateFleet, and the retry that
     # recorded the job's placement did not see it (EC2 lists new instances late).
     leftover = "i-" + "f" * 17

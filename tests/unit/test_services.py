@@ -21,7 +21,7 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.cost import storage_usd_per_hour
-from gpufleet.domain.job import DroppedReport, IllegalTransition, JobStatus
+from gpufleet.domain.job import DroppedReport, IllegalTransition, JobChanges, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import Booking, QueuePolicy, TeamQuota
@@ -484,7 +484,7 @@ def test_the_first_launch_after_an_admission_notes_the_wait_once() -> None:
 
     service, ports, job_id = lifecycle_with_job(FakeFleet(no_spot))
     clock = cast(ManualClock, ports.clock)
-    ports.jobs.update(job_id, clock.now(), {"preempted_for": "j-" + "1" * 20})
+    ports.jobs.update(job_id, clock.now(), JobChanges(preempted_for="j-" + "1" * 20))
     queued_at = clock.now()
     clock.advance(90)
     admission = {"admitted": True, "queued_at": queued_at, "admitted_at": clock.now()}
@@ -708,7 +708,7 @@ def test_release_settles_from_the_job_its_node_finish_handed_over_or_from_the_re
     run = run_to_finish(service, ports, job_id, admission)
     assert run["job"]["job_id"] == job_id and run["exit_code"] == 0
     if changed_meanwhile:  # e.g. an alarm flagged it after the finish: the view is stale
-        ports.jobs.update(job_id, ports.clock.now(), {"flags": ["idle"]})
+        ports.jobs.update(job_id, ports.clock.now(), JobChanges(flags=["idle"]))
     released = service.release(job_id, {"run": run})
     job = ports.jobs.get(job_id)
     assert released["outcome"]["status"] == "SUCCEEDED" == job.status.value

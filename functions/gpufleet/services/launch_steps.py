@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.cost import launch_costs
 from gpufleet.domain.duration import DurationEstimate
-from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
@@ -107,7 +107,7 @@ class LaunchSteps(LifecycleBase):
             return LaunchStepResult(step=step, attempt=attempt, give_up=True, error="job ended")
         if job.placement is not None:
             # A retry of a launch that already succeeded: park the token, do not launch again.
-            job = self._ports.jobs.update(job_id, self._now(), {"task_token": task_token})
+            job = self._ports.jobs.update(job_id, self._now(), JobChanges(task_token=task_token))
             if job.run_result is not None:  # and its node already finished
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
@@ -147,13 +147,12 @@ class LaunchSteps(LifecycleBase):
             )
             if result.launched:
                 fell_back = plan.is_on_demand_fallback(step)
-                changes = {
-                    **self._admitted_changes(job, admission),
-                    "placement": self._placement(result, launch_step),
-                    "attempts": job.attempts + 1,
-                    "ondemand_fallback": fell_back,
-                    "task_token": task_token,
-                }
+                changes = self._admitted_changes(job, admission) | JobChanges(
+                    placement=self._placement(result, launch_step),
+                    attempts=job.attempts + 1,
+                    ondemand_fallback=fell_back,
+                    task_token=task_token,
+                )
                 # Alarms first: a recorded placement is never retried, so it must have them.
                 self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
                 self._record_launch(job, changes)
@@ -185,14 +184,14 @@ class LaunchSteps(LifecycleBase):
             category=result.error_category.value if result.error_category else "",
         )
 
-    def _record_launch(self, job: Job, changes: dict[str, Any]) -> Job:
+    def _record_launch(self, job: Job, changes: JobChanges) -> Job:
         """Move the job to LAUNCHING and tell the queue: its hourly cost, for the fleet's cost
         per hour, and for a job with a budget the moment its cost will reach it, for the
         dispatcher's passes to stop it then. One write spanning both, as a rule; two when that
         one finds the job moved on or its share released (a repeated step, a race)."""
         now = self._now()
-        launching = job.model_copy(
-            update={**changes, "status": JobStatus.LAUNCHING, "updated_at": now}
+        launching = job.with_changes(changes).model_copy(
+            update={"status": JobStatus.LAUNCHING, "updated_at": now}
         )
         hourly_usd, stop_at = launch_costs(launching)
         change = StatusChange(
@@ -207,16 +206,17 @@ class LaunchSteps(LifecycleBase):
         return launching
 
     @staticmethod
-    def _admitted_changes(job: Job, admission: Mapping[str, Any]) -> dict[str, Any]:
+    def _admitted_changes(job: Job, admission: Mapping[str, Any]) -> JobChanges:
         """The first launch after an admission notes the wait it ended."""
         if job.status is not JobStatus.QUEUED:
-            return {}
-        changes: dict[str, Any] = {"preempted_for": None}
+            return JobChanges()
+        changes = JobChanges(preempted_for=None)
         admitted_at, queued_at = admission.get("admitted_at"), admission.get("queued_at")
         if isinstance(admitted_at, int | float) and isinstance(queued_at, int | float):
-            changes["waited_seconds"] = job.waited_seconds + max(0.0, admitted_at - queued_at)
+            waited = job.waited_seconds + max(0.0, admitted_at - queued_at)
+            changes |= JobChanges(waited_seconds=waited)
             if job.first_admitted_at is None:
-                changes["first_admitted_at"] = float(admitted_at)
+                changes |= JobChanges(first_admitted_at=float(admitted_at))
         return changes
 
     def _memory_may_hold(self, admission: Mapping[str, Any], tries: int) -> bool:

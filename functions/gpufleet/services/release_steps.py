@@ -115,7 +115,7 @@ class ReleaseSteps(LifecycleBase):
                 if self._ports.queue.release(job.job_id):
                     self._capacity_freed(job.job_id)
             elif isinstance(command, Record):
-                ended, moved = self._write(job, command.status, dict(command.changes))
+                ended, moved = self._write(job, command.status, command.changes)
             elif isinstance(command, PublishStatusChange) and moved:
                 self._status_changed(ended, command.previous)
         return _settled(terminated, settlement, ended)
@@ -130,20 +130,19 @@ class ReleaseSteps(LifecycleBase):
         if job.status.terminal or record is None:
             return None
         now = self._now()
-        changes = dict(record.changes)
         change = StatusChange(
-            job.job_id, record.status, frozenset({job.status}), now, changes, version=job.version
+            job.job_id,
+            record.status,
+            frozenset({job.status}),
+            now,
+            record.changes,
+            version=job.version,
         )
         freed = self._ports.queue.record_release(change, _share_of(job))
         if freed is None:
             return None
-        ended = job.model_copy(
-            update={
-                **changes,
-                "status": record.status,
-                "updated_at": now,
-                "version": job.version + 1,
-            }
+        ended = job.with_changes(record.changes).model_copy(
+            update={"status": record.status, "updated_at": now, "version": job.version + 1}
         )
         if any(isinstance(c, PublishStatusChange) for c in settlement.commands):
             self._status_changed(ended, job.status)
@@ -161,7 +160,7 @@ class ReleaseSteps(LifecycleBase):
         terminated: list[str] = []
         for command in settlement.commands:
             if isinstance(command, Record):
-                job = self._ports.jobs.update(job.job_id, self._now(), dict(command.changes))
+                job = self._ports.jobs.update(job.job_id, self._now(), command.changes)
             elif isinstance(command, Terminate) and command.instance_ids:
                 terminated = list(command.instance_ids)
                 self._ports.fleet.terminate_instances(terminated)

@@ -15,6 +15,7 @@ from gpufleet.domain.job import (
     DroppedReport,
     IllegalTransition,
     Job,
+    JobChanges,
     JobNotFound,
     JobStatus,
 )
@@ -88,7 +89,7 @@ class RunReports(LifecycleBase):
             target, sources, changes = JobStatus.RUNNING, None, None
         else:
             target, sources = JobStatus.RUNNING, [JobStatus.RUNNING]
-            changes = {"run_result": _run_result(report)}
+            changes = JobChanges(run_result=_run_result(report))
         try:
             job = self._ports.jobs.transition(
                 report.job_id,
@@ -109,7 +110,7 @@ class RunReports(LifecycleBase):
     def _node_finished(self, job: Job, report: NodeReport) -> None:
         result = _run_result(report, job)
         # A finish can overtake its start; the node evidently ran.
-        job = self._move(job, JobStatus.RUNNING, {"run_result": result})
+        job = self._move(job, JobStatus.RUNNING, JobChanges(run_result=result))
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
 
@@ -149,7 +150,7 @@ class RunReports(LifecycleBase):
                 "reason": f"instance {instance_id} is {state}",
                 "interrupted": placement.capacity_type == CapacityType.SPOT.value,
             }
-            job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+            job = self._ports.jobs.update(job_id, self._now(), JobChanges(run_result=result))
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
         return job_id
