@@ -22,6 +22,7 @@ from gpufleet.ports import WorkflowRun
 from gpufleet.services.backstop import BackstopService, WorkflowEnd, failure_of
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from tests.helpers import plan_of
 from tests.unit.test_services import admitted_job, run_to_finish, started
 
@@ -29,7 +30,12 @@ from tests.unit.test_services import admitted_job, run_to_finish, started
 def running_job() -> tuple[LifecycleService, Any, str, str]:
     """An admitted job whose node runs it, ten minutes in: (service, ports, job, instance)."""
     service, ports, job_id, admission = admitted_job()
-    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    assert (
+        service.launch(
+            job_id, plan_of(ports, job_id), 0, 0, "run", Admission.model_validate(admission)
+        )
+        is None
+    )
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
     cast(ManualClock, ports.clock).advance(600)
@@ -83,7 +89,7 @@ def test_a_job_whose_requeue_fails_still_ends_in_a_final_status_with_its_cost() 
     )
     service.node_report(checkpointed)
     run = cast(RecordingWorkflow, ports.workflow).completed["run"]
-    assert service.release(job_id, {"run": run})["requeue"] is True
+    assert service.release(job_id, WorkflowState.model_validate({"run": run}))["requeue"] is True
     with pytest.raises(NoFeasibleOffering) as refused:  # each of Requeue's tries
         service.requeue_input(job_id, 1)
     cause = json.dumps({"errorType": "NoFeasibleOffering", "errorMessage": str(refused.value)})

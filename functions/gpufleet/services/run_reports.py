@@ -5,7 +5,6 @@ events (a spot warning, an instance gone) that end it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +21,7 @@ from gpufleet.domain.job import (
 from gpufleet.domain.launch import CapacityType
 from gpufleet.domain.settlement import INTERRUPTED
 from gpufleet.services.lifecycle_base import LifecycleBase
+from gpufleet.services.workflow_state import WorkflowState
 
 # A process's exit status as Linux reports it, and docker with it: 0 to 255, a death by signal
 # n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
@@ -156,7 +156,8 @@ class RunReports(LifecycleBase):
         return job_id
 
 
-# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
+# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes
+# (`RunOutcome.job`).
 _FINISHED_JOB = "job"
 
 # The largest job handed over that way. Step Functions fails an execution whose state passes
@@ -176,14 +177,12 @@ def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
     return output
 
 
-def finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
+def finished_job(job_id: str, state: WorkflowState) -> Job | None:
     """The job as its node's finish left it, when the workflow carries it and it has a single
     stage (a multi-stage job's release may keep its instances: it reads the record)."""
-    run = state.get("run")
-    document = run.get(_FINISHED_JOB) if isinstance(run, Mapping) else None
-    if not isinstance(document, Mapping):
+    job = state.run.job if state.run is not None else None
+    if job is None:
         return None
-    job = Job.model_validate(document)
     return job if job.job_id == job_id and not job.spec.stages else None
 
 
