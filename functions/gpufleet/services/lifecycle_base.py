@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.config import CostPolicy, DataSources, MetricPolicy, Reservation
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
-from gpufleet.domain.job import IllegalTransition, Job, JobStatus
+from gpufleet.domain.job import IllegalTransition, Job, JobChanges, JobStatus
 from gpufleet.domain.node_access import manifest_access
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
@@ -94,7 +94,7 @@ class LifecycleBase:
     def _now(self) -> float:
         return self._ports.clock.now()
 
-    def _move(self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None) -> Job:
+    def _move(self, job: Job, target: JobStatus, changes: JobChanges | None = None) -> Job:
         """Move to `target` with `changes`, and tell who listens; a job already there (a
         repeated step) only gets the changes."""
         moved, changed = self._write(job, target, changes)
@@ -103,7 +103,7 @@ class LifecycleBase:
         return moved
 
     def _write(
-        self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None
+        self, job: Job, target: JobStatus, changes: JobChanges | None = None
     ) -> tuple[Job, bool]:
         """`_move` without telling anyone: the job as written, and whether its status moved."""
         if job.status == target:
@@ -170,7 +170,7 @@ class LifecycleBase:
         self._ports.jobs.update(
             job_id,
             self._now(),
-            {"drain_reason": reason, "drain_requested_at": self._now()},
+            JobChanges(drain_reason=reason, drain_requested_at=self._now()),
         )
         self._ports.objects.put_json(
             control_key(job_id),
