@@ -18,6 +18,7 @@ from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import queued_job
+from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
 
@@ -45,6 +46,8 @@ def make_settings(**changes: object) -> Settings:
         "queue_table": "queue",
         "event_bus_name": "gpufleet",
         "intake_bucket": "bucket",
+        # A deployment with the stack's default images: one plain template per boot target.
+        "launch_templates": {t.name: f"lt-{t.name}" for t in STOCK_TARGETS},
         **changes,
     }
     return Settings.model_validate(values)
