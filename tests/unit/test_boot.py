@@ -98,7 +98,7 @@ def test_template_keys_name_themselves_back() -> None:
         k for k in keys if k.target == X86_NVIDIA
     ]
     for bad in ("x86_64", "mips-nvidia", "x86_64-nvidia-efa", "x86_64-nvidia-efa4of2"):
-        with pytest.raises(ValueError, match="^not a (boot target|launch template key)"):
+        with pytest.raises(ValueError, match=r"^not a (boot target|launch template key)"):
             TemplateKey.parse(bad)
 
 
