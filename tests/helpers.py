@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
+from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.job import Job
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.ports import JobStore, Ports
@@ -18,7 +19,6 @@ from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import queued_job
-from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
 
