@@ -99,6 +99,8 @@ def parse_launch_templates(value: str) -> dict[str, str]:
     if any(not key or not template for key, _, template in pairs):
         raise ValueError(f"{ENV_LAUNCH_TEMPLATES} must be KEY=lt-...,KEY=lt-..., not {value!r}")
     return {key: template for key, _, template in pairs}
+
+
 # Warm-pool instances: "true" while idle, "claimed" once a launch took one (it then has a job).
 TAG_WARM = "gpufleet:warm"
 WARM_IDLE = "true"
