@@ -1,5 +1,5 @@
 """The embedded account's time: what its emulated nodes, its loops (schedules, alarms) and Step
-Functions' heartbeat timeouts wait on.
+Functions' timers wait on.
 
 `WallClock` is the machine's clock (`gpufleet emulator`, whose HTTP server waits on sockets, and
 the chaos runs). `PacedClock` (`gpufleet demo`, and so every test that runs a demo) is a virtual
@@ -13,10 +13,11 @@ threads: a node that heartbeats every 0.5 emulated seconds is never taken for si
 2-second heartbeat timeout, however long a heartbeat takes to deliver, and a node that stops
 heartbeating always is. A loaded machine makes a run take longer; it does not change its result.
 
-What still waits real seconds and is no result's cause: a thread in `time.sleep` (Step
-Functions' `Retry` intervals: the clock stands still meanwhile), moto's `Wait` state and a
-task's `TimeoutSeconds` (the clock moves on meanwhile, never faster than real time), and the
-timestamps AWS and the control plane write (the wall clock, which never runs behind this one).
+Step Functions' heartbeat timeouts and `Wait` states wait on it too (`patches`). What still
+waits real seconds and is no result's cause: a thread in `time.sleep` (Step Functions' `Retry`
+intervals: the clock stands still meanwhile), a task's `TimeoutSeconds` (the clock moves on
+meanwhile, never faster than real time), and the timestamps AWS and the control plane write
+(the wall clock, which never runs behind this one).
 """
 
 from __future__ import annotations
