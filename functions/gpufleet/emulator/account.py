@@ -28,6 +28,7 @@ from gpufleet.domain.boot import BootTarget, network_interfaces, template_keys
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.emulator import account_baseline
+from gpufleet.emulator.clock import EmulatorClock, WallClock
 from gpufleet.emulator.patches import (
     EMULATOR,
     EXECUTION_ENDED,
@@ -74,6 +75,8 @@ class Account:
     subnet_ids: list[str] = field(default_factory=list)
     config: FleetConfig = field(default_factory=FleetConfig)
     notify_topic_arn: str = ""
+    # What the account's nodes, loops and heartbeat timeouts wait on (`clock`).
+    clock: EmulatorClock = field(default_factory=WallClock)
 
     def client(self, service: str) -> Any:
         return new_session().client(service, region_name=self.region)
@@ -140,9 +143,12 @@ def repository_config() -> FleetConfig:
 
 @contextmanager
 def embedded_account(
-    extra_env: Mapping[str, str] | None = None, config: FleetConfig | None = None
+    extra_env: Mapping[str, str] | None = None,
+    config: FleetConfig | None = None,
+    clock: EmulatorClock | None = None,
 ) -> Iterator[Account]:
-    """Start moto, create the stack's resources, and patch in the real handlers."""
+    """Start moto, create the stack's resources, and patch in the real handlers. The account's
+    timers run on `clock` (the wall clock when not given)."""
     from moto import mock_aws
 
     saved_env = dict(os.environ)
@@ -168,9 +174,11 @@ def embedded_account(
     mock.start()
     patches: Installed | None = None
     try:
-        patches = install(recorder, _write_log)  # all or nothing: it undoes itself if it fails
+        clock = clock or WallClock()
+        # All or nothing: it undoes itself if it fails.
+        patches = install(recorder, _write_log, clock)
         with acting_as(EMULATOR):
-            account = _create_resources(recorder, config or repository_config())
+            account = _create_resources(recorder, config or repository_config(), clock)
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
@@ -223,8 +231,8 @@ def _forget_cold_starts() -> None:
         cached.cache_clear()
 
 
-def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
-    account = Account(region=REGION, recorder=recorder, config=config)
+def _create_resources(recorder: Recorder, config: FleetConfig, clock: EmulatorClock) -> Account:
+    account = Account(region=REGION, recorder=recorder, config=config, clock=clock)
     dynamodb = account.client("dynamodb")
     for table in topology.TABLES:
         name = f"gpufleet-{table.construct_id}"
