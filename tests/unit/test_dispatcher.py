@@ -118,8 +118,9 @@ def test_admission_completes_the_parked_task_within_the_quota() -> None:
     before = world.ports.jobs.get(first)
     result = world.dispatcher.run_pass()
     assert result.admitted == [first]
-    # The pass reads no further: the team's quota is full for every job it has waiting.
-    assert result.waiting == {} and result.blocked == {"research/normal": "quota"}
+    # The team's quota is full for every job it has waiting: the pass reads only the next, the
+    # first job of the pass to wait for room, which holds the reservation.
+    assert result.waiting == {second: "quota"} and result.blocked == {"research/normal": "quota"}
     assert result.waited_seconds == [30.0]
     # What the workflow hands to Launch, which notes the wait on the job.
     assert world.workflow.completed[tokens[0]] == {
@@ -183,12 +184,14 @@ def test_a_pass_reads_only_the_streams_that_have_jobs_and_may_admit_one() -> Non
     assert world.dispatcher.run_pass(full=False).admitted == [low]
     assert queue.asked == [("research", Priority.LOW)]
     world.start(low)
-    # The team's quota is full: its waiting jobs are not read, whatever their number.
+    # The team's quota is full: of its waiting jobs, whatever their number, only the first is
+    # read (it holds the reservation).
     for index in range(3):
         world.enqueue(world.submit(f"more-{index}", "normal"))
     result = world.dispatcher.run_pass()
     assert result.admitted == [] and result.blocked == {"research/normal": "quota"}
-    assert queue.asked == [("research", Priority.LOW)] and result.items_read == 0
+    assert queue.asked == [("research", Priority.LOW), ("research", Priority.NORMAL)]
+    assert result.items_read == 1
 
 
 def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -> None:
@@ -397,5 +400,6 @@ def test_jobs_blocked_ahead_in_any_number_do_not_hide_a_job_of_another_team_that
     world.enqueue(urgent)
     result = world.dispatcher.run_pass()
     assert result.admitted == [urgent]
-    # The research stream is not read at all: its shapes show that nothing of it fits.
-    assert result.blocked == {"research/critical": "quota"} and result.items_read == 1
+    # Of the research stream only its first job is read (for the reservation): its shapes show
+    # that nothing of it fits.
+    assert result.blocked == {"research/critical": "quota"} and result.items_read == 2
