@@ -10,6 +10,12 @@ Order. Jobs are ranked by effective priority: the class rank (critical 3, high 2
 low 0) plus `aging_per_hour` for every hour waited, so any job eventually outranks newer work of
 any class and nothing starves. Ties go to the earlier submission (FIFO within a class).
 
+Reservation. The first job a pass considers that waits for room holds a reservation: its
+expected start, when enough of the jobs holding GPUs will have ended (each at its admission
+plus its plan's expected run time). A later job that fits now is admitted only if it is
+expected to end by then or leaves the reserved job fitting then (EASY backfill), so no stream
+of smaller work delays it; docs/queues.md derives the bound on any job's wait.
+
 Entitlement. A team may hold its quota (`gpus`) plus any booking active now, and may borrow up
 to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on borrowed
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
@@ -22,7 +28,8 @@ that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
 when it is critical). Victims are borrowers of other teams, or lower-class jobs of its own team
-(any team, for critical work); never jobs younger than `min_runtime_seconds`. They are chosen
+(any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
+stopped `max_preemptions_per_job` times already. They are chosen
 borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
 frees enough. Because the preemptor is always entitled and its victims never are (or are of
 a lower class in the same team), a victim can never preempt its preemptor back: preemption
