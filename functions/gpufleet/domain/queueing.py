@@ -516,9 +516,14 @@ class _Pass:
             + [(self.now + a.expected_seconds, a.team, a.gpus, a.instances) for a in self.admitted]
         )
         left = self.usage.copy()
+        cap_gpus, cap_instances = self.policy.max_gpus, self.policy.max_instances
         for end, team, gpus, instances in ends:
             left.add(team, gpus, instances, sign=-1)
-            if self._fits_on(job, left):
+            # Under the caps first (cheap, and `fit` requires it), then the whole rule.
+            under_caps = (
+                left.gpus + job.gpus <= cap_gpus and left.instances + job.instances <= cap_instances
+            )
+            if under_caps and self._fits_on(job, left):
                 self.reservation = Reservation(job.job_id, end)
                 self.reservation_job, self.at_reservation = job, left
                 return self.reservation
