@@ -67,10 +67,18 @@ class World:
     def workflow(self) -> RecordingWorkflow:
         return cast(RecordingWorkflow, self.ports.workflow)
 
-    def submit(self, name: str, priority: str, gpus: int = 4, team: str = "research") -> str:
+    def submit(
+        self,
+        name: str,
+        priority: str,
+        gpus: int = 4,
+        team: str = "research",
+        expected_duration: str | None = None,
+    ) -> str:
+        expected = f"expected_duration: {expected_duration}\n" if expected_duration else ""
         body = (
             f"name: {name}\nteam: {team}\npriority: {priority}\nimage: img\ncommand: [x]\n"
-            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n"
+            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n{expected}"
         ).encode()
         key = f"jobs/{name}-{self.clock.now()}.yaml"
         cast(InMemoryObjects, self.ports.objects).objects[key] = body
@@ -166,6 +174,22 @@ class CountingQueue(InMemoryJobQueue):
     def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
         self.asked.append((team, priority))  # read from here on (the first page)
         yield from super().stream(team, priority)
+
+
+def test_the_queue_reserves_by_the_plans_expected_run_time() -> None:
+    world = World()
+    first = world.submit("first", "normal", expected_duration="45m")
+    second = world.submit("second", "normal", expected_duration="2h")
+    world.enqueue(first)
+    world.enqueue(second)
+    assert {w.job.job_id: w.job.expected_seconds for w in world.ports.queue.waiting()} == {
+        first: 2700,
+        second: 7200,
+    }
+    now = world.clock.now()
+    assert world.dispatcher.run_pass().admitted == [first]  # the team's 4 GPUs are taken
+    held = world.ports.queue.state().running[0].job
+    assert (held.job_id, held.expected_end) == (first, now + 2700)
 
 
 def test_a_pass_reads_only_the_streams_that_have_jobs_and_may_admit_one() -> None:
