@@ -647,6 +647,21 @@ def test_a_job_that_fits_now_waits_reserved_only_if_it_would_delay_the_reservati
     assert ids(decide([large, elsewhere], held, [], NOW, both).admitted) == ["long"]
 
 
+def test_a_higher_class_is_not_held_back_by_a_lower_class_reservation() -> None:
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=0)}})
+    held = [replace(running(f"r{i}"), expected_end=NOW + 600 * (i + 1)) for i in range(6)]
+    # Aged 10 hours, the normal job ranks ahead of the fresh high one, and holds the
+    # reservation; the high job, which fits, still starts now.
+    aged = replace(queued("aged", gpus=4, waited=10 * HOUR), expected_seconds=HOUR)
+    urgent = replace(queued("urgent", priority=Priority.HIGH), expected_seconds=2 * HOUR)
+    decision = decide([aged, urgent], held, [], NOW, strict)
+    assert decision.reservation is not None and decision.reservation.job_id == "aged"
+    assert ids(decision.admitted) == ["urgent"]
+    # Of its own class, the same job would have waited.
+    same = replace(urgent, priority=Priority.NORMAL)
+    assert decide([aged, same], held, [], NOW, strict).waiting["urgent"] is WaitReason.RESERVED
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
@@ -680,7 +695,10 @@ def test_no_job_waits_longer_than_the_bound_the_docs_state(
         for i, (team, gpus, runs, at) in enumerate(specs)
     ]
     longest = max(seconds for *_, seconds in arrivals)
-    admitted = run_passes(arrivals, policy, every=every, passes=len(specs) * 30 + 40)
+    # Passes until the bound of the last job to arrive, with every job ahead of it.
+    last = max(at for at, *_ in arrivals) - NOW
+    horizon = last + every + (len(specs) + 1) * (longest + every)
+    admitted = run_passes(arrivals, policy, every=every, passes=int(horizon // every) + 2)
     order = sorted(arrivals, key=lambda a: (a[1].enqueued_at, a[1].job_id))
     for at, job, _ in arrivals:
         ahead = sum(

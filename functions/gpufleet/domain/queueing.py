@@ -13,8 +13,9 @@ any class and nothing starves. Ties go to the earlier submission (FIFO within a 
 Reservation. The first job a pass considers that waits for room holds a reservation: its
 expected start, when enough of the jobs holding GPUs will have ended (each at its admission
 plus its plan's expected run time). A later job that fits now is admitted only if it is
-expected to end by then or leaves the reserved job fitting then (EASY backfill), so no stream
-of smaller work delays it; docs/queues.md derives the bound on any job's wait.
+expected to end by then, leaves the reserved job fitting then (EASY backfill), or is of a
+higher class, so no stream of smaller work of its class or below delays it; docs/queues.md
+derives the bound on a job's wait.
 
 Entitlement. A team may hold its quota (`gpus`) plus any booking active now, and may borrow up
 to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on borrowed
@@ -530,11 +531,15 @@ class _Pass:
         return None
 
     def delays_reservation(self, job: QueuedJob) -> bool:
-        """Would admitting `job` (which fits now) delay the reserved job's expected start?
-        Not if it is expected to end by then, nor if the reserved job still fits then with
-        it held."""
+        """Would admitting `job` (which fits now) delay the reserved job's expected start in a
+        way the reservation forbids? Not if it is expected to end by then, nor if the reserved
+        job still fits then with it held, nor if it is of a higher class."""
         reserved, later = self.reservation_job, self.at_reservation
         if reserved is None or later is None or self._ends_before_reservation(job):
+            return False
+        if CLASS_RANK[job.priority] > CLASS_RANK[reserved.priority]:
+            # A higher class is not held back by a lower one's reservation, even one aging
+            # ranks ahead of it: priority means that it starts within minutes.
             return False
         later.add(job.team, job.gpus, job.instances)
         fits = self._fits_on(reserved, later)
