@@ -60,6 +60,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         unavailable: frozenset[str],
         expected: DurationEstimate,
         free_reservations: Sequence[tuple[Reservation, int]],
+        observed_hazard: float,
     ) -> LaunchPlan:
         return plan_launch(
             spec,
@@ -72,6 +73,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
             expected=expected,
             unavailable=unavailable,
             free_reservations=free_reservations,
+            observed_hazard=observed_hazard,
         )
 
     policy = LifecyclePolicy(

@@ -17,7 +17,7 @@ from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
 from gpufleet.domain.job import IllegalTransition, Job, JobStatus
-from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.planning import LaunchPlan, job_observed_hazard
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
 from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS
 from gpufleet.domain.spec import JobSpec
@@ -40,6 +40,7 @@ class Planner(Protocol):
         unavailable: frozenset[str],
         expected: DurationEstimate,
         free_reservations: Sequence[tuple[Reservation, int]],
+        observed_hazard: float,
     ) -> LaunchPlan: ...
 
 
@@ -137,6 +138,7 @@ class LifecycleBase:
             unavailable=frozenset(),
             expected=self._expected_duration(spec),
             free_reservations=self._free_reservations(),
+            observed_hazard=job_observed_hazard(job),
         )
 
     def _free_reservations(self) -> list[tuple[Reservation, int]]:
