@@ -17,7 +17,7 @@ The rules, in the order they apply:
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
    back to the queue without using a retry. A job that may run on-demand (`spot: auto`) goes
-   back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`, 100): whether its next run
+   back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`, 1,000): whether its next run
    is on spot or on-demand is its plan's choice by expected cost, which its interruptions
    (and its time on spot, `spot_held_seconds`) raise the spot hazard of
    (`planning.job_observed_hazard`). Past the safety cap it goes back for on-demand capacity
@@ -92,8 +92,10 @@ JOB_ERRORS = frozenset(
 DEFAULT_MAX_INTERRUPTIONS = 10
 # A `spot: auto` job's plans leave spot by themselves once its interruptions make spot dearer
 # than on-demand; this only bounds a job whose plans keep judging spot cheaper (a checkpoint
-# every few minutes) against a market that never lets it finish.
-AUTO_MAX_INTERRUPTIONS = 100
+# every few minutes) against a market that never lets it finish. Large, as a count must be: on
+# the measured spot market a checkpointing job meets one about every two hours, so a weeks-long
+# one meets hundreds while spot stays the cheaper way to finish it.
+AUTO_MAX_INTERRUPTIONS = 1000
 
 # The counter a run that goes back to the queue adds to, by why it went back.
 _COUNTERS = {
