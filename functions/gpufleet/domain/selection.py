@@ -163,9 +163,7 @@ def _rework(gang_hazard: float, segment_hours: float) -> float:
     """(exp(L x) - 1) (1 / L + R) / x - 1: a segment of x hours between checkpoints, with
     interruptions at L per hour, each losing the segment's progress and R to relaunch."""
     exponent = min(gang_hazard * segment_hours, _MAX_EXPONENT)
-    return (
-        math.expm1(exponent) * (1.0 / gang_hazard + RESTART_OVERHEAD_HOURS) / segment_hours - 1.0
-    )
+    return math.expm1(exponent) * (1.0 / gang_hazard + RESTART_OVERHEAD_HOURS) / segment_hours - 1.0
 
 
 def expected_cost(
