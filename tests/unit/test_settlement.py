@@ -90,6 +90,7 @@ def test_a_checkpointed_run_is_always_requeued(drain: str) -> None:
 
 
 REQUIRED = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})
+CHECKPOINTS = SPEC.model_copy(update={"checkpoint": "s3://acme-ckpt/a/"})
 CAP = AUTO_MAX_INTERRUPTIONS
 
 
@@ -111,34 +112,47 @@ def test_interruptions_requeue_up_to_a_cap_without_using_retries() -> None:
 def test_an_auto_job_stays_requeued_past_max_interruptions_for_its_plans_to_judge() -> None:
     """`spot: auto`: whether the next run is on spot is the plan's call (by expected cost, the
     job's interruptions raising the spot hazard), not a count's: `max_interruptions` does not
-    apply; only the much larger safety cap does."""
+    apply to a job that checkpoints; only the much larger safety cap does."""
     interrupted = end(EndKind.INTERRUPTED)
     for before in (10, 50, CAP - 1):
-        settled = settle(running(interruptions=before), interrupted, max_interruptions=10)
+        job = running(spec=CHECKPOINTS, interruptions=before)
+        settled = settle(job, interrupted, max_interruptions=10)
         assert (settled.requeue, settled.job.status) == (INTERRUPTED, JobStatus.QUEUED)
         assert not settled.job.on_demand_only and settled.job.interruptions == before + 1
+    assert settle(running(spec=CHECKPOINTS, interruptions=CAP), interrupted).requeue == ON_DEMAND
+
+
+def test_an_auto_job_without_checkpoints_keeps_the_count() -> None:
+    """Restarting from zero each time, a job whose expected duration is too short would stay
+    on spot for ever: `max_interruptions` still moves it to on-demand."""
+    interrupted = end(EndKind.INTERRUPTED)
+    assert settle(running(interruptions=9), interrupted).requeue == INTERRUPTED
+    assert settle(running(interruptions=10), interrupted).requeue == ON_DEMAND
+    assert settle(running(interruptions=3), interrupted, max_interruptions=3).requeue == ON_DEMAND
 
 
 def test_an_auto_job_at_the_safety_cap_goes_on_to_on_demand() -> None:
     """Spot allowed, on-demand allowed: the cap does not fail the job, it ends its use of spot."""
     interrupted = end(EndKind.INTERRUPTED)
-    at_cap = settle(running(interruptions=CAP), interrupted)
+    at_cap = settle(running(spec=CHECKPOINTS, interruptions=CAP), interrupted)
     assert (at_cap.requeue, at_cap.job.status) == (ON_DEMAND, JobStatus.QUEUED)
     assert at_cap.reason == f"interrupted {CAP + 1} times on spot: on-demand from now on"
     assert at_cap.commands[3] == Requeue(ON_DEMAND)
     assert at_cap.job.on_demand_only and at_cap.job.interruptions == CAP + 1
     assert at_cap.job.retries == 0 and at_cap.job.placement is None
     # Warned, checkpointed and drained (its node's exit 0): the same.
-    drained = settle(running(interruptions=CAP, drain_reason=INTERRUPTED), end(exit_code=0))
+    warned = running(spec=CHECKPOINTS, interruptions=CAP, drain_reason=INTERRUPTED)
+    drained = settle(warned, end(exit_code=0))
     assert drained.requeue == ON_DEMAND and drained.job.on_demand_only
     # A repeated Release (the requeue recorded, not yet carried out) settles it the same way.
-    recorded = running(interruptions=CAP).model_copy(update=dict(at_cap.commands[2].changes))  # type: ignore[union-attr]
+    changes = dict(at_cap.commands[2].changes)  # type: ignore[union-attr]
+    recorded = running(spec=CHECKPOINTS, interruptions=CAP).model_copy(update=changes)
     assert settle(recorded, interrupted).requeue == ON_DEMAND
     assert settle(recorded, end(exit_code=0)).requeue == ON_DEMAND
 
 
 def test_the_job_requeued_for_on_demand_is_planned_on_on_demand_only() -> None:
-    at_cap = settle(running(interruptions=CAP), end(EndKind.INTERRUPTED)).job
+    at_cap = settle(running(spec=CHECKPOINTS, interruptions=CAP), end(EndKind.INTERRUPTED)).job
     assert at_cap.spec.spot is SpotPolicy.AUTO  # what was submitted stays as it was
     assert at_cap.effective_spec.spot is SpotPolicy.NEVER
 
@@ -169,7 +183,7 @@ def test_a_spot_required_job_still_fails_at_the_interruption_cap() -> None:
     assert last.job.failure_reason == "interrupted 11 times; giving up"
     assert not last.job.on_demand_only
     # On-demand already (nothing left to move to): an interruption past the cap ends it too.
-    on_demand = running(interruptions=CAP + 1, on_demand_only=True)
+    on_demand = running(spec=CHECKPOINTS, interruptions=CAP + 1, on_demand_only=True)
     assert settle(on_demand, end(EndKind.INTERRUPTED)).job.status is JobStatus.FAILED
     # A caller that keeps the cap final (the simulator's AWS Batch-like peer) fails any job.
     final = settle(running(interruptions=10), end(EndKind.INTERRUPTED), on_demand_after_cap=False)

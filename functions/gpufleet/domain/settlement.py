@@ -16,13 +16,15 @@ The rules, in the order they apply:
    (overheated): back to the queue, always (it checkpointed and lost nothing). Restarted for a
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
-   back to the queue without using a retry. A job that may run on-demand (`spot: auto`) goes
-   back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`, 1,000): whether its next run
-   is on spot or on-demand is its plan's choice by expected cost, which its interruptions
-   (and its time on spot, `spot_held_seconds`) raise the spot hazard of
-   (`planning.job_observed_hazard`). Past the safety cap it goes back for on-demand capacity
-   only (`Job.on_demand_only`; on-demand is never interrupted). Any other job (`spot:
-   required`) goes back `max_interruptions` times, and the next one fails it.
+   back to the queue without using a retry. A job that may run on-demand (`spot: auto`) and
+   writes checkpoints goes back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`,
+   1,000): whether its next run is on spot or on-demand is its plan's choice by expected
+   cost, which its interruptions (and its time on spot, `spot_held_seconds`) raise the spot
+   hazard of (`planning.job_observed_hazard`). One without checkpoints restarts from zero each
+   time, so an expected duration that is too short keeps its plans on spot for ever: for it
+   the cap is `max_interruptions`. Past its cap it goes back for on-demand capacity only
+   (`Job.on_demand_only`; on-demand is never interrupted). Any other job (`spot: required`)
+   goes back `max_interruptions` times, and the next one fails it.
 4. Otherwise the run's own end. Exit code 0 succeeds; a stage with stages after it goes on to
    the next one (on the same instances when the next stage asks for them and fits on them).
    A run that ran out of GPU memory is retried on GPUs with more memory; another non-zero
@@ -384,7 +386,8 @@ def _verdict(
     if drain in (INTERRUPTED, ON_DEMAND) or end.kind is EndKind.INTERRUPTED:
         times = job.interruptions + 1
         auto = on_demand_after_cap and spec.spot is SpotPolicy.AUTO
-        if job.interruptions < (AUTO_MAX_INTERRUPTIONS if auto else max_interruptions):
+        cap = AUTO_MAX_INTERRUPTIONS if auto and spec.checkpoint else max_interruptions
+        if job.interruptions < cap:
             return _Verdict(INTERRUPTED, status, "spot interruption")
         if auto:
             moved = f"interrupted {times} times on spot: on-demand from now on"
