@@ -49,6 +49,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "retries": ("retries", "num"),
     "ondemand_fallback": ("ondemand_fallback", "num"),
     "on_demand_only": ("on_demand_only", "num"),
+    "spot_held_seconds": ("spot_held_seconds", "num"),
     "resources_override": ("resources_override", "json"),
     "flags": ("flags", "json"),
     "prior_cost_usd": ("prior_cost_usd", "num"),
