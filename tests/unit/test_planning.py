@@ -216,5 +216,5 @@ def test_a_jobs_observed_hazard_reads_its_interruptions_and_spot_time() -> None:
         interruptions=3,
         spot_held_seconds=6 * 3600.0,
     )
-    assert job_observed_hazard(job) == observed_hazard(3, 6 * 3600.0, 2) == 0.083
+    assert job_observed_hazard(job) == observed_hazard(3, 6 * 3600.0, 2) == 0.0794
     assert job_observed_hazard(job.model_copy(update={"interruptions": 0})) == 0.0

@@ -429,12 +429,15 @@ def test_rework_matches_a_replay_of_checkpoint_and_restart(
 def test_observed_hazard_is_the_jobs_rate_shrunk_by_the_prior() -> None:
     assert observed_hazard(0, 0.0, 1) == 0.0
     assert observed_hazard(0, 3600.0 * 100, 4) == 0.0
-    # One interruption in its first hour reads 1 / (24 + 1), not 1.
-    assert observed_hazard(1, 3600.0, 1) == 0.04
-    # Instance-hours: 4 nodes for 6 hours are 24; to two significant figures.
-    assert observed_hazard(10, 6 * 3600.0, 4) == 0.21
-    # Lived long enough, it is the job's own rate.
-    assert math.isclose(observed_hazard(500, 1000 * 3600.0, 1), 500 / 1024, rel_tol=0.01)
+    # One interruption in its first hour reads 1 / (24 + 1), not 1: 0.04 on the grid of
+    # tenths of a decade.
+    assert observed_hazard(1, 3600.0, 1) == 0.0398 == round(10**-1.4, 4)
+    # Instance-hours: 4 nodes for 6 hours are 24: 10 / 48 = 0.208 -> 10^-0.7.
+    assert observed_hazard(10, 6 * 3600.0, 4) == 0.2
+    # Lived long enough, it is the job's own rate, within half a step (12%).
+    assert math.isclose(observed_hazard(500, 1000 * 3600.0, 1), 500 / 1024, rel_tol=0.13)
+    # Alike experiences share a value (and a cached plan in the simulator).
+    assert observed_hazard(5, 10 * 3600.0, 1) == observed_hazard(5, 10.5 * 3600.0, 1)
     with pytest.raises(ValueError, match="interruptions"):
         observed_hazard(-1, 0.0, 1)
     with pytest.raises(ValueError, match="nodes"):

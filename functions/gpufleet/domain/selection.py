@@ -42,8 +42,8 @@ the measured spot market does to multi-node jobs (`sim/README.md`).
 The Advisor's buckets are a floor: measured GPU spot preemption runs far above them. A job that
 was interrupted k times in T instance-hours on spot (`Job.interruptions`, `spot_held_seconds`
 x nodes) has seen k / T; shrunk toward zero by P = 24 prior instance-hours (one interruption
-in its first hour reads 1/25, not 1), rounded to two significant figures (the data say no more,
-and equal experiences rank alike), it replaces a bucket's hazard when higher
+in its first hour reads 1/25, not 1), rounded to a tenth of a decade (steps of 26%: the data
+say no more, and alike experiences rank alike), it replaces a bucket's hazard when higher
 (`observed_hazard`). So a `spot: auto` job ranks on-demand first once what it has lived through
 makes spot dearer in expectation, and stays on spot while spot is still cheaper.
 """
@@ -78,6 +78,9 @@ _HAZARD: tuple[float, ...] = tuple(
 _UNKNOWN_HAZARD = -math.log1p(-UNKNOWN_BUCKET_MONTHLY_FRACTION) / HOURS_PER_MONTH
 # What the bucket's hazard weighs against a job's own interruptions, in instance-hours on spot.
 PRIOR_EXPOSURE_HOURS = 24.0
+# An observed hazard is rounded to a grid of steps of 10^(1/10) (26%): the data say no more, and
+# plans (cached by it in the simulator) are the same for jobs of about the same experience.
+HAZARD_STEPS_PER_DECADE = 10
 # Beyond exp(50) more interruptions per segment, spot is hopeless: the rework stays finite.
 _MAX_EXPONENT = 50.0
 
@@ -134,14 +137,15 @@ def hourly_hazard(interruption_bucket: int | None) -> float:
 def observed_hazard(interruptions: int, spot_held_seconds: float, nodes: int) -> float:
     """Interruptions per instance-hour a job's own spot runs suggest (see the module doc): its
     k interruptions over the prior's `PRIOR_EXPOSURE_HOURS` plus the T instance-hours its
-    `nodes` held spot for `spot_held_seconds`, to two significant figures; 0 before any
-    interruption."""
+    `nodes` held spot for `spot_held_seconds`, on a grid of `HAZARD_STEPS_PER_DECADE` steps a
+    decade; 0 before any interruption."""
     if interruptions < 0 or spot_held_seconds < 0 or nodes < 1:
         raise ValueError("interruptions, spot_held_seconds must be >= 0 and nodes >= 1")
     if interruptions == 0:
         return 0.0
     exposure = PRIOR_EXPOSURE_HOURS + spot_held_seconds * nodes / 3600
-    return float(f"{interruptions / exposure:.2g}")
+    steps = round(math.log10(interruptions / exposure) * HAZARD_STEPS_PER_DECADE)
+    return float(f"{10 ** (steps / HAZARD_STEPS_PER_DECADE):.3g}")
 
 
 def rework_fraction(
