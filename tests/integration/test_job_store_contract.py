@@ -83,13 +83,14 @@ def test_a_record_round_trips_with_every_field(store: JobStore) -> None:
             run_result={"exit_code": 0, "reason": ""},
             attempts=2,
             on_demand_only=True,
+            spot_held_seconds=1234.5,
         ),
     )
     got = store.get(job.job_id)
     assert got.placement == placement
     assert got.task_token == "tok" and got.run_result == {"exit_code": 0, "reason": ""}
     assert got.attempts == 2 and got.updated_at == 160.0
-    assert got.on_demand_only is True
+    assert got.on_demand_only is True and got.spot_held_seconds == 1234.5
     assert got.spec == SPEC
 
 

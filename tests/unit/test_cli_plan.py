@@ -257,3 +257,34 @@ def test_a_template_the_config_lacks_is_refused_with_the_known_ones(
 ) -> None:
     assert plan_of_template(tmp_path, "nope") == 2
     assert "known templates: big-train" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("checkpoint", [[], ["--checkpoint-hours", "1"]])
+def test_plan_ranks_capacity_types_as_the_launch_plan_orders_them(
+    checkpoint: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """16 one-GPU nodes for two weeks: without checkpoints the rework makes spot dearer, and
+    both `gpufleet plan` and the launch plan put on-demand first; with hourly checkpoints, spot."""
+    argv = ["--gpus", "1", "--nodes", "16", "--hours", "336", "--json", *checkpoint]
+    assert run(argv) == 0
+    ranked = json.loads(capsys.readouterr().out)["offerings"]
+    spec = parse_spec(
+        "name: a\nteam: t\nimage: i\ncommand: [x]\nresources: {gpus: 1, nodes: 16}\n"
+        + ("checkpoint: s3://acme-ckpt/a/\ncheckpoint_interval: 1h\n" if checkpoint else "")
+    )
+    plan = plan_launch(
+        spec,
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=1,
+        retry_wait_seconds=1,
+        boot_allowance_seconds=1,
+        heartbeat_timeout_seconds=1,
+        expected=estimate_duration(
+            spec.model_copy(update={"expected_duration_seconds": 336 * 3600}), []
+        ),
+    )
+    first = plan.steps[0]
+    assert ranked[0]["capacity_type"] == first.capacity_type.value
+    assert ranked[0]["instance_type"] == first.overrides[0].instance_type
+    assert first.capacity_type is (CapacityType.SPOT if checkpoint else CapacityType.ON_DEMAND)

@@ -12,7 +12,11 @@ import pytest
 
 from gpufleet.adapters.local.memory import ManualClock, RecordingWorkflow
 from gpufleet.domain.catalog import Offering, load_bundled
-from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.planning import LaunchPlan, plan_launch
+from gpufleet.domain.selection import observed_hazard
+from gpufleet.domain.settlement import AUTO_MAX_INTERRUPTIONS
 from gpufleet.domain.spec import parse_spec
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import Admission, WorkflowState
@@ -155,14 +159,58 @@ def test_the_lambdas_and_the_simulator_settle_runs_alike(
     assert through_the_simulator(runs) == lambdas
 
 
-def test_at_the_interruption_cap_both_move_an_auto_job_to_on_demand() -> None:
-    """Ten interruptions requeue without using a retry; the eleventh sends the job (spot:
-    auto) back to the queue for on-demand, where its next run completes."""
-    runs: list[Run] = [*[INTERRUPTED] * 11, EXIT_0]
-    lambdas = through_the_lambdas(runs)
-    assert (lambdas.requeues, lambdas.status, lambdas.reason) == (11, "SUCCEEDED", "")
-    assert lambdas.capacity_types == ("spot",) * 11 + ("on-demand",)
-    assert through_the_simulator(runs) == lambdas
+# Ten hours of work, no checkpoints: each interruption loses the run, so what the job lives
+# through on spot soon makes spot dearer than on-demand in expectation.
+LONG_YAML = SPEC_YAML.replace(b"timeout: 1h", b"timeout: 20h\nexpected_duration: 10h")
+CHECKPOINTING_YAML = SPEC_YAML + b"checkpoint: s3://acme-ckpt/resnet/\ncheckpoint_interval: 5m\n"
+
+
+def on_demand_first_after(spec_yaml: bytes, seconds_per_run: float) -> int | None:
+    """After how many interruptions (each after `seconds_per_run` on spot) the plan of a
+    `spot: auto` job puts on-demand first: `planning.plan_launch` at `job_observed_hazard`."""
+    spec = parse_spec(spec_yaml)
+    for k in range(AUTO_MAX_INTERRUPTIONS + 1):
+        nodes = spec.resources.nodes
+        hazard = observed_hazard(k, k * seconds_per_run, nodes)
+        plan = plan_launch(
+            spec,
+            load_bundled(),
+            "us-east-1",
+            max_launch_attempts=5,
+            retry_wait_seconds=30,
+            boot_allowance_seconds=600,
+            heartbeat_timeout_seconds=300,
+            expected=DurationEstimate(spec.expected_duration_seconds or 3600, "spec"),
+            observed_hazard=hazard,
+        )
+        if plan.steps[0].capacity_type is CapacityType.ON_DEMAND:
+            return k
+    return None
+
+
+def test_both_move_an_auto_job_to_on_demand_when_its_interruptions_make_spot_dearer() -> None:
+    """The Lambdas (Launch's plan) and the simulator move the job to on-demand after the same
+    interruption, the one after which the plan's expected cost puts on-demand first, well
+    before the old count (10); both complete it there."""
+    switch = on_demand_first_after(LONG_YAML, RAN)
+    assert switch is not None and 1 <= switch < 10
+    # A simulated run is interrupted halfway: half the spot time, the same switch.
+    assert on_demand_first_after(LONG_YAML, RAN / 2) == switch
+    runs: list[Run] = [*[INTERRUPTED] * switch, EXIT_0]
+    lambdas = through_the_lambdas(runs, LONG_YAML)
+    assert (lambdas.requeues, lambdas.status, lambdas.reason) == (switch, "SUCCEEDED", "")
+    assert lambdas.capacity_types == ("spot",) * switch + ("on-demand",)
+    assert through_the_simulator(runs, LONG_YAML) == lambdas
+
+
+def test_both_keep_a_checkpointing_auto_job_on_spot_past_ten_interruptions() -> None:
+    """Checkpointing every 5 minutes, spot stays cheaper in expectation: no count moves it."""
+    assert on_demand_first_after(CHECKPOINTING_YAML, RAN) is None
+    runs: list[Run] = [*[INTERRUPTED] * 15, EXIT_0]
+    lambdas = through_the_lambdas(runs, CHECKPOINTING_YAML)
+    assert (lambdas.requeues, lambdas.status) == (15, "SUCCEEDED")
+    assert set(lambdas.capacity_types) == {"spot"}
+    assert through_the_simulator(runs, CHECKPOINTING_YAML) == lambdas
 
 
 def test_at_the_interruption_cap_both_fail_a_spot_required_job() -> None:

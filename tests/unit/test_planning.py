@@ -4,10 +4,17 @@ import pytest
 
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
-from gpufleet.domain.planning import LaunchPlan, LaunchStep, plan_launch
-from gpufleet.domain.selection import NoFeasibleOffering
-from gpufleet.domain.spec import JobSpec, parse_spec
+from gpufleet.domain.planning import (
+    LaunchPlan,
+    LaunchStep,
+    job_observed_hazard,
+    plan_launch,
+    rank_offerings,
+)
+from gpufleet.domain.selection import NoFeasibleOffering, observed_hazard
+from gpufleet.domain.spec import JobSpec, SpotPolicy, parse_spec
 
 
 def spec(spot: str = "auto", resources: str = "{gpus: 1, gpu_memory_gib: 16}") -> object:
@@ -138,3 +145,76 @@ def test_waiting_for_capacity_backs_off_exponentially_up_to_a_cap() -> None:
         for attempts in (2, 4, 6, 8, 40)
     ]
     assert waits == [10, 20, 40, 80, 900]
+
+
+def plan_with(job_spec: JobSpec, observed: float, hours: float = 10.0) -> LaunchPlan:
+    return plan_launch(
+        job_spec,
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=5,
+        retry_wait_seconds=30,
+        boot_allowance_seconds=600,
+        heartbeat_timeout_seconds=300,
+        expected=DurationEstimate(int(hours * 3600), "spec"),
+        observed_hazard=observed,
+    )
+
+
+def test_auto_puts_on_demand_first_when_spot_is_dearer_in_expectation() -> None:
+    """The step order of `auto` is selection's expected cost to finish: spot first while spot
+    is cheaper, on-demand first (spot still allowed, after it) once the rework makes it dearer."""
+    gang = spec(resources="{gpus: 8, gpu_memory_gib: 40, nodes: 2}")
+    spot_first = plan_with(gang, observed=0.0)  # type: ignore[arg-type]
+    assert [s.capacity_type for s in spot_first.steps] == [
+        CapacityType.SPOT,
+        CapacityType.ON_DEMAND,
+    ]
+    assert spot_first.is_on_demand_fallback(1)
+    od_first = plan_with(gang, observed=0.2)  # type: ignore[arg-type]
+    assert [s.capacity_type for s in od_first.steps] == [CapacityType.ON_DEMAND, CapacityType.SPOT]
+    assert not od_first.is_on_demand_fallback(0)
+    # Admission budgets against the first choice: the on-demand price now.
+    assert od_first.steps[0].overrides[0].hourly_usd > spot_first.steps[0].overrides[0].hourly_usd
+    # `required` and `never` keep their one capacity type whatever the hazard.
+    required = plan_with(spec("required", "{gpus: 8, gpu_memory_gib: 40, nodes: 2}"), 0.2)  # type: ignore[arg-type]
+    assert [s.capacity_type for s in required.steps] == [CapacityType.SPOT]
+
+
+def test_the_order_follows_the_cheapest_expected_cost_of_each_capacity_type() -> None:
+    catalog = load_bundled()
+    gang = spec(resources="{gpus: 8, gpu_memory_gib: 40, nodes: 2}")
+    for observed in (0.0, 0.01, 0.05, 0.1, 0.2, 0.5):
+        costs = {
+            capacity: rank_offerings(
+                gang.resources,  # type: ignore[attr-defined]
+                policy,
+                catalog,
+                "us-east-1",
+                expected=DurationEstimate(36000, "spec"),
+                checkpoint_interval_seconds=None,
+                observed_hazard=observed,
+            ).best.expected_cost_usd
+            for capacity, policy in (
+                (CapacityType.SPOT, SpotPolicy.REQUIRED),
+                (CapacityType.ON_DEMAND, SpotPolicy.NEVER),
+            )
+        }
+        first = plan_with(gang, observed).steps[0].capacity_type  # type: ignore[arg-type]
+        assert first is min(costs, key=lambda c: costs[c])
+
+
+def test_a_jobs_observed_hazard_reads_its_interruptions_and_spot_time() -> None:
+    job_spec = spec(resources="{gpus: 8, gpu_memory_gib: 40, nodes: 2}")
+    job = Job(
+        job_id="j-0123456789abcdef0123",
+        status=JobStatus.QUEUED,
+        spec=job_spec,  # type: ignore[arg-type]
+        source="test",
+        created_at=0.0,
+        updated_at=0.0,
+        interruptions=3,
+        spot_held_seconds=6 * 3600.0,
+    )
+    assert job_observed_hazard(job) == observed_hazard(3, 6 * 3600.0, 2) == 0.0794
+    assert job_observed_hazard(job.model_copy(update={"interruptions": 0})) == 0.0

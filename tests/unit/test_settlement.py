@@ -12,6 +12,7 @@ from gpufleet.domain.cost import run_cost_usd
 from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.launch import CapacityType
 from gpufleet.domain.settlement import (
+    AUTO_MAX_INTERRUPTIONS,
     BUDGET,
     IDLE,
     INTERRUPTED,
@@ -88,38 +89,71 @@ def test_a_checkpointed_run_is_always_requeued(drain: str) -> None:
     assert verdict(running(drain_reason=drain, retries=2), end(exit_code=1))[0] == drain
 
 
+REQUIRED = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})
+CHECKPOINTS = SPEC.model_copy(update={"checkpoint": "s3://acme-ckpt/a/"})
+CAP = AUTO_MAX_INTERRUPTIONS
+
+
 def test_interruptions_requeue_up_to_a_cap_without_using_retries() -> None:
     interrupted = end(EndKind.INTERRUPTED)
     assert verdict(running(retries=2), interrupted) == (INTERRUPTED, JobStatus.QUEUED)
     assert verdict(running(drain_reason=INTERRUPTED), end(exit_code=0))[0] == INTERRUPTED
     settled = settle(running(interruptions=9), interrupted)
     assert (settled.job.interruptions, settled.job.retries) == (10, 0)
-    assert settle(running(interruptions=2), interrupted, max_interruptions=3).requeue == INTERRUPTED
+    # `max_interruptions` is the cap of a job that may not leave spot.
+    required = running(spec=REQUIRED, interruptions=2)
+    assert settle(required, interrupted, max_interruptions=3).requeue == INTERRUPTED
+    assert (
+        settle(running(spec=REQUIRED, interruptions=3), interrupted, max_interruptions=3).job.status
+        is JobStatus.FAILED
+    )
+
+
+def test_an_auto_job_stays_requeued_past_max_interruptions_for_its_plans_to_judge() -> None:
+    """`spot: auto`: whether the next run is on spot is the plan's call (by expected cost, the
+    job's interruptions raising the spot hazard), not a count's: `max_interruptions` does not
+    apply to a job that checkpoints; only the much larger safety cap does."""
+    interrupted = end(EndKind.INTERRUPTED)
+    for before in (10, 50, CAP - 1):
+        job = running(spec=CHECKPOINTS, interruptions=before)
+        settled = settle(job, interrupted, max_interruptions=10)
+        assert (settled.requeue, settled.job.status) == (INTERRUPTED, JobStatus.QUEUED)
+        assert not settled.job.on_demand_only and settled.job.interruptions == before + 1
+    assert settle(running(spec=CHECKPOINTS, interruptions=CAP), interrupted).requeue == ON_DEMAND
+
+
+def test_an_auto_job_without_checkpoints_keeps_the_count() -> None:
+    """Restarting from zero each time, a job whose expected duration is too short would stay
+    on spot for ever: `max_interruptions` still moves it to on-demand."""
+    interrupted = end(EndKind.INTERRUPTED)
+    assert settle(running(interruptions=9), interrupted).requeue == INTERRUPTED
+    assert settle(running(interruptions=10), interrupted).requeue == ON_DEMAND
     assert settle(running(interruptions=3), interrupted, max_interruptions=3).requeue == ON_DEMAND
 
 
-def test_an_auto_job_at_the_interruption_cap_goes_on_to_on_demand() -> None:
+def test_an_auto_job_at_the_safety_cap_goes_on_to_on_demand() -> None:
     """Spot allowed, on-demand allowed: the cap does not fail the job, it ends its use of spot."""
     interrupted = end(EndKind.INTERRUPTED)
-    at_cap = settle(running(interruptions=10), interrupted)
+    at_cap = settle(running(spec=CHECKPOINTS, interruptions=CAP), interrupted)
     assert (at_cap.requeue, at_cap.job.status) == (ON_DEMAND, JobStatus.QUEUED)
-    assert at_cap.reason == "interrupted 11 times on spot: on-demand from now on"
+    assert at_cap.reason == f"interrupted {CAP + 1} times on spot: on-demand from now on"
     assert at_cap.commands[3] == Requeue(ON_DEMAND)
-    assert at_cap.job.on_demand_only and at_cap.job.interruptions == 11
+    assert at_cap.job.on_demand_only and at_cap.job.interruptions == CAP + 1
     assert at_cap.job.retries == 0 and at_cap.job.placement is None
     # Warned, checkpointed and drained (its node's exit 0): the same.
-    drained = settle(running(interruptions=10, drain_reason=INTERRUPTED), end(exit_code=0))
+    warned = running(spec=CHECKPOINTS, interruptions=CAP, drain_reason=INTERRUPTED)
+    drained = settle(warned, end(exit_code=0))
     assert drained.requeue == ON_DEMAND and drained.job.on_demand_only
     # A repeated Release (the requeue recorded, not yet carried out) settles it the same way.
-    recorded = running(interruptions=10).with_changes(at_cap.commands[2].changes)  # type: ignore[union-attr]
+    recorded = running(spec=CHECKPOINTS, interruptions=CAP).with_changes(
+        at_cap.commands[2].changes  # type: ignore[union-attr]
+    )
     assert settle(recorded, interrupted).requeue == ON_DEMAND
     assert settle(recorded, end(exit_code=0)).requeue == ON_DEMAND
-    # Below the cap nothing changes: spot next time too.
-    assert not settle(running(interruptions=9), interrupted).job.on_demand_only
 
 
 def test_the_job_requeued_for_on_demand_is_planned_on_on_demand_only() -> None:
-    at_cap = settle(running(interruptions=10), end(EndKind.INTERRUPTED)).job
+    at_cap = settle(running(spec=CHECKPOINTS, interruptions=CAP), end(EndKind.INTERRUPTED)).job
     assert at_cap.spec.spot is SpotPolicy.AUTO  # what was submitted stays as it was
     assert at_cap.effective_spec.spot is SpotPolicy.NEVER
 
@@ -130,16 +164,29 @@ def test_the_job_requeued_for_on_demand_is_planned_on_on_demand_only() -> None:
     assert capacity_types(at_cap) == [CapacityType.ON_DEMAND]
 
 
+def test_a_requeued_run_counts_its_time_on_spot_and_only_on_spot() -> None:
+    """What `planning.job_observed_hazard` reads: the spot instance time of the stage's runs."""
+    spot = settle(running(spot_held_seconds=100.0), end(EndKind.INTERRUPTED, ran=600.0)).job
+    assert spot.spot_held_seconds == 700.0
+    on_demand = running(
+        spot_held_seconds=100.0,
+        placement=PLACEMENT.model_copy(update={"capacity_type": "on-demand"}),
+        drain_reason=PREEMPTED,
+    )
+    assert settle(on_demand, end(exit_code=0, ran=600.0)).job.spot_held_seconds == 100.0
+    # A run that ends the job leaves it as it was.
+    assert settle(running(spot_held_seconds=100.0), end(exit_code=0)).job.spot_held_seconds == 100.0
+
+
 def test_a_spot_required_job_still_fails_at_the_interruption_cap() -> None:
-    required = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})
-    last = settle(running(spec=required, interruptions=10), end(EndKind.INTERRUPTED))
+    last = settle(running(spec=REQUIRED, interruptions=10), end(EndKind.INTERRUPTED))
     assert (last.requeue, last.job.status) == (None, JobStatus.FAILED)
     assert last.job.failure_reason == "interrupted 11 times; giving up"
     assert not last.job.on_demand_only
     # On-demand already (nothing left to move to): an interruption past the cap ends it too.
-    on_demand = running(interruptions=11, on_demand_only=True)
+    on_demand = running(spec=CHECKPOINTS, interruptions=CAP + 1, on_demand_only=True)
     assert settle(on_demand, end(EndKind.INTERRUPTED)).job.status is JobStatus.FAILED
-    # A caller that keeps the cap final (the simulator's AWS Batch-like peer) fails it.
+    # A caller that keeps the cap final (the simulator's AWS Batch-like peer) fails any job.
     final = settle(running(interruptions=10), end(EndKind.INTERRUPTED), on_demand_after_cap=False)
     assert final.job.status is JobStatus.FAILED
 
@@ -288,8 +335,11 @@ def test_a_stage_that_succeeds_moves_on_here_when_the_next_one_reuses_its_instan
     assert moved_on.requeue == NEXT_STAGE and moved_on.job.stage_index == 2
     assert moved_on.job.retries == 0
     # Spot given up on by one stage is the stage's, as its counters are: the next may use it.
-    given_up = following.model_copy(update={"on_demand_only": True, "interruptions": 11})
+    given_up = following.model_copy(
+        update={"on_demand_only": True, "interruptions": 11, "spot_held_seconds": 9e4}
+    )
     moved_on = settle(given_up, end(exit_code=0, stage="train"), instance_type=g5)
     assert not moved_on.job.on_demand_only and moved_on.job.interruptions == 0
+    assert moved_on.job.spot_held_seconds == 0.0
     failed = settle(following.model_copy(update={"retries": 3}), end(exit_code=1, stage="train"))
     assert failed.job.failure_reason == "stage 'train': exit code 1"

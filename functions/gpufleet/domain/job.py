@@ -192,8 +192,11 @@ class Job(BaseModel):
     retries: int = 0
     # The job's last launch went on-demand after spot had no capacity.
     ondemand_fallback: bool = False
-    # Spot kept being reclaimed (the interruption cap, `spot: auto`): on-demand from now on.
+    # Spot kept being reclaimed (the safety cap of `spot: auto`): on-demand from now on.
     on_demand_only: bool = False
+    # How long its earlier runs (of the current stage) held spot instances: with
+    # `interruptions`, what plans rank spot's hazard by (`planning.job_observed_hazard`).
+    spot_held_seconds: float = 0.0
     # What the job now asks for, when it differs from its spec: a resize, or more GPU memory
     # after a run ran out of it.
     resources_override: Resources | None = None
@@ -350,6 +353,7 @@ class JobChanges(BaseModel):
     retries: int | None = None
     ondemand_fallback: bool | None = None
     on_demand_only: bool | None = None
+    spot_held_seconds: float | None = None
     resources_override: Resources | None = None
     flags: list[str] | None = None
     stage_index: int | None = None

@@ -1,12 +1,14 @@
 """From a job spec to a launch plan.
 
 A plan is an ordered list of steps, each one capacity type over a diversified list of offerings
-(CreateFleet overrides). `auto` jobs try spot, then on-demand; `required` only spot; `never` only
-on-demand. What to do after a failed step is decided here, not in the state machine: the ASL
-only follows `step`, `retry_later` and `give_up`.
+(CreateFleet overrides). `auto` jobs try the capacity type whose best offering is cheaper in
+expected cost to finish first (spot, unless its expected rework makes it dearer), then the
+other; `required` only spot; `never` only on-demand. What to do after a failed step is decided
+here, not in the state machine: the ASL only follows `step`, `retry_later` and `give_up`.
 
 Offerings are ranked by `rank_offerings`, with the same inputs wherever a ranking is made:
-`gpufleet plan`, intake's first plan, every launch and the simulator.
+`gpufleet plan`, intake's first plan, every launch and the simulator; the spot hazard they are
+ranked at is raised by what the job lived through on spot (`job_observed_hazard`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.duration import DurationEstimate
+from gpufleet.domain.job import Job
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
 from gpufleet.domain.selection import (
     NoFeasibleOffering,
     Selection,
     diversify,
     is_feasible,
+    observed_hazard,
     select,
 )
 from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
@@ -112,13 +116,15 @@ def rank_offerings(
     *,
     expected: DurationEstimate,
     checkpoint_interval_seconds: int | None,
+    observed_hazard: float = 0.0,
     unavailable: frozenset[str] = frozenset(),
     limit: int = 50,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
 ) -> Selection:
     """The feasible offerings for `resources` under `spot`, cheapest expected cost to finish
     first: the price for the `expected` run time plus the rework a spot interruption costs,
-    the work since the last checkpoint (the job's `checkpoint_interval`; none: the whole run).
+    the work since the last checkpoint (the job's `checkpoint_interval`; none: the whole run),
+    at the bucket's hazard or the job's `observed_hazard` when higher.
     Raises NoFeasibleOffering."""
     interval = checkpoint_interval_seconds
     return select(
@@ -128,10 +134,18 @@ def rank_offerings(
         region,
         expected_hours=expected.seconds / 3600,
         checkpoint_interval_hours=None if interval is None else interval / 3600,
+        observed=observed_hazard,
         unavailable=unavailable,
         limit=limit,
         bootable=bootable,
     )
+
+
+def job_observed_hazard(job: Job) -> float:
+    """The spot hazard (per instance-hour) the job's own interruptions suggest, for the stage
+    it is on: `selection.observed_hazard` of its interruptions over its spot instance-hours."""
+    nodes = job.effective_spec.resources.nodes
+    return observed_hazard(job.interruptions, job.spot_held_seconds, nodes)
 
 
 _STEP_ORDER: dict[SpotPolicy, tuple[tuple[CapacityType, SpotPolicy], ...]] = {
@@ -158,9 +172,12 @@ def plan_launch(
     free_reservations: Sequence[tuple[Reservation, int]] = (),
     max_types: int = 3,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
+    observed_hazard: float = 0.0,
 ) -> LaunchPlan:
     """The launch plan for a job: one step per allowed capacity type. Reserved capacity the job
-    fits comes first (already paid for), then spot, then on-demand, as the spot policy allows.
+    fits comes first (already paid for), then spot and on-demand as the spot policy allows,
+    for `auto` the one with the cheaper expected cost to finish first (a tie goes to spot).
+    `observed_hazard` is the job's (`job_observed_hazard`).
 
     `free_reservations` are the active reservations with how many instances each has free;
     `bootable` what the deployment's launch templates boot. Raises NoFeasibleOffering when no
@@ -171,6 +188,7 @@ def plan_launch(
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
+    ranked: list[tuple[float, LaunchStep]] = []
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
         try:
             selection = rank_offerings(
@@ -180,6 +198,7 @@ def plan_launch(
                 region,
                 expected=expected,
                 checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
+                observed_hazard=observed_hazard,
                 unavailable=unavailable,
                 bootable=bootable,
             )
@@ -198,7 +217,10 @@ def plan_launch(
                 capacity_type="spot" if capacity_type is CapacityType.SPOT else "on-demand",
             )
         ]
-        steps.append(LaunchStep(capacity_type=capacity_type, overrides=overrides))
+        step = LaunchStep(capacity_type=capacity_type, overrides=overrides)
+        ranked.append((selection.best.expected_cost_usd, step))
+    # Stable: at equal expected cost the order of _STEP_ORDER (spot first) stands.
+    steps.extend(step for _, step in sorted(ranked, key=lambda r: r[0]))
     if not steps:
         assert last_refusal is not None
         raise last_refusal

@@ -19,22 +19,33 @@ Feasibility (per node; every node of a job gets the same instance type):
 Rework model (expected cost to finish, what the ranking minimizes):
 
     cost = nodes * hourly * H * (1 + rework)               H = expected_hours
-    rework = 0 for on-demand; for spot:
-    rework = nodes * lambda * (min(C, H) / 2 + R)          C = checkpoint interval (H if none)
-    lambda = -ln(1 - f) / 730                              hourly hazard per instance
+    rework = 0 for on-demand; for spot, with x = min(C, H) and L = nodes * lambda:
+    rework = (exp(L * x) - 1) * (1 / L + R) / x - 1        C = checkpoint interval (H if none)
+    lambda = max(-ln(1 - f) / 730, observed)               hourly hazard per instance
     f = monthly interruption fraction of the Spot Advisor bucket (midpoint):
         <5%: 2.5%, 5-10%: 7.5%, 10-15%: 12.5%, 15-20%: 17.5%, >20%: 30% (unknown: 30%)
+    observed = k / (P + T)                                 the job's own spot experience
     R = 0.05 h restart overhead (boot + relaunch, ~3 min)
 
 Spot Advisor's "frequency of interruption" is the share of instances of that type and region
 interrupted over the trailing month; as a constant hazard that is lambda = -ln(1 - f) / 730 h.
 A job holding `nodes` instances is interrupted when any of them is (gang scheduling), so its
-hazard is nodes * lambda; over H hours it expects nodes * lambda * H interruptions. Each loses
-the work since the last checkpoint - on average half a checkpoint interval, or half the elapsed
-run (interruption time uniform over the run) without checkpoints - plus R to relaunch. Dividing
-by H gives the rework fraction above. It is a first-order model (ignores interruptions of the
-rework itself), good while nodes * lambda * H is small, which holds for every real bucket and
-job length below weeks.
+hazard is L = nodes * lambda. Between two checkpoints the job must run x hours without an
+interruption; each interruption loses the work since the last checkpoint and costs R to
+relaunch. With interruptions a Poisson process of rate L, a segment of x hours takes
+(exp(L x) - 1) / L hours of running on average and meets exp(L x) - 1 interruptions (the
+renewal argument of checkpoint/restart models): the rework fraction above. For small L x it is
+L (x / 2 + R), the first-order model (half a segment lost per interruption); it grows
+exponentially once a gang's interruptions come more often than its checkpoints, which is what
+the measured spot market does to multi-node jobs (`sim/README.md`).
+
+The Advisor's buckets are a floor: measured GPU spot preemption runs far above them. A job that
+was interrupted k times in T instance-hours on spot (`Job.interruptions`, `spot_held_seconds`
+x nodes) has seen k / T; shrunk toward zero by P = 24 prior instance-hours (one interruption
+in its first hour reads 1/25, not 1), rounded to a tenth of a decade (steps of 26%: the data
+say no more, and alike experiences rank alike), it replaces a bucket's hazard when higher
+(`observed_hazard`). So a `spot: auto` job ranks on-demand first once what it has lived through
+makes spot dearer in expectation, and stays on spot while spot is still cheaper.
 """
 
 from __future__ import annotations
@@ -66,6 +77,13 @@ _HAZARD: tuple[float, ...] = tuple(
     -math.log1p(-f) / HOURS_PER_MONTH for f in BUCKET_MONTHLY_FRACTION
 )
 _UNKNOWN_HAZARD = -math.log1p(-UNKNOWN_BUCKET_MONTHLY_FRACTION) / HOURS_PER_MONTH
+# What the bucket's hazard weighs against a job's own interruptions, in instance-hours on spot.
+PRIOR_EXPOSURE_HOURS = 24.0
+# An observed hazard is rounded to a grid of steps of 10^(1/10) (26%): the data say no more, and
+# plans (cached by it in the simulator) are the same for jobs of about the same experience.
+HAZARD_STEPS_PER_DECADE = 10
+# Beyond exp(50) more interruptions per segment, spot is hopeless: the rework stays finite.
+_MAX_EXPONENT = 50.0
 
 
 class NoFeasibleOffering(RefusedInput):
@@ -117,24 +135,40 @@ def hourly_hazard(interruption_bucket: int | None) -> float:
     return _HAZARD[interruption_bucket]
 
 
+def observed_hazard(interruptions: int, spot_held_seconds: float, nodes: int) -> float:
+    """Interruptions per instance-hour a job's own spot runs suggest (see the module doc): its
+    k interruptions over the prior's `PRIOR_EXPOSURE_HOURS` plus the T instance-hours its
+    `nodes` held spot for `spot_held_seconds`, on a grid of `HAZARD_STEPS_PER_DECADE` steps a
+    decade; 0 before any interruption."""
+    if interruptions < 0 or spot_held_seconds < 0 or nodes < 1:
+        raise ValueError("interruptions, spot_held_seconds must be >= 0 and nodes >= 1")
+    if interruptions == 0:
+        return 0.0
+    exposure = PRIOR_EXPOSURE_HOURS + spot_held_seconds * nodes / 3600
+    steps = round(math.log10(interruptions / exposure) * HAZARD_STEPS_PER_DECADE)
+    return float(f"{10 ** (steps / HAZARD_STEPS_PER_DECADE):.3g}")
+
+
 def rework_fraction(
     offering: Offering,
     nodes: int,
     expected_hours: float,
     checkpoint_interval_hours: float | None = None,
+    observed: float = 0.0,
 ) -> float:
-    """Expected extra work, as a fraction of `expected_hours`, from spot interruptions."""
+    """Expected extra work, as a fraction of `expected_hours`, from spot interruptions at the
+    bucket's hazard or the `observed` one, whichever is higher."""
     if offering.capacity_type != "spot":
         return 0.0
-    return _spot_factor(nodes, expected_hours, checkpoint_interval_hours) * hourly_hazard(
-        offering.interruption_bucket
-    )
+    segment = min(checkpoint_interval_hours or expected_hours, expected_hours)
+    return _rework(nodes * max(hourly_hazard(offering.interruption_bucket), observed), segment)
 
 
-def _spot_factor(nodes: int, hours: float, checkpoint_interval_hours: float | None) -> float:
-    """nodes x expected hours lost per interruption; rework fraction = this x hazard."""
-    lost = min(checkpoint_interval_hours or hours, hours) / 2 + RESTART_OVERHEAD_HOURS
-    return nodes * lost
+def _rework(gang_hazard: float, segment_hours: float) -> float:
+    """(exp(L x) - 1) (1 / L + R) / x - 1: a segment of x hours between checkpoints, with
+    interruptions at L per hour, each losing the segment's progress and R to relaunch."""
+    exponent = min(gang_hazard * segment_hours, _MAX_EXPONENT)
+    return math.expm1(exponent) * (1.0 / gang_hazard + RESTART_OVERHEAD_HOURS) / segment_hours - 1.0
 
 
 def expected_cost(
@@ -142,9 +176,10 @@ def expected_cost(
     nodes: int,
     expected_hours: float,
     checkpoint_interval_hours: float | None = None,
+    observed: float = 0.0,
 ) -> float:
     """Expected USD to finish: nodes x hourly x hours x (1 + rework fraction)."""
-    rework = rework_fraction(offering, nodes, expected_hours, checkpoint_interval_hours)
+    rework = rework_fraction(offering, nodes, expected_hours, checkpoint_interval_hours, observed)
     return (nodes * expected_hours) * offering.hourly_usd * (1.0 + rework)
 
 
@@ -217,11 +252,14 @@ def select(
     *,
     expected_hours: float = 1.0,
     checkpoint_interval_hours: float | None = None,
+    observed: float = 0.0,
     unavailable: frozenset[str] = frozenset(),
     limit: int = 10,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
 ) -> Selection:
     """Rank the feasible offerings in `region`, cheapest expected cost to finish first.
+    `observed` is the job's `observed_hazard`: spot offerings are ranked at it where it is
+    above their bucket's.
 
     `bootable`: what the deployment's launch templates boot (Settings.bootable); a type none
     of them boots is never ranked.
@@ -234,6 +272,8 @@ def select(
         raise ValueError("checkpoint_interval_hours must be positive or None")
     if limit < 1:
         raise ValueError("limit must be >= 1")
+    if observed < 0:
+        raise ValueError("observed must be >= 0")
     caps = allowed_capacity_types(spot_policy)
     index = catalog.region_index(region)
     if index is None:
@@ -245,7 +285,9 @@ def select(
         )
     models = _model_keys(resources)
     nodes = resources.nodes
-    spot_factor = _spot_factor(nodes, expected_hours, checkpoint_interval_hours)
+    segment = min(checkpoint_interval_hours or expected_hours, expected_hours)
+    # One rework per bucket (index 5: unknown), computed once for every offering of it.
+    reworks = [_rework(nodes * max(h, observed), segment) for h in (*_HAZARD, _UNKNOWN_HAZARD)]
     base = nodes * expected_hours
     want = resources.gpus
     groups = index.accelerated if want > 0 else index.cpu_only
@@ -264,8 +306,8 @@ def select(
                 if not use_spot:
                     continue
                 b = o.interruption_bucket
-                rework = spot_factor * (_UNKNOWN_HAZARD if b is None else _HAZARD[b])
                 rank_bucket = 5 if b is None else b
+                rework = reworks[rank_bucket]
                 is_spot = 1
             else:
                 if not use_od:

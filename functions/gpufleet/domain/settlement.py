@@ -16,10 +16,15 @@ The rules, in the order they apply:
    (overheated): back to the queue, always (it checkpointed and lost nothing). Restarted for a
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
-   back to the queue without using a retry, `max_interruptions` times. The next one sends a
-   job that may run on-demand (`spot: auto`) back to the queue for on-demand capacity only
-   (`Job.on_demand_only`; on-demand is never interrupted), and fails any other (`spot:
-   required`, or a job on on-demand already).
+   back to the queue without using a retry. A job that may run on-demand (`spot: auto`) and
+   writes checkpoints goes back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`,
+   1,000): whether its next run is on spot or on-demand is its plan's choice by expected
+   cost, which its interruptions (and its time on spot, `spot_held_seconds`) raise the spot
+   hazard of (`planning.job_observed_hazard`). One without checkpoints restarts from zero each
+   time, so an expected duration that is too short keeps its plans on spot for ever: for it
+   the cap is `max_interruptions`. Past its cap it goes back for on-demand capacity only
+   (`Job.on_demand_only`; on-demand is never interrupted). Any other job (`spot: required`)
+   goes back `max_interruptions` times, and the next one fails it.
 4. Otherwise the run's own end. Exit code 0 succeeds; a stage with stages after it goes on to
    the next one (on the same instances when the next stage asks for them and fits on them).
    A run that ran out of GPU memory is retried on GPUs with more memory; another non-zero
@@ -30,7 +35,8 @@ The rules, in the order they apply:
    run at all, and a workflow that ended without a result are final.
 
 Back in the queue, the job counts the run (`requeue_changes`): interruptions (the one that
-moved it to on-demand included) in `interruptions`, retries (out of memory included) in
+moved it to on-demand included) in `interruptions`, the run's time on spot in
+`spot_held_seconds`, retries (out of memory included) in
 `retries`, preemptions and reclaims in `preemptions`; a multi-stage job's counters, and its
 move to on-demand, are its current stage's. Its cost so far moves into its `prior_*` fields
 (`domain.cost`).
@@ -81,8 +87,15 @@ JOB_ERRORS = frozenset(
     }
 )
 
-# A job interrupted this often is probably asking for capacity that keeps being reclaimed.
+# A `spot: required` job interrupted this often is probably asking for capacity that keeps
+# being reclaimed: the next interruption fails it.
 DEFAULT_MAX_INTERRUPTIONS = 10
+# A `spot: auto` job's plans leave spot by themselves once its interruptions make spot dearer
+# than on-demand; this only bounds a job whose plans keep judging spot cheaper (a checkpoint
+# every few minutes) against a market that never lets it finish. Large, as a count must be: on
+# the measured spot market a checkpointing job meets one about every two hours, so a weeks-long
+# one meets hundreds while spot stays the cheaper way to finish it.
+AUTO_MAX_INTERRUPTIONS = 1000
 
 # The counter a run that goes back to the queue adds to, by why it went back.
 _COUNTERS = {
@@ -205,7 +218,7 @@ def settle(
 ) -> Settlement:
     """Settle the end of the job's current run (the rules are in the module doc).
 
-    `on_demand_after_cap` False makes the interruption cap final for every job (the
+    `on_demand_after_cap` False makes `max_interruptions` the cap of every job, and final (the
     simulator's AWS Batch-like peer, whose interruptions use up its retries).
     `instance_type` is the catalog's entry for the type the run held: it says how many GPUs a
     stage's record counts, and whether the next stage fits on the instances."""
@@ -321,6 +334,10 @@ def requeue_changes(job: Job, now: float) -> JobChanges:
         changes |= JobChanges.model_validate({counter: getattr(job, counter) + 1})
     if job.drain_reason == ON_DEMAND:
         changes |= JobChanges(on_demand_only=True)
+    placement = job.placement
+    if placement is not None and placement.capacity_type == "spot":
+        ran = held_seconds(placement, released_at)
+        changes |= JobChanges(spot_held_seconds=job.spot_held_seconds + ran)
     if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
         # Next time, only GPUs with more memory than those it ran out of.
         resources = job.effective_spec.resources
@@ -345,6 +362,7 @@ def next_stage_changes(job: Job) -> JobChanges:
         interruptions=0,
         resources_override=None,
         on_demand_only=False,
+        spot_held_seconds=0.0,
     )
 
 
@@ -372,9 +390,11 @@ def _verdict(
     # ON_DEMAND: a repeated Release, after the first recorded its requeue.
     if drain in (INTERRUPTED, ON_DEMAND) or end.kind is EndKind.INTERRUPTED:
         times = job.interruptions + 1
-        if job.interruptions < max_interruptions:
+        auto = on_demand_after_cap and spec.spot is SpotPolicy.AUTO
+        cap = AUTO_MAX_INTERRUPTIONS if auto and spec.checkpoint else max_interruptions
+        if job.interruptions < cap:
             return _Verdict(INTERRUPTED, status, "spot interruption")
-        if on_demand_after_cap and spec.spot is SpotPolicy.AUTO:
+        if auto:
             moved = f"interrupted {times} times on spot: on-demand from now on"
             return _Verdict(ON_DEMAND, status, moved)
         return _Verdict(None, JobStatus.FAILED, f"interrupted {times} times; giving up")

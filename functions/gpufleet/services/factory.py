@@ -61,6 +61,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         unavailable: frozenset[str],
         expected: DurationEstimate,
         free_reservations: Sequence[tuple[Reservation, int]],
+        observed_hazard: float,
     ) -> LaunchPlan:
         return plan_launch(
             spec,
@@ -74,6 +75,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
             unavailable=unavailable,
             free_reservations=free_reservations,
             bootable=bootable,
+            observed_hazard=observed_hazard,
         )
 
     policy = LifecyclePolicy(

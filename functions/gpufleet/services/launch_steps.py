@@ -18,9 +18,8 @@ from gpufleet.domain.launch import (
     LaunchResult,
     shortage_keys,
 )
-from gpufleet.domain.planning import LaunchPlan, LaunchStep
+from gpufleet.domain.planning import LaunchPlan, LaunchStep, job_observed_hazard
 from gpufleet.domain.selection import NoFeasibleOffering
-from gpufleet.domain.spec import JobSpec
 from gpufleet.ports import StatusChange
 from gpufleet.services.lifecycle_base import (
     LifecycleBase,
@@ -106,7 +105,7 @@ class LaunchSteps(LifecycleBase):
         capacity_type = plan.steps[step].capacity_type
         expected = DurationEstimate(plan.expected_seconds, plan.expected_source)
         launch_step = self._current_offerings(
-            job.effective_spec, capacity_type, expected, self._memory_may_hold(admission, tries)
+            job, capacity_type, expected, self._memory_may_hold(admission, tries)
         )
         if launch_step is None:
             # Every offering of this capacity type failed moments ago: skip EC2 entirely.
@@ -219,20 +218,22 @@ class LaunchSteps(LifecycleBase):
 
     def _current_offerings(
         self,
-        spec: JobSpec,
+        job: Job,
         capacity_type: CapacityType,
         expected: DurationEstimate,
         memory_may_hold: bool = True,
     ) -> LaunchStep | None:
-        """This capacity type's offerings for the spec, minus those without capacity now."""
+        """This capacity type's offerings for the job as it now is, minus those without
+        capacity now."""
         now = self._now()
         unavailable = self._ports.capacity.unavailable(now) if memory_may_hold else frozenset()
         try:
             plan = self._planner(
-                spec,
+                job.effective_spec,
                 unavailable=unavailable,
                 expected=expected,
                 free_reservations=self._free_reservations(),
+                observed_hazard=job_observed_hazard(job),
             )
         except NoFeasibleOffering:
             return None

@@ -18,7 +18,7 @@ from gpufleet.domain.config import CostPolicy, DataSources, MetricPolicy, Reserv
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
 from gpufleet.domain.job import IllegalTransition, Job, JobChanges, JobStatus
 from gpufleet.domain.node_access import manifest_access
-from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.planning import LaunchPlan, job_observed_hazard
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
 from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS
 from gpufleet.domain.spec import JobSpec
@@ -41,6 +41,7 @@ class Planner(Protocol):
         unavailable: frozenset[str],
         expected: DurationEstimate,
         free_reservations: Sequence[tuple[Reservation, int]],
+        observed_hazard: float,
     ) -> LaunchPlan: ...
 
 
@@ -140,6 +141,7 @@ class LifecycleBase:
             unavailable=frozenset(),
             expected=self._expected_duration(spec),
             free_reservations=self._free_reservations(),
+            observed_hazard=job_observed_hazard(job),
         )
 
     def _free_reservations(self) -> list[tuple[Reservation, int]]:

@@ -88,7 +88,7 @@ from gpufleet.domain.queueing import (
     decide,
     never_admissible,
 )
-from gpufleet.domain.selection import NoFeasibleOffering
+from gpufleet.domain.selection import NoFeasibleOffering, observed_hazard
 from gpufleet.domain.settlement import (
     DEFAULT_MAX_INTERRUPTIONS,
     PREEMPTED,
@@ -292,6 +292,7 @@ class _Job:
         "run_spec",
         "shape",
         "spec",
+        "spot_held_seconds",
         "state",
         "step",
         "submit",
@@ -328,6 +329,7 @@ class _Job:
         self.preemptions = 0
         self.resources_override: Resources | None = None
         self.on_demand_only = False
+        self.spot_held_seconds = 0.0
         self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
         self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
@@ -375,16 +377,14 @@ class _Planner:
         self.calls = 0
         self.misses = 0
 
-    def __call__(
-        self,
-        spec: JobSpec,
-        shape: tuple[object, ...],
-        unavailable: frozenset[str],
-        expected: DurationEstimate,
-    ) -> LaunchPlan | None:
-        """The plan for `spec` (its resources' `resource_shape` is `shape`), ranked by
-        `expected` (already rounded by `_plan_seconds`)."""
-        key = (shape, spec.spot, expected.seconds, expected.source, unavailable)
+    def __call__(self, job: _Job, unavailable: frozenset[str]) -> LaunchPlan | None:
+        """The plan for the job as it now asks (`run_spec`, whose `resource_shape` is
+        `run_shape`), ranked by its `expected` duration (already rounded by `_plan_seconds`)
+        and its spot experience, as `job_observed_hazard` reads it on the record."""
+        spec, expected = job.run_spec, job.expected
+        assert expected is not None
+        hazard = observed_hazard(job.interruptions, job.spot_held_seconds, spec.resources.nodes)
+        key = (job.run_shape, spec.spot, expected.seconds, expected.source, unavailable, hazard)
         self.calls += 1
         hit = self._cache.get(key)
         if hit is None:
@@ -403,6 +403,7 @@ class _Planner:
                     heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
                     expected=expected,
                     unavailable=unavailable,
+                    observed_hazard=hazard,
                 )
             except NoFeasibleOffering as exc:
                 hit = exc
@@ -717,7 +718,7 @@ class Engine:
         sources[expected.source] = sources.get(expected.source, 0) + 1
         # Plans are ranked (and cached) by the estimate to two significant figures.
         job.expected = DurationEstimate(_plan_seconds(expected.seconds), expected.source)
-        job.base_plan = self.planner(job.run_spec, job.run_shape, frozenset(), job.expected)
+        job.base_plan = self.planner(job, frozenset())
         if job.base_plan is None:
             self._settle(job, RunEnd(EndKind.STEP_FAILED, self.now, reason="NoFeasibleOffering"))
             return
@@ -729,7 +730,7 @@ class Engine:
         capacity_type = plan.steps[job.step].capacity_type
         assert job.expected is not None
         unavailable = self._unavailable()
-        current = self.planner(job.run_spec, job.run_shape, unavailable, job.expected)
+        current = self.planner(job, unavailable)
         step: LaunchStep | None = None
         if current is not None:
             step = next((s for s in current.steps if s.capacity_type == capacity_type), None)
@@ -951,6 +952,7 @@ class Engine:
             preemptions=job.preemptions,
             resources_override=job.resources_override,
             on_demand_only=job.on_demand_only,
+            spot_held_seconds=job.spot_held_seconds,
         )
         cap = job.spec.max_retries if self.policy.interruptions_use_retries else None
         settlement = settle(
@@ -984,6 +986,7 @@ class Engine:
         job.retries = settled.retries
         job.interruptions = settled.interruptions
         job.preemptions = settled.preemptions
+        job.spot_held_seconds = settled.spot_held_seconds
         if (settled.resources_override, settled.on_demand_only) != (
             job.resources_override,
             job.on_demand_only,
