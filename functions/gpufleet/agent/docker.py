@@ -1,7 +1,8 @@
-"""The real container runtime on the instance: `docker create` then `docker start`, with every
-GPU, no shell. The docker CLI gets an allowlist of the agent's environment and nothing of the
-job's; the job's env reaches only the container, through a file only root can read, removed as
-soon as the container exists (never a command line: `ps` shows those to every user).
+"""The real container runtime on the instance: `docker create` then `docker start`, with the
+instance's accelerators (every GPU, the Neuron devices, none on a CPU-only type), no shell.
+The docker CLI gets an allowlist of the agent's environment and nothing of the job's; the
+job's env reaches only the container, through a file only root can read, removed as soon as
+the container exists (never a command line: `ps` shows those to every user).
 
 The container's stdout passes through the agent line by line (on to the agent's own stdout, the
 journal), so that the lines the job prints for gpufleet (`GPUFLEET_METRIC ...`) reach `output`.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.agent.node import RunManifest, RunOutcome
+from gpufleet.domain.rendezvous import Peer, node_environment
 from gpufleet.topology import agent_log_stream
 
 RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
@@ -68,13 +70,37 @@ def docker_cli_environment(agent: Mapping[str, str]) -> dict[str, str]:
     return {name: agent[name] for name in DOCKER_CLI_VARIABLES if name in agent}
 
 
+# Where a single node's rendezvous listens before the control plane has named the run's nodes
+# (a single-node run does not wait for it): the node itself.
+_SOLO = Peer(instance_id="", private_ip="127.0.0.1")
+
+
 def container_environment(manifest: RunManifest) -> dict[str, str]:
-    """What the job's container gets: the job's env, and where to resume from."""
+    """What the job's container gets: the job's env, where to resume from, and how to meet the
+    run's other nodes (`domain/rendezvous.py`; these names are gpufleet's, not the job's)."""
     env = dict(manifest.env)
     if manifest.resume and manifest.checkpoint:
         # The job resumes from its checkpoint: its code reads where from the environment.
         env[RESUME_VARIABLE] = manifest.checkpoint
+    peers = manifest.peers or (_SOLO,)
+    env.update(node_environment(peers, manifest.rank, manifest.gpus, manifest.port))
     return env
+
+
+NEURON_ACCELERATORS = frozenset({"trainium", "inferentia"})
+
+
+def device_options(manifest: RunManifest) -> list[str]:
+    """What gives the container the instance's accelerators: every NVIDIA GPU (`--gpus all`),
+    each Neuron device of a Trainium or Inferentia instance (`--device /dev/neuronN`, as the
+    Neuron containers take them), nothing for a CPU-only run (docker refuses `--gpus` where
+    there is no NVIDIA runtime)."""
+    if manifest.accelerator in NEURON_ACCELERATORS:
+        devices = range(manifest.accelerator_devices)
+        return [option for n in devices for option in ("--device", f"/dev/neuron{n}")]
+    if manifest.accelerator == "nvidia" and manifest.gpus > 0:
+        return ["--gpus", "all"]
+    return []
 
 
 # A name docker's env file takes as one: without '=', whitespace or anything else.
@@ -141,13 +167,17 @@ class ContainerLogs:
 
 
 def create_argv(
-    manifest: RunManifest, env_file: Path, logs: ContainerLogs | None = None
+    manifest: RunManifest,
+    env_file: Path,
+    logs: ContainerLogs | None = None,
+    docker: str = "docker",
 ) -> list[str]:
-    """The argv for `docker create`: with every GPU, on the host network, the job's env read
-    from `env_file` (no value is ever on a command line: `ps` shows command lines), the image
-    and the command as one argv element each, after `--`."""
+    """The argv for `docker create`: with the instance's accelerators, on the host network
+    (the run's nodes reach each other at their private IPs), the job's env read from
+    `env_file` (no value is ever on a command line: `ps` shows command lines), the image and
+    the command as one argv element each, after `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
-    argv = ["docker", "create", "--name", container_name(manifest), "--gpus", "all"]
+    argv = [docker, "create", "--name", container_name(manifest), *device_options(manifest)]
     argv += ["--network", "host", "--ipc", "host"]
     if logs is not None:
         argv += logs.options(manifest.job_id)
@@ -155,10 +185,10 @@ def create_argv(
     return argv
 
 
-def start_argv(manifest: RunManifest) -> list[str]:
+def start_argv(manifest: RunManifest, docker: str = "docker") -> list[str]:
     """The argv that runs the created container, attached: its stdout comes to the agent, and
     the CLI exits with the container's exit status."""
-    return ["docker", "start", "--attach", container_name(manifest)]
+    return [docker, "start", "--attach", container_name(manifest)]
 
 
 def relay(stream: IO[str], output: Callable[[str], None]) -> None:
@@ -177,7 +207,8 @@ class DockerRuntime:
     """Runs a manifest's container: `docker create` with the job's env in a private file,
     removed once the container exists, then `docker start --attach`. Every docker CLI call
     gets only DOCKER_CLI_VARIABLES of the agent's environment (`environment`, default: the
-    agent's own)."""
+    agent's own). `docker` is the CLI it runs (found on that PATH unless a path): any program
+    that takes docker's arguments, such as the embedded account's `emulator/fake_docker.py`."""
 
     def __init__(
         self,
@@ -185,7 +216,9 @@ class DockerRuntime:
         output: Callable[[str], None] = lambda _line: None,
         logs: ContainerLogs | None = None,
         environment: Mapping[str, str] | None = None,
+        docker: str = "docker",
     ) -> None:
+        self._docker_cli = docker
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
@@ -204,7 +237,10 @@ class DockerRuntime:
             return not_created
         try:
             process = self._popen(
-                start_argv(manifest), stdout=subprocess.PIPE, text=True, errors="replace"
+                start_argv(manifest, self._docker_cli),
+                stdout=subprocess.PIPE,
+                text=True,
+                errors="replace",
             )
         except OSError as exc:
             self._remove(manifest)
@@ -224,7 +260,8 @@ class DockerRuntime:
         exists, else how the run ended."""
         try:
             process = self._popen(
-                create_argv(manifest, env_file, self._logs), stdout=subprocess.DEVNULL
+                create_argv(manifest, env_file, self._logs, self._docker_cli),
+                stdout=subprocess.DEVNULL,
             )
         except OSError as exc:
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
@@ -282,7 +319,7 @@ class DockerRuntime:
     def _docker(self, *args: str) -> subprocess.CompletedProcess[str]:
         """A docker CLI call with a fixed argv, its output captured."""
         return subprocess.run(  # noqa: S603 - argv list, no shell
-            ["docker", *args],  # noqa: S607 - found on the CLI's PATH
+            [self._docker_cli, *args],
             env=self._cli_env,
             capture_output=True,
             text=True,

@@ -2,7 +2,8 @@
 
 It learns which job it serves from the instance's tags (a warm-pool instance waits until a
 launch claims it and tags it with its job), fetches the job's run manifest, reports that it
-started, runs the container with every GPU, and reports how it ended. User input (argv and
+started, runs the container with the instance's accelerators (every GPU, or its Neuron
+devices) and its rank among the run's nodes, and reports how it ended. User input (argv and
 environment) goes to the container runtime as a list and an environment mapping; nothing is
 ever passed through a shell.
 
@@ -32,10 +33,11 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
+from gpufleet.domain.rendezvous import MASTER_PORT, Peer
 from gpufleet.topology import (
     AGENT_METRICS,
     AGENT_SOURCE,
@@ -58,29 +60,56 @@ class RunManifest:
     image: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    gpus: int = 1
+    gpus: int = 1  # per node
     timeout_seconds: int = 86400
     checkpoint: str | None = None
     resume: bool = False
     stage: str | None = None  # of a multi-stage job
     await_next_stage: bool = False  # the next stage may run on this instance
+    nodes: int = 1
+    # The run's nodes in rank order, once the control plane knows them (after the launch).
+    peers: tuple[Peer, ...] = ()
+    port: int = MASTER_PORT
+    # The instance type's accelerator ("nvidia", "trainium", "inferentia", "none", ...) and how
+    # many devices of it the instance has.
+    accelerator: str = "nvidia"
+    accelerator_devices: int = 0
+    rank: int = 0  # this node's: see `on_node`
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
         document = json.loads(raw)
+        gpus = int(document.get("gpus", 1))
         return cls(
             job_id=str(document["job_id"]),
             name=str(document.get("name", "")),
             image=str(document["image"]),
             command=[str(arg) for arg in document["command"]],
             env={str(k): str(v) for k, v in document.get("env", {}).items()},
-            gpus=int(document.get("gpus", 1)),
+            gpus=gpus,
             timeout_seconds=int(document.get("timeout_seconds", 86400)),
             checkpoint=document.get("checkpoint"),
             resume=bool(document.get("resume", False)),
             stage=None if document.get("stage") is None else str(document["stage"]),
             await_next_stage=bool(document.get("await_next_stage", False)),
+            nodes=int(document.get("nodes", 1)),
+            peers=tuple(
+                Peer(str(peer["instance_id"]), str(peer["private_ip"]))
+                for peer in document.get("peers", [])
+            ),
+            port=int(document.get("port", MASTER_PORT)),
+            accelerator=str(document.get("accelerator", "nvidia" if gpus else "none")),
+            accelerator_devices=int(document.get("accelerator_devices", gpus)),
         )
+
+    def on_node(self, instance_id: str) -> RunManifest | None:
+        """The manifest as the node `instance_id` runs it, with its rank; None while the
+        manifest of a run of several nodes does not name this one yet (it is written again
+        once the launch knows the instances)."""
+        ranked = [peer.instance_id for peer in self.peers]
+        if instance_id in ranked:
+            return replace(self, rank=ranked.index(instance_id))
+        return self if self.nodes == 1 else None
 
 
 @dataclass(frozen=True)
@@ -306,10 +335,14 @@ class NodeAgent:
                 problem = f"could not read the run manifest: {exc}"
                 continue
             try:
-                return RunManifest.from_json(raw)
+                manifest = RunManifest.from_json(raw)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # invalid: for good
                 problem = f"the run manifest is not valid: {exc!r}"
                 break
+            on_node = manifest.on_node(base["instance_id"])
+            if on_node is not None:
+                return on_node
+            problem = "the run manifest does not name this node among the run's nodes"
         outcome = RunOutcome(exit_code=None, reason=problem)
         ledger_key = manifest_key(job_id)
         if self._ledger.finish_report(ledger_key) is None:
@@ -378,7 +411,7 @@ class NodeAgent:
                 raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
                 manifest = RunManifest.from_json(raw)
                 if manifest.stage == stage:
-                    return manifest
+                    return manifest.on_node(self._identity.instance_id())
         except Exception:  # noqa: S110 - no instruction yet (or unreadable): look again
             pass
         return None
@@ -492,9 +525,13 @@ class NodeAgent:
         return detail
 
 
-def _base_of(manifest: RunManifest, job_base: dict[str, str]) -> dict[str, str]:
-    """What every report of a run names: the job and instance, and the stage it ran."""
-    return {**job_base, "stage": manifest.stage} if manifest.stage else job_base
+def _base_of(manifest: RunManifest, job_base: dict[str, Any]) -> dict[str, Any]:
+    """What every report of a run names: the job and instance, the stage it ran, and how many
+    nodes the run has (the control plane then reads which node this is)."""
+    base = {**job_base, "stage": manifest.stage} if manifest.stage else dict(job_base)
+    if manifest.nodes > 1:
+        base["nodes"] = manifest.nodes
+    return base
 
 
 def _detail(

@@ -111,9 +111,7 @@ class LaunchSteps(LifecycleBase):
             if job.run_result is not None:  # and its node already finished
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
-        self._ports.objects.put_json(
-            run_manifest_key(job_id), run_manifest(job, self._policy.data_bucket)
-        )
+        self._ports.objects.put_json(run_manifest_key(job_id), self._manifest(job))
         # A new run starts with no instruction pending: a checkpoint request was for the last.
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
@@ -147,9 +145,16 @@ class LaunchSteps(LifecycleBase):
             )
             if result.launched:
                 fell_back = plan.is_on_demand_fallback(step)
+                placement = self._placement(result, launch_step)
+                # The manifest again, now naming the nodes: each finds its rank and its peers.
+                self._ports.objects.put_json(
+                    run_manifest_key(job_id),
+                    self._manifest(job.model_copy(update={"placement": placement})),
+                )
                 changes = {
                     **self._admitted_changes(job, admission),
-                    "placement": self._placement(result, launch_step),
+                    "placement": placement,
+                    "started_instances": [],
                     "attempts": job.attempts + 1,
                     "ondemand_fallback": fell_back,
                     "task_token": task_token,
@@ -184,6 +189,9 @@ class LaunchSteps(LifecycleBase):
             error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
             category=result.error_category.value if result.error_category else "",
         )
+
+    def _manifest(self, job: Job) -> dict[str, Any]:
+        return run_manifest(job, self._policy.data_bucket, self._policy.instance_type_of)
 
     def _record_launch(self, job: Job, changes: dict[str, Any]) -> Job:
         """Move the job to LAUNCHING and tell the queue: its hourly cost, for the fleet's cost
@@ -265,4 +273,5 @@ class LaunchSteps(LifecycleBase):
             launched_at=self._now(),
             storage_gib=self._policy.root_volume_gib,
             storage_usd_per_gib_month=self._policy.cost.ebs_usd_per_gib_month,
+            private_ips=result.private_ips,
         )

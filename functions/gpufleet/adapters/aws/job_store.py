@@ -41,6 +41,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "attempts": ("attempts", "num"),
     "task_token": ("task_token", "str"),
     "run_result": ("run_result", "json"),
+    "started_instances": ("started_instances", "json"),
     "drain_reason": ("drain_reason", "str"),
     "drain_requested_at": ("drain_requested_ts", "num"),
     "preempted_for": ("preempted_for", "str"),
@@ -167,11 +168,14 @@ class DynamoJobStore:
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
+        version: int | None = None,
     ) -> Job:
         allowed = ALLOWED_SOURCES[target] if sources is None else sources
         if not allowed:
             raise IllegalTransition(job_id, None, target)
-        change = StatusChange(job_id, target, frozenset(allowed), now, changes or {}, holding)
+        change = StatusChange(
+            job_id, target, frozenset(allowed), now, changes or {}, holding, version
+        )
         try:
             response = self._update(
                 **transition_write(self._table, change),
