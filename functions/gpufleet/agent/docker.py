@@ -191,12 +191,14 @@ def start_argv(manifest: RunManifest, docker: str = "docker") -> list[str]:
     return [docker, "start", "--attach", container_name(manifest)]
 
 
-def relay(stream: IO[str], output: Callable[[str], None]) -> None:
-    """Copy the container's stdout to ours and hand each line to `output`, until it closes."""
+def relay(stream: IO[str], output: Callable[[str], None], journal: IO[str] | None = None) -> None:
+    """Copy the container's stdout to the journal (ours when not given) and hand each line to
+    `output`, until it closes."""
+    journal = journal or sys.stdout
     for line in stream:
-        sys.stdout.write(line)
+        journal.write(line)
         output(line)
-    sys.stdout.flush()
+    journal.flush()
 
 
 # How often a wait for docker looks at the stop event and the deadline.
@@ -208,7 +210,8 @@ class DockerRuntime:
     removed once the container exists, then `docker start --attach`. Every docker CLI call
     gets only DOCKER_CLI_VARIABLES of the agent's environment (`environment`, default: the
     agent's own). `docker` is the CLI it runs (found on that PATH unless a path): any program
-    that takes docker's arguments, such as the embedded account's `emulator/fake_docker.py`."""
+    that takes docker's arguments, such as the embedded account's `emulator/fake_docker.py`.
+    `journal`: where the container's stdout is copied (the agent's stdout when not given)."""
 
     def __init__(
         self,
@@ -217,8 +220,10 @@ class DockerRuntime:
         logs: ContainerLogs | None = None,
         environment: Mapping[str, str] | None = None,
         docker: str = "docker",
+        journal: IO[str] | None = None,
     ) -> None:
         self._docker_cli = docker
+        self._journal = journal
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
@@ -246,7 +251,9 @@ class DockerRuntime:
             self._remove(manifest)
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
         assert process.stdout is not None
-        relaying = threading.Thread(target=relay, args=(process.stdout, self._output), daemon=True)
+        relaying = threading.Thread(
+            target=relay, args=(process.stdout, self._output, self._journal), daemon=True
+        )
         relaying.start()
         try:
             return self._supervise(manifest, process, stop, deadline)
