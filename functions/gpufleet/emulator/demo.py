@@ -327,7 +327,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                 _job_entry(job, job.job_id in nodes.resumed)
                 | (
                     {"container_log": _container_log(account, job.job_id)}
-                    if scenario.nodes.behaviour(job.spec.name).runs_command
+                    if scenario.nodes.runs_commands(job.spec.name)
                     else {}
                 )
                 for job in sorted(jobs, key=lambda j: j.spec.name)

@@ -105,6 +105,14 @@ class NodeScenario:
     finish_resend_seconds: float = 10.0
     finish_resends: int = 10
 
+    def runs_commands(self, job_name: str) -> bool:
+        """Whether the job's containers, or one of its stages', really run their command."""
+        return any(
+            behaviour.runs_command
+            for key, behaviour in self.behaviours.items()
+            if key == job_name or key.startswith(f"{job_name}/")
+        )
+
     def behaviour(self, job_name: str, stage: str | None = None) -> Behaviour:
         if stage is not None and f"{job_name}/{stage}" in self.behaviours:
             return self.behaviours[f"{job_name}/{stage}"]
@@ -393,7 +401,7 @@ class NodeSimulator:
                 return  # a warm instance released before any launch took it
             job_id = identity.tags().get(TAG_JOB_ID, "")
             with acting_as(EMULATOR):
-                behaviour = self._scenario.behaviour(self._job_name(job_id))
+                behaviour = self._scenario.behaviour(*self._job_run(job_id))
             gone = self._gone[instance_id]
             node = _AsNode(
                 S3Manifests(self._account.client("s3"), self._account.bucket),
@@ -497,14 +505,18 @@ class NodeSimulator:
         timer.daemon = True
         timer.start()
 
-    def _job_name(self, job_id: str) -> str:
+    def _job_run(self, job_id: str) -> tuple[str, str | None]:
+        """The job's name and the stage its manifest runs now (a node's runtime is chosen at
+        its boot, for the stage it boots for)."""
         try:
             raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
                 f"{RUNS_PREFIX}{job_id}/run.json"
             )
         except Exception:  # no manifest: an instance no job launched; default behaviour
-            return ""
-        return str(json.loads(raw).get("name", ""))
+            return "", None
+        document = json.loads(raw)
+        stage = document.get("stage")
+        return str(document.get("name", "")), None if stage is None else str(stage)
 
     def _interrupt(self, instance_id: str, warned: bool) -> None:
         """What EC2 does when it reclaims a spot instance: the warning event and IMDS notice,
