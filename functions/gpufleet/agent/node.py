@@ -315,7 +315,10 @@ class NodeAgent:
         while True:
             finish = self._run_at_most_once(manifest, base)
             outcome = _outcome_of(finish)
-            may_continue = outcome.exit_code == 0 and manifest.await_next_stage
+            # A stage that ended well, or that the main node ended for all (this one was stopped
+            # because the job moved to its next stage): the next stage may run here.
+            ended_well = outcome.exit_code == 0 or bool(finish.get(_MOVED_ON))
+            may_continue = ended_well and manifest.await_next_stage
             following = self._after_run(manifest, finish, may_continue)
             if following is None:
                 return outcome
@@ -425,12 +428,13 @@ class NodeAgent:
         # Noted once its start is told (a start that could not be is no run: a restart runs it).
         self._ledger.note_started(key)
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
+        moved_on = threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
             threading.Thread(target=self._publish_metrics, args=(job_id, finished), daemon=True),
             threading.Thread(
                 target=self._watch_control,
-                args=(job_id, finished, stop, interrupted),
+                args=(job_id, manifest.stage, finished, stop, interrupted, moved_on),
                 daemon=True,
             ),
         ]
@@ -443,6 +447,8 @@ class NodeAgent:
             for helper in helpers:
                 helper.join()
         finish = _detail(base, "finished", outcome, interrupted.is_set())
+        if moved_on.is_set():
+            finish[_MOVED_ON] = True
         self._ledger.note_finished(key, finish)
         self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
         return finish
@@ -489,14 +495,17 @@ class NodeAgent:
     def _watch_control(
         self,
         job_id: str,
+        stage: str | None,
         finished: threading.Event,
         stop: threading.Event,
         interrupted: threading.Event,
+        moved_on: threading.Event,
     ) -> None:
         """The control plane asks a node to checkpoint and stop (preemption, spot interruption)
         by writing runs/<job>/control.json; the node has no inbound connection to be told. The
         node also watches the metadata service for its own spot interruption notice, in case
-        the control plane's event comes late."""
+        the control plane's event comes late. A node of several whose run the main node ended
+        (the control plane moved the job to its next stage here) stops its container too."""
         while not self._clock.wait(finished, self._control_poll_seconds):
             try:
                 if self._identity.interruption_notice():
@@ -509,7 +518,9 @@ class NodeAgent:
                 document = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
             except Exception:  # noqa: S112 - no instruction yet (or unreadable): look again
                 continue
-            if document.get("action") == "checkpoint":
+            if document.get("action") == CONTROL_RUN_STAGE and document.get("stage") != stage:
+                moved_on.set()
+            if document.get("action") == "checkpoint" or moved_on.is_set():
                 stop.set()
                 return
 
@@ -532,6 +543,10 @@ def _base_of(manifest: RunManifest, job_base: dict[str, Any]) -> dict[str, Any]:
     if manifest.nodes > 1:
         base["nodes"] = manifest.nodes
     return base
+
+
+# A finish report's mark of a run stopped because the job moved to its next stage.
+_MOVED_ON = "stopped_for_next_stage"
 
 
 def _detail(
