@@ -368,7 +368,7 @@ class Docker:
 
     def running(self, name: str) -> bool:
         try:
-            return self.record(name)["status"] == "running"
+            return bool(self.record(name)["status"] == "running")
         except Refused:
             return False
 

@@ -266,7 +266,7 @@ class SimulatedGpus:
         return self._behaviour.gpu_memory_mib + growth * (time.monotonic() - self._started)
 
 
-class _Discarded(io.TextIOBase):
+class _Discarded(io.StringIO):
     """A text stream that keeps nothing."""
 
     def write(self, text: str) -> int:
