@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gpufleet.errors import RefusedInput
+
 # docker's exit status when the daemon refused the request (the container never ran).
 DAEMON_REFUSED = 125
 _PRIVATE_ECR = re.compile(r"^[0-9]{12}\.dkr\.ecr(-fips)?\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
@@ -72,7 +74,7 @@ _VALUED = {
 _FLAGS = {"--init", "--rm", "--privileged", "-t", "-i", "--tty", "--interactive"}
 
 
-class Refused(Exception):
+class Refused(RefusedInput):
     """What the docker daemon answers with an error (the CLI prints it, exits 125)."""
 
 
