@@ -51,6 +51,7 @@ class GpuFleetStack(Stack):
             self,
             "Fleet",
             config=config,
+            fleet_config=fleet_config,
             bus=intake.bus,
             bucket=intake.bucket,
             agent_code=code_zip,

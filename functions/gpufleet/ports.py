@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.history import execution_name
-from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.job import Job, JobChanges, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the queue's port
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
@@ -37,7 +37,7 @@ class StatusChange:
     target: JobStatus
     sources: frozenset[JobStatus]
     now: float
-    changes: Mapping[str, Any]
+    changes: JobChanges
     holding: str | None = None
     version: int | None = None  # and only if the job is still at this version (not written since)
 
@@ -72,7 +72,7 @@ class JobStore(Protocol):
         job_id: str,
         target: JobStatus,
         now: float,
-        changes: Mapping[str, Any] | None = None,
+        changes: JobChanges | None = None,
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
@@ -85,7 +85,7 @@ class JobStore(Protocol):
         as it is (or JobNotFound)."""
         ...
 
-    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
+    def update(self, job_id: str, now: float, changes: JobChanges) -> Job:
         """Set non-status fields of an existing job; raise JobNotFound when it does not exist."""
         ...
 

@@ -24,9 +24,11 @@ from aws_cdk import aws_s3_assets as s3_assets
 
 from constructs import Construct
 from gpufleet import topology
+from gpufleet.domain.config import FleetConfig
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
 from infra.constructs.logs import retention
+from infra.constructs.node_access import grant_node_access
 
 AGENT_MODULE = "gpufleet.agent"
 AGENT_HOME = "/opt/gpufleet"
@@ -41,6 +43,7 @@ class Fleet(Construct):
         construct_id: str,
         *,
         config: GpuFleetConfig,
+        fleet_config: FleetConfig,
         bus: events.IEventBus,
         bucket: s3.IBucket,
         agent_code: s3_assets.Asset,
@@ -98,6 +101,7 @@ class Fleet(Construct):
             "managed policy is the documented minimum for the SSM agent and AWS maintains it.",
         )
         self._grant_instance_role(config, bus, bucket, agent_code)
+        grant_node_access(self, self.instance_role, self.security_group, fleet_config)
 
         self.image = ec2.MachineImage.from_ssm_parameter(
             config.ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX

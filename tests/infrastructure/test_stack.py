@@ -30,6 +30,7 @@ MANAGED = topology.TAG_MANAGED
 # Actions AWS offers no resource-level permissions for: the only ones allowed on Resource "*".
 RESOURCE_STAR_ACTIONS = {
     "ec2:Describe*",
+    "ecr:GetAuthorizationToken",
     "ec2:DescribeInstances",
     "ec2:DescribePlacementGroups",
     "xray:PutTraceSegments",
@@ -753,6 +754,13 @@ def test_instance_role(synth: Synth) -> None:
         "s3:PutObject",
         "s3:AbortMultipartUpload",
         "s3:ListBucket",
+        # Private images and secrets (infra/constructs/node_access.py).
+        "ecr:GetAuthorizationToken",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+        "secretsmanager:GetSecretValue",
+        "ssm:GetParameter",
+        "ssm:GetParameters",
     }
     managed = [synth.render(arn) for arn in synth.props(role["Ref"])["ManagedPolicyArns"]]
     assert managed == ["arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore"]

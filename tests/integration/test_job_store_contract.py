@@ -10,7 +10,16 @@ import pytest
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.aws.transactions import Backoff
 from gpufleet.adapters.local.memory import InMemoryJobStore
-from gpufleet.domain.job import IllegalTransition, Job, JobNotFound, JobStatus, Placement
+from gpufleet.domain.job import (
+    IllegalTransition,
+    InvalidJobChanges,
+    Job,
+    JobChanges,
+    JobNotFound,
+    JobStatus,
+    Placement,
+    StageRecord,
+)
 from gpufleet.domain.spec import parse_spec
 from gpufleet.emulator.account import Account
 from gpufleet.ports import JobStore
@@ -68,13 +77,13 @@ def test_a_record_round_trips_with_every_field(store: JobStore) -> None:
     store.update(
         job.job_id,
         160.0,
-        {
-            "placement": placement,
-            "task_token": "tok",
-            "run_result": {"exit_code": 0, "reason": ""},
-            "attempts": 2,
-            "on_demand_only": True,
-        },
+        JobChanges(
+            placement=placement,
+            task_token="tok",
+            run_result={"exit_code": 0, "reason": ""},
+            attempts=2,
+            on_demand_only=True,
+        ),
     )
     got = store.get(job.job_id)
     assert got.placement == placement
@@ -87,9 +96,9 @@ def test_a_record_round_trips_with_every_field(store: JobStore) -> None:
 def test_legal_transitions_apply_with_their_changes(store: JobStore) -> None:
     job = new_job()
     store.put_new(job)
-    queued = store.transition(job.job_id, JobStatus.QUEUED, 200.0, {"failure_reason": None})
+    queued = store.transition(job.job_id, JobStatus.QUEUED, 200.0, JobChanges(failure_reason=None))
     assert queued.status is JobStatus.QUEUED and queued.updated_at == 200.0
-    failed = store.transition(job.job_id, JobStatus.FAILED, 201.0, {"failure_reason": "x"})
+    failed = store.transition(job.job_id, JobStatus.FAILED, 201.0, JobChanges(failure_reason="x"))
     assert failed.failure_reason == "x"
 
 
@@ -99,7 +108,7 @@ def test_illegal_transitions_change_nothing_and_report_the_current_status(
     job = new_job()
     store.put_new(job)
     with pytest.raises(IllegalTransition) as caught:
-        store.transition(job.job_id, JobStatus.SUCCEEDED, 300.0, {"cost_usd": 1.0})
+        store.transition(job.job_id, JobStatus.SUCCEEDED, 300.0, JobChanges(cost_usd=1.0))
     assert caught.value.current is JobStatus.SUBMITTED
     unchanged = store.get(job.job_id)
     assert unchanged.status is JobStatus.SUBMITTED and unchanged.cost_usd is None
@@ -109,7 +118,7 @@ def test_illegal_transitions_change_nothing_and_report_the_current_status(
 
 def test_update_of_a_missing_job_raises(store: JobStore) -> None:
     with pytest.raises(JobNotFound):
-        store.update("j-dddddddddddddddddddd", 1.0, {"task_token": "t"})
+        store.update("j-dddddddddddddddddddd", 1.0, JobChanges(task_token="t"))
 
 
 def test_concurrent_transitions_have_exactly_one_winner(store: JobStore) -> None:
@@ -122,7 +131,7 @@ def test_concurrent_transitions_have_exactly_one_winner(store: JobStore) -> None
     def race(worker: int) -> None:
         barrier.wait()
         try:
-            store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, {"attempts": worker})
+            store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, JobChanges(attempts=worker))
             wins.append(worker)
         except IllegalTransition:
             pass
@@ -181,7 +190,7 @@ def test_a_move_can_require_that_the_placement_holds_an_instance(store: JobStore
         hourly_usd=1.0,
         launched_at=2.0,
     )
-    store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, {"placement": placement})
+    store.transition(job.job_id, JobStatus.LAUNCHING, 2.0, JobChanges(placement=placement))
     with pytest.raises(IllegalTransition) as refused:
         store.transition(job.job_id, JobStatus.RUNNING, 3.0, holding="i-9")  # not its node
     assert refused.value.job is not None and refused.value.job.status is JobStatus.LAUNCHING
@@ -193,24 +202,109 @@ def test_a_move_can_require_that_the_placement_holds_an_instance(store: JobStore
         job.job_id,
         JobStatus.RUNNING,
         4.0,
-        {"run_result": {"exit_code": 0}},
+        JobChanges(run_result={"exit_code": 0}),
         sources=[JobStatus.RUNNING],
         holding="i-1",
     )
     assert finished.run_result == {"exit_code": 0}
     # The instances checked follow the placement: a new one, then none.
     store.update(
-        job.job_id, 5.0, {"placement": placement.model_copy(update={"instance_ids": ["i-3"]})}
+        job.job_id,
+        5.0,
+        JobChanges(placement=placement.model_copy(update={"instance_ids": ["i-3"]})),
     )
     with pytest.raises(IllegalTransition):
         store.transition(
             job.job_id, JobStatus.RUNNING, 6.0, sources=[JobStatus.RUNNING], holding="i-1"
         )
-    store.update(job.job_id, 7.0, {"placement": None})
+    store.update(job.job_id, 7.0, JobChanges(placement=None))
     with pytest.raises(IllegalTransition):
         store.transition(
             job.job_id, JobStatus.RUNNING, 8.0, sources=[JobStatus.RUNNING], holding="i-3"
         )
+
+
+# -- changes: typed once, written alike -----------------------------------------------------------
+
+REFUSED_CHANGES = {
+    "an unknown field": ({"retires": 3}, {"retires"}),
+    "a mistyped field": ({"retries": "three"}, {"retries"}),
+    "both at once": ({"retires": 3, "retries": "three"}, {"retires", "retries"}),
+    "a counter cleared": ({"retries": None}, {"retries"}),
+    "a mistyped placement": ({"placement": {"instance_ids": "i-1"}}, {"placement"}),
+    "a field the store writes": ({"status": "SUCCEEDED"}, {"status"}),
+}
+
+
+@pytest.mark.parametrize(("fields", "named"), REFUSED_CHANGES.values(), ids=list(REFUSED_CHANGES))
+def test_changes_a_job_cannot_have_are_refused_naming_the_fields_and_nothing_changes(
+    store: JobStore, fields: dict[str, object], named: set[str]
+) -> None:
+    job = new_job()
+    store.put_new(job)
+    with pytest.raises(InvalidJobChanges) as refused:
+        store.update(job.job_id, 2.0, JobChanges.parse(fields))
+    assert set(refused.value.fields) == named
+    assert all(name in str(refused.value) for name in named)
+    with pytest.raises(InvalidJobChanges):
+        store.transition(job.job_id, JobStatus.QUEUED, 2.0, JobChanges.parse(fields))
+    assert store.get(job.job_id) == job
+
+
+@pytest.fixture
+def both_stores(account: Account) -> tuple[JobStore, JobStore]:
+    dynamodb = DynamoJobStore(
+        account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
+    )
+    return dynamodb, InMemoryJobStore()
+
+
+def test_the_same_changes_leave_the_same_job_in_both_stores(
+    both_stores: tuple[JobStore, JobStore],
+) -> None:
+    """Every kind of field (numbers, flags, text, models, lists, a clear) written as changes
+    reads back the same from DynamoDB's item as from memory, and as the changes say."""
+    job = new_job()
+    placement = Placement(
+        instance_ids=["i-1", "i-2"],
+        instance_type="p4d.24xlarge",
+        capacity_type="spot",
+        zone="use1-az6",
+        hourly_usd=12.5,
+        launched_at=150.25,
+        storage_gib=200,
+    )
+    record = StageRecord(name="train", status=JobStatus.SUCCEEDED, cost_usd=0.125)
+    writes = [
+        (JobStatus.QUEUED, JobChanges(estimated_cost_usd=1.5, failure_reason="waits")),
+        (
+            JobStatus.LAUNCHING,
+            JobChanges(placement=placement, attempts=1, ondemand_fallback=True, task_token="t"),
+        ),
+        (None, JobChanges(run_result={"exit_code": 0, "reason": ""}, flags=["idle"])),
+        (None, JobChanges(resources_override=SPEC.resources, stage_records=[record])),
+        (None, JobChanges(released_at=1000.5, prior_cost_usd=0.1, failure_reason=None)),
+        (JobStatus.QUEUED, JobChanges(placement=None, retries=2, on_demand_only=True)),
+    ]
+    results = []
+    for store in both_stores:
+        store.put_new(job)
+        for target, changes in writes:
+            if target is None:
+                store.update(job.job_id, 300.0, changes)
+            else:
+                store.transition(job.job_id, target, 300.0, changes)
+        results.append(store.get(job.job_id))
+    from_dynamodb, from_memory = results
+    assert from_dynamodb == from_memory
+    expected = job
+    for _, changes in writes:
+        expected = expected.with_changes(changes)
+    assert from_memory.model_dump(exclude={"status", "updated_at", "version"}) == (
+        expected.model_dump(exclude={"status", "updated_at", "version"})
+    )
+    assert (from_memory.status, from_memory.version) == (JobStatus.QUEUED, len(writes))
+    assert from_memory.failure_reason is None and from_memory.placement is None
 
 
 # -- DynamoDB only: a write that meets a transaction on its item ---------------------------------
@@ -227,7 +321,7 @@ def test_a_move_that_meets_a_transaction_on_the_job_is_tried_again(account: Acco
     store.put_new(job)
     with writes_in_a_transaction(client, "UpdateItem") as failed:
         moved = store.transition(job.job_id, JobStatus.QUEUED, 1.0)
-        updated = store.update(job.job_id, 2.0, {"attempts": 1})
+        updated = store.update(job.job_id, 2.0, JobChanges(attempts=1))
     assert failed == ["UpdateItem"] and len(waits) == 1  # the first met the transaction
     assert moved.status is JobStatus.QUEUED and updated.attempts == 1
     assert store.get(job.job_id).version == 2

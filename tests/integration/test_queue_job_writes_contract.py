@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.local.memory import InMemoryJobQueue, InMemoryJobStore
-from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
 from gpufleet.domain.queueing import QueuedJob, RunningJob
 from gpufleet.domain.spec import Priority, parse_spec
 from gpufleet.emulator.account import Account
@@ -121,7 +121,7 @@ def test_a_launch_moves_the_job_and_notes_its_cost_in_one_write(stores: Stores) 
         JobStatus.LAUNCHING,
         frozenset({JobStatus.QUEUED}),
         NOW + 2,
-        {"placement": placement(), "attempts": 1},
+        JobChanges(placement=placement(), attempts=1),
     )
     assert stores.queue.record_launch(change, 4.5, NOW + 3600)
     stored = stores.jobs.get(job.job_id)
@@ -136,7 +136,11 @@ def test_a_launch_moves_the_job_and_notes_its_cost_in_one_write(stores: Stores) 
 def test_a_launch_of_a_job_whose_share_was_released_writes_nothing(stores: Stores) -> None:
     job = queued(stores)
     change = StatusChange(
-        job.job_id, JobStatus.LAUNCHING, frozenset({JobStatus.QUEUED}), NOW + 2, {"attempts": 1}
+        job.job_id,
+        JobStatus.LAUNCHING,
+        frozenset({JobStatus.QUEUED}),
+        NOW + 2,
+        JobChanges(attempts=1),
     )
     assert not stores.queue.record_launch(change, 1.0, None)
     assert stores.jobs.get(job.job_id).status is JobStatus.QUEUED
@@ -145,7 +149,9 @@ def test_a_launch_of_a_job_whose_share_was_released_writes_nothing(stores: Store
 def running_job(stores: Stores) -> Job:
     job = queued(stores)
     admitted(stores, job)
-    stores.jobs.transition(job.job_id, JobStatus.LAUNCHING, NOW + 1, {"placement": placement()})
+    stores.jobs.transition(
+        job.job_id, JobStatus.LAUNCHING, NOW + 1, JobChanges(placement=placement())
+    )
     return stores.jobs.transition(job.job_id, JobStatus.RUNNING, NOW + 2, holding="i-0b")
 
 
@@ -155,7 +161,7 @@ def ended(job: Job, at: float = NOW + 100) -> StatusChange:
         JobStatus.SUCCEEDED,
         frozenset({JobStatus.RUNNING}),
         at,
-        {"released_at": at, "cost_usd": 0.05},
+        JobChanges(released_at=at, cost_usd=0.05),
         version=job.version,
     )
 
@@ -184,7 +190,7 @@ def test_a_release_from_a_stale_view_writes_nothing(stores: Stores, why: str) ->
     job = running_job(stores)
     share = SHARE
     if why == "the job changed since":
-        stores.jobs.update(job.job_id, NOW + 50, {"drain_reason": "preempted"})
+        stores.jobs.update(job.job_id, NOW + 50, JobChanges(drain_reason="preempted"))
     else:
         share = RunningShare("ml", 4, 1)  # resized since its admission
     assert stores.queue.record_release(ended(job), share) is None

@@ -25,7 +25,7 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
     in_memory_ports,
 )
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.emulator.account import table_definition
 from gpufleet.errors import TransientError
 from gpufleet.ports import Ports
@@ -34,6 +34,7 @@ from gpufleet.services.factory import build_dispatcher, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import queued_job
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.topology import JOBS_TABLE
 from tests.helpers import SPEC_YAML, enqueue, intake_for, make_settings, plan_of
 from tests.integration.dynamo_faults import cancelled_first_tries
@@ -113,7 +114,10 @@ def run(fleet: Fleet, admission: dict[str, Any]) -> dict[str, Any]:
     """Launch, and the node's run to its end: what the run's task completes with."""
     job_id = fleet.job_id
     plan = plan_of(fleet.ports, job_id)
-    assert fleet.lifecycle.launch(job_id, plan, 0, 0, "run", admission) is None
+    assert (
+        fleet.lifecycle.launch(job_id, plan, 0, 0, "run", Admission.model_validate(admission))
+        is None
+    )
     job = fleet.ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING and job.placement is not None
     instance = job.placement.instance_ids[0]
@@ -143,8 +147,8 @@ def test_a_job_whose_every_transaction_is_throttled_first_ends_as_its_run_did(
         admission = admit(fleet, on_arrival)
         finished = run(fleet, admission)
         if changed_after_the_finish:  # e.g. an alarm flagged it meanwhile
-            fleet.ports.jobs.update(job_id, fleet.ports.clock.now(), {"flags": ["idle"]})
-        released = fleet.lifecycle.release(job_id, {"run": finished})
+            fleet.ports.jobs.update(job_id, fleet.ports.clock.now(), JobChanges(flags=["idle"]))
+        released = fleet.lifecycle.release(job_id, WorkflowState.model_validate({"run": finished}))
     # Every transaction of the paths was throttled, and tried again until it went through.
     assert len(cancelled) == transactions
     assert set(cancelled.values()) == {tries}
@@ -186,10 +190,10 @@ def test_a_release_throttled_past_every_try_fails_transiently_and_keeps_the_shar
         cancelled_first_tries(fleet.client, THROTTLED, Backoff().tries),
         pytest.raises(QueueContended),
     ):
-        fleet.lifecycle.release(job_id, {"run": finished})
+        fleet.lifecycle.release(job_id, WorkflowState.model_validate({"run": finished}))
     # Nothing settled: the share is still the job's, for the step's retry to give back.
     assert not fleet.ports.jobs.get(job_id).status.terminal
     assert fleet.share_held() == ([job_id], 1)
-    released = fleet.lifecycle.release(job_id, {"run": finished})
+    released = fleet.lifecycle.release(job_id, WorkflowState.model_validate({"run": finished}))
     assert released["outcome"]["status"] == "SUCCEEDED"
     assert fleet.share_held() == ([], 0)

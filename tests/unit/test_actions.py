@@ -22,6 +22,7 @@ from gpufleet.services.factory import build_actions, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import control_key
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import WorkflowState
 from gpufleet.topology import DETAIL_JOB_SCALED
 from tests.helpers import intake_for, local_ports, make_settings, plan_of
 
@@ -74,7 +75,7 @@ class Running:
         )
         self.lifecycle.node_report(report)
         run = cast(RecordingWorkflow, self.ports.workflow).completed[token]
-        return self.lifecycle.release(self.job_id, {"run": run})
+        return self.lifecycle.release(self.job_id, WorkflowState.model_validate({"run": run}))
 
 
 def test_busy_gpus_scale_an_elastic_job_out_by_a_step_and_it_resumes_larger() -> None:

@@ -14,7 +14,7 @@ from gpufleet.adapters.local.memory import (
     RecordingAlarms,
     RecordingWorkflow,
 )
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import RESIZED
 from gpufleet.domain.spec import Resources
@@ -22,6 +22,7 @@ from gpufleet.ports import WorkflowRun
 from gpufleet.services.backstop import BackstopService, WorkflowEnd, failure_of
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from tests.helpers import plan_of
 from tests.unit.test_services import admitted_job, run_to_finish, started
 
@@ -29,7 +30,12 @@ from tests.unit.test_services import admitted_job, run_to_finish, started
 def running_job() -> tuple[LifecycleService, Any, str, str]:
     """An admitted job whose node runs it, ten minutes in: (service, ports, job, instance)."""
     service, ports, job_id, admission = admitted_job()
-    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    assert (
+        service.launch(
+            job_id, plan_of(ports, job_id), 0, 0, "run", Admission.model_validate(admission)
+        )
+        is None
+    )
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
     cast(ManualClock, ports.clock).advance(600)
@@ -76,14 +82,14 @@ def test_a_job_whose_requeue_fails_still_ends_in_a_final_status_with_its_cost() 
     ever, with no cost although it held an instance."""
     service, ports, job_id, instance = running_job()
     impossible = Resources(gpus=8, gpu_memory_gib=200)
-    ports.jobs.update(job_id, ports.clock.now(), {"resources_override": impossible})
+    ports.jobs.update(job_id, ports.clock.now(), JobChanges(resources_override=impossible))
     assert service.drain(job_id, RESIZED)
     checkpointed = NodeReport(
         job_id=job_id, instance_id=instance, phase="finished", exit_code=0, reason="checkpointed"
     )
     service.node_report(checkpointed)
     run = cast(RecordingWorkflow, ports.workflow).completed["run"]
-    assert service.release(job_id, {"run": run})["requeue"] is True
+    assert service.release(job_id, WorkflowState.model_validate({"run": run}))["requeue"] is True
     with pytest.raises(NoFeasibleOffering) as refused:  # each of Requeue's tries
         service.requeue_input(job_id, 1)
     cause = json.dumps({"errorType": "NoFeasibleOffering", "errorMessage": str(refused.value)})
@@ -102,7 +108,9 @@ def test_a_job_that_ended_keeps_its_status_when_its_workflow_breaks_after() -> N
     # The lifecycle's own end of a failed job is a Succeed state (no event reaches the
     # backstop); a FAILED execution of an ended job is a workflow that broke after it ended.
     service, ports, job_id, _instance = running_job()
-    ports.jobs.transition(job_id, JobStatus.FAILED, ports.clock.now(), {"failure_reason": "x"})
+    ports.jobs.transition(
+        job_id, JobStatus.FAILED, ports.clock.now(), JobChanges(failure_reason="x")
+    )
     store = cast(InMemoryJobStore, ports.jobs)
     BackstopService(ports, service).workflow_ended(WorkflowEnd(job_id, "FAILED", "ReleaseFailed"))
     ended = store.get(job_id)

@@ -17,6 +17,7 @@ from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.lifecycle_base import control_key
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 
@@ -46,7 +47,9 @@ def run_job(ports: Any, lifecycle: Any, dispatcher: Any, intake: Any, extra: str
     enqueue(lifecycle, ports, job_id, "enqueue-1", plan)
     assert dispatcher.run_pass().admitted == [job_id]
     admission = cast(RecordingWorkflow, ports.workflow).completed["enqueue-1"]
-    assert lifecycle.launch(job_id, plan, 0, 0, "run-1", admission) is None
+    assert (
+        lifecycle.launch(job_id, plan, 0, 0, "run-1", Admission.model_validate(admission)) is None
+    )
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
     return str(job_id)
@@ -63,7 +66,7 @@ def end_run(ports: Any, lifecycle: Any, job_id: str) -> dict[str, Any]:
         NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=0)
     )
     state = {"run": cast(RecordingWorkflow, ports.workflow).completed["run-1"]}
-    return dict(lifecycle.release(job_id, state)["outcome"])
+    return dict(lifecycle.release(job_id, WorkflowState.model_validate(state))["outcome"])
 
 
 def test_a_job_is_stopped_at_a_checkpoint_when_its_cost_reaches_its_budget() -> None:

@@ -35,6 +35,7 @@ from gpufleet.services.lifecycle_base import (
     run_manifest_key,
 )
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.topology import DETAIL_JOB_QUEUED
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
@@ -95,7 +96,12 @@ class World:
         self.tokens += 1
         token = f"run-{self.tokens}"
         plan = self.plans[job_id]
-        assert self.lifecycle.launch(job_id, plan, 0, self.tokens, token, admission) is None
+        assert (
+            self.lifecycle.launch(
+                job_id, plan, 0, self.tokens, token, Admission.model_validate(admission)
+            )
+            is None
+        )
         instance = self.ports.jobs.get(job_id).placement.instance_ids[0]  # type: ignore[union-attr]
         self.lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
         return instance
@@ -208,7 +214,9 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
 
     # The node checkpoints and stops; the workflow releases it and requeues it.
     run = world.finish(low, low_instance)
-    assert world.lifecycle.release(low, {"run": run})["requeue"] is True
+    assert (
+        world.lifecycle.release(low, WorkflowState.model_validate({"run": run}))["requeue"] is True
+    )
     world.plans[low] = world.lifecycle.requeue(low)
     job = world.ports.jobs.get(low)
     assert job.status is JobStatus.QUEUED and job.preemptions == 1 and job.prior_cost_usd > 0
@@ -222,7 +230,12 @@ def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -
     high_instance = world.start(high)
     world.clock.advance(600)
     run = world.finish(high, high_instance)
-    assert world.lifecycle.release(high, {"run": run})["outcome"]["status"] == "SUCCEEDED"
+    assert (
+        world.lifecycle.release(high, WorkflowState.model_validate({"run": run}))["outcome"][
+            "status"
+        ]
+        == "SUCCEEDED"
+    )
 
     assert world.dispatcher.run_pass().admitted == [low]
     world.start(low)
@@ -246,7 +259,9 @@ def test_a_victim_that_does_not_checkpoint_in_time_is_stopped_and_requeued() -> 
     token = world.ports.jobs.get(low).task_token
     run = world.workflow.completed[token]
     assert run["exit_code"] is None
-    assert world.lifecycle.release(low, {"run": run})["requeue"] is True  # it was preempted
+    assert (
+        world.lifecycle.release(low, WorkflowState.model_validate({"run": run}))["requeue"] is True
+    )  # it was preempted
 
 
 def test_cancel_a_waiting_job_and_a_running_one() -> None:
@@ -269,7 +284,9 @@ def test_cancel_a_waiting_job_and_a_running_one() -> None:
     # The workflow then releases it, which records the cost of what the cancelled run held.
     token = world.ports.jobs.get(running).task_token
     assert token is not None and world.workflow.completed[token]["cancelled"] is True
-    released = world.lifecycle.release(running, {"run": world.workflow.completed[token]})
+    released = world.lifecycle.release(
+        running, WorkflowState.model_validate({"run": world.workflow.completed[token]})
+    )
     assert released["requeue"] is False
     summary = released["outcome"]
     assert summary["status"] == "CANCELLED" and summary["cost_usd"] is not None
@@ -317,7 +334,10 @@ def test_resize_a_waiting_job_and_a_running_one() -> None:
     control = cast(InMemoryObjects, world.ports.objects).objects[control_key(running)]
     assert json.loads(control)["action"] == "checkpoint"
     run = world.finish(running, instance)
-    assert world.lifecycle.release(running, {"run": run})["requeue"] is True
+    assert (
+        world.lifecycle.release(running, WorkflowState.model_validate({"run": run}))["requeue"]
+        is True
+    )
     world.plans[running] = world.lifecycle.requeue(running)
     # The next run is planned for the new shape, not the old one.
     from gpufleet.domain.catalog import load_bundled

@@ -14,12 +14,14 @@ from gpufleet.handlers.models import (
     ExecutionStatusChange,
     JobTask,
     LaunchTask,
+    ReleaseTask,
     RequeueTask,
     S3Notification,
     SubmittedEvent,
     TokenTask,
 )
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
 
@@ -125,12 +127,38 @@ def test_token_tasks_need_a_token(model: type[TokenTask], fields: dict[str, obje
 
 def test_a_launch_task_carries_the_admission_when_there_is_one() -> None:
     base = {"job_id": JOB_ID, "task_token": "t", "plan": {}, "step": 1, "attempt": 2}
-    assert LaunchTask.model_validate(base).admission == {}
+    assert LaunchTask.model_validate(base).admission == Admission()
     admission = {"admitted": True, "queued_at": 10.0, "admitted_at": 70.0}
-    assert LaunchTask.model_validate({**base, "admission": admission}).admission == admission
-    for bad in ({"step": -1}, {"attempt": -1}):
+    parsed = LaunchTask.model_validate({**base, "admission": admission}).admission
+    assert (parsed.admitted, parsed.queued_at, parsed.admitted_at) == (True, 10.0, 70.0)
+    assert parsed.shortages_until is None
+    for bad in ({"step": -1}, {"attempt": -1}, {"admission": {"admitted_at": "soon"}}):
         with pytest.raises(ValidationError):
             LaunchTask.model_validate({**base, **bad})
+
+
+def test_the_release_task_parses_the_workflows_state_into_typed_keys() -> None:
+    """What Release reads of the state, typed at the edge: the run's end, the launch, a failed
+    step's error; keys it does not read are ignored, one it reads mistyped is refused."""
+    state = {
+        "job_id": JOB_ID,
+        "plan": {"steps": []},
+        "cycles": 2,
+        "admission": {"admitted": True},
+        "launch": {"step": 1, "attempt": 3, "give_up": True, "error": "no capacity"},
+        "run": {"exit_code": 137, "reason": "killed", "oom": True, "stage": "train"},
+        "error": {"Error": "States.Timeout", "Cause": "late"},
+    }
+    parsed = ReleaseTask.model_validate({"job_id": JOB_ID, "state": state}).state
+    assert parsed.run is not None and parsed.launch is not None and parsed.error is not None
+    assert (parsed.run.exit_code, parsed.run.oom, parsed.run.stage) == (137, True, "train")
+    assert parsed.run.job is None and not parsed.run.cancelled
+    assert (parsed.launch.attempt, parsed.launch.give_up) == (3, True)
+    assert (parsed.error.error, parsed.error.cause) == ("States.Timeout", "late")
+    assert ReleaseTask.model_validate({"job_id": JOB_ID, "state": {}}).state == WorkflowState()
+    for bad in ({"run": {"exit_code": "zero"}}, {"launch": {"step": 0}}, {"run": {"job": {}}}):
+        with pytest.raises(ValidationError):
+            ReleaseTask.model_validate({"job_id": JOB_ID, "state": bad})
 
 
 def test_a_requeue_task_needs_the_attempt_it_counts_on_from() -> None:

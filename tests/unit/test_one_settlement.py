@@ -15,6 +15,7 @@ from gpufleet.domain.catalog import Offering, load_bundled
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.spec import parse_spec
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.sim.engine import EngineConfig, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
 from gpufleet.sim.market import Lease, MarketConfig, MarketModel
@@ -47,7 +48,7 @@ def through_the_lambdas(runs: list[Run], spec_yaml: bytes = SPEC_YAML) -> Verdic
     plan, requeues, types, capacity = plan_of(ports, job_id), 0, [], []
     for attempt, run in enumerate(runs):
         token = f"run-{attempt}"
-        assert service.launch(job_id, plan, 0, attempt, token, {"admitted": True}) is None
+        assert service.launch(job_id, plan, 0, attempt, token, Admission(admitted=True)) is None
         placement = ports.jobs.get(job_id).placement
         types.append(placement.instance_type)
         capacity.append(placement.capacity_type)
@@ -69,7 +70,9 @@ def through_the_lambdas(runs: list[Run], spec_yaml: bytes = SPEC_YAML) -> Verdic
             interrupted=run == INTERRUPTED,
         )
         service.node_report(finished)
-        released = service.release(job_id, {"run": workflow.completed[token]})
+        released = service.release(
+            job_id, WorkflowState.model_validate({"run": workflow.completed[token]})
+        )
         if not released["requeue"]:
             break
         requeues += 1

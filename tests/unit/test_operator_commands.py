@@ -27,6 +27,7 @@ from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import WorkflowState
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings()
@@ -79,7 +80,7 @@ class Fleet:
             self.lifecycle.node_report(
                 NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=0)
             )
-        self.lifecycle.release(job_id, {"run": {"exit_code": 0}})
+        self.lifecycle.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
         assert self.ports.jobs.get(job_id).status is JobStatus.SUCCEEDED
         return job_id
 
@@ -204,7 +205,7 @@ def test_a_job_that_ends_while_it_is_cancelled_is_refused_as_ended(
             exit_code=0,
         )
     )
-    fleet.lifecycle.release(job_id, {"run": {"exit_code": 0}})
+    fleet.lifecycle.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
     store = fleet.ports.jobs
     read = store.get
 

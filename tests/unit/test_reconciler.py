@@ -16,12 +16,13 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import WarmPool
 from gpufleet.domain.history import requeue_budget
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import WorkflowState
 from tests.helpers import SPEC_YAML, local_ports, plan_of
 from tests.unit.test_services import SETTINGS
 
@@ -57,7 +58,7 @@ def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
         NodeReport(job_id=running, instance_id=instance[running], phase="started")
     )
     # Ended with its instance left behind (its Release kept failing: ReleaseFailed).
-    ports.jobs.transition(ended, JobStatus.FAILED, clock.now(), {"failure_reason": "Boom"})
+    ports.jobs.transition(ended, JobStatus.FAILED, clock.now(), JobChanges(failure_reason="Boom"))
     # A second fleet for the running job: a launch crashed after CreateFleet, and the retry that
     # recorded the job's placement did not see it (EC2 lists new instances late).
     leftover = "i-" + "f" * 17
@@ -239,7 +240,9 @@ def test_a_requeue_past_its_budget_continues_the_job_in_a_new_execution_the_back
             job_id=job_id, instance_id=instance, phase="finished", exit_code=0, reason="preempted"
         )
     )
-    assert lifecycle.release(job_id, {"run": {"exit_code": 0, "interrupted": True}})["requeue"]
+    assert lifecycle.release(
+        job_id, WorkflowState.model_validate({"run": {"exit_code": 0, "interrupted": True}})
+    )["requeue"]
     budget = requeue_budget(plan_of(ports, job_id).max_launch_attempts)
     # Within the budget the job goes back to the queue in this execution, counted.
     in_place = lifecycle.requeue_input(job_id, 1, cycles=budget - 1, execution=job_id)

@@ -21,7 +21,7 @@ from gpufleet.adapters.local.memory import (
 )
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.domain.cost import storage_usd_per_hour
-from gpufleet.domain.job import DroppedReport, IllegalTransition, JobStatus
+from gpufleet.domain.job import DroppedReport, IllegalTransition, JobChanges, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import Booking, QueuePolicy, TeamQuota
@@ -31,6 +31,7 @@ from gpufleet.services.launch_steps import LaunchStepResult
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import control_key, queued_job, run_manifest_key
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of
 
@@ -204,7 +205,7 @@ def test_the_happy_path_end_to_end_with_cost() -> None:
     service.node_report(finished(job_id, instance))
     assert workflow.completed["token-1"]["exit_code"] == 0
 
-    released = service.release(job_id, {"run": {"exit_code": 0}})
+    released = service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
     assert (released["terminated"], released["requeue"], released["reason"]) == (
         [instance],
         False,
@@ -239,10 +240,16 @@ def test_every_step_can_run_twice() -> None:
         service.node_report(started(job_id, instance))
         service.node_report(finished(job_id, instance))
     assert set(workflow.completed) == {"token-2"}
-    outcomes = [service.release(job_id, {"run": {"exit_code": 0}})["outcome"] for _ in range(2)]
+    outcomes = [
+        service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))["outcome"]
+        for _ in range(2)
+    ]
     assert outcomes[0] == outcomes[1] and outcomes[0]["status"] == "SUCCEEDED"
     # A later, different report of the end changes nothing: the job has ended.
-    assert service.release(job_id, {"run": {"exit_code": 1}})["outcome"] == outcomes[0]
+    assert (
+        service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 1}}))["outcome"]
+        == outcomes[0]
+    )
 
 
 def test_a_node_report_delivered_again_after_the_job_ended_is_ignored() -> None:
@@ -251,7 +258,9 @@ def test_a_node_report_delivered_again_after_the_job_ended_is_ignored() -> None:
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
     service.node_report(finished(job_id, instance))
-    summary = service.release(job_id, {"run": {"exit_code": 0}})["outcome"]
+    summary = service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))[
+        "outcome"
+    ]
     for late in (started(job_id, instance), finished(job_id, instance, exit_code=1)):
         service.node_report(late)  # EventBridge delivers at least once, in any order
     assert ports.jobs.get(job_id).summary() == summary
@@ -372,7 +381,9 @@ def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
         moves.append(result)
     assert any(m.retry_later for m in moves)
     assert result.give_up and result.tries == SETTINGS.max_launch_attempts
-    summary = service.release(job_id, {"launch": result.model_dump()})["outcome"]
+    summary = service.release(
+        job_id, WorkflowState.model_validate({"launch": result.model_dump()})
+    )["outcome"]
     assert summary["status"] == "FAILED"
     assert "no capacity" in summary["failure_reason"]
     assert summary["cost_usd"] is None
@@ -381,7 +392,9 @@ def test_no_capacity_anywhere_waits_then_gives_up_and_fails_the_job() -> None:
 def test_a_terminal_job_cannot_be_revived() -> None:
     service, ports, job_id = lifecycle_with_job()
     assert (
-        service.release(job_id, {"error": {"Error": "NoFeasibleOffering"}})["outcome"]["status"]
+        service.release(
+            job_id, WorkflowState.model_validate({"error": {"Error": "NoFeasibleOffering"}})
+        )["outcome"]["status"]
         == "FAILED"
     )
     with pytest.raises(IllegalTransition):
@@ -428,7 +441,7 @@ def test_without_an_expected_duration_the_teams_similar_runs_set_it() -> None:
         cast(ManualClock, ports.clock).advance(minutes * 60)
         instance = ports.jobs.get(job_id).placement.instance_ids[0]
         service.node_report(finished(job_id, instance))
-        service.release(job_id, {"run": {"exit_code": 0}})
+        service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
     new = submit(ports, "jobs/new.yaml").job_id
     plan = plan_of(ports, new)
     assert plan.expected_source == "history"
@@ -472,7 +485,7 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
     assert placed[second].capacity_type == "spot"  # the reservation was full
 
     service.node_report(finished(first, placed[first].instance_ids[0]))
-    service.release(first, {"run": {"exit_code": 0}})
+    service.release(first, WorkflowState.model_validate({"run": {"exit_code": 0}}))
     third = submit_here("jobs/3.yaml")
     service.launch(third, plan_of(ports, third), 0, 0, task_token=third)
     assert ports.jobs.get(third).placement.reservation_id == reservation.id
@@ -484,13 +497,15 @@ def test_the_first_launch_after_an_admission_notes_the_wait_once() -> None:
 
     service, ports, job_id = lifecycle_with_job(FakeFleet(no_spot))
     clock = cast(ManualClock, ports.clock)
-    ports.jobs.update(job_id, clock.now(), {"preempted_for": "j-" + "1" * 20})
+    ports.jobs.update(job_id, clock.now(), JobChanges(preempted_for="j-" + "1" * 20))
     queued_at = clock.now()
     clock.advance(90)
     admission = {"admitted": True, "queued_at": queued_at, "admitted_at": clock.now()}
     plan = plan_of(ports, job_id)
     # Admitted, but no spot capacity: the job still leaves the queue, and the wait is noted.
-    failed = service.launch(job_id, plan, 0, 0, task_token="t-1", admission=admission)
+    failed = service.launch(
+        job_id, plan, 0, 0, task_token="t-1", admission=Admission.model_validate(admission)
+    )
     assert failed is not None and failed.step == 1
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING
@@ -498,18 +513,26 @@ def test_the_first_launch_after_an_admission_notes_the_wait_once() -> None:
     assert job.preempted_for is None
     # The next step of the same admission launches; the Choice hands the admission on again.
     clock.advance(30)
-    assert service.launch(job_id, plan, 1, 1, task_token="t-2", admission=admission) is None
+    assert (
+        service.launch(
+            job_id, plan, 1, 1, task_token="t-2", admission=Admission.model_validate(admission)
+        )
+        is None
+    )
     job = ports.jobs.get(job_id)
     assert (job.waited_seconds, job.first_admitted_at) == (90.0, admission["admitted_at"])
 
     # Requeued and admitted again: the waits add up; the first admission stays the first.
     service.node_report(finished(job_id, job.placement.instance_ids[0], exit_code=1))
-    assert service.release(job_id, {"run": {"exit_code": 1}})["requeue"] is True
+    assert (
+        service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 1}}))["requeue"]
+        is True
+    )
     service.requeue(job_id)
     requeued_at = clock.now()
     clock.advance(45)
     again = {"admitted": True, "queued_at": requeued_at, "admitted_at": clock.now()}
-    service.launch(job_id, plan, 1, 2, task_token="t-3", admission=again)
+    service.launch(job_id, plan, 1, 2, task_token="t-3", admission=Admission.model_validate(again))
     job = ports.jobs.get(job_id)
     assert (job.waited_seconds, job.first_admitted_at) == (135.0, admission["admitted_at"])
 
@@ -517,7 +540,9 @@ def test_the_first_launch_after_an_admission_notes_the_wait_once() -> None:
 def test_an_admission_without_times_launches_without_noting_a_wait() -> None:
     service, ports, job_id = lifecycle_with_job()
     # What a dispatcher sends when it tells an admission again after a crash.
-    run = service.launch(job_id, plan_of(ports, job_id), 0, 0, "t", admission={"admitted": True})
+    run = service.launch(
+        job_id, plan_of(ports, job_id), 0, 0, "t", admission=Admission(admitted=True)
+    )
     assert run is None
     job = ports.jobs.get(job_id)
     assert job.status is JobStatus.LAUNCHING
@@ -549,7 +574,7 @@ def test_a_spot_warning_drains_the_job_and_its_run_is_requeued_not_failed() -> N
     assert service.instance_interrupted(leftover) is None
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
-    released = service.release(job_id, {"run": run})
+    released = service.release(job_id, WorkflowState.model_validate({"run": run}))
     assert released["requeue"] is True
     assert "outcome" not in released  # the job has not ended
     assert ports.jobs.get(job_id).status is JobStatus.RUNNING
@@ -564,7 +589,9 @@ def test_the_next_run_starts_from_the_requeued_plan_and_counts_launches_on() -> 
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.instance_interrupted(instance)
     service.node_report(finished(job_id, instance))
-    service.release(job_id, {"run": {"exit_code": 0, "interrupted": True}})
+    service.release(
+        job_id, WorkflowState.model_validate({"run": {"exit_code": 0, "interrupted": True}})
+    )
     state = service.requeue_input(job_id, attempt=1)
     assert state["job_id"] == job_id
     assert state["queued"]["preemptions"] == 0 and state["queued"]["job_id"] == job_id
@@ -583,7 +610,9 @@ def test_an_instance_that_vanishes_ends_the_run_and_a_failure_is_retried_then_fi
         run = cast(RecordingWorkflow, ports.workflow).completed[f"token-{attempt}"]
         assert run["exit_code"] is None and run["interrupted"] is True  # it was spot
         # Taken as a lost node, not a spot reclaim: each loss uses one of max_retries.
-        released = service.release(job_id, {"run": {**run, "interrupted": False}})
+        released = service.release(
+            job_id, WorkflowState.model_validate({"run": {**run, "interrupted": False}})
+        )
         if attempt < SPEC_MAX_RETRIES:
             assert released["requeue"] is True
             service.requeue(job_id)
@@ -615,7 +644,7 @@ def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, s
     assert (b"checkpoint" in control) is (policy == "release")
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
-    released = service.release(job_id, {"run": run})
+    released = service.release(job_id, WorkflowState.model_validate({"run": run}))
     assert released["requeue"] is False
     assert job_id in cast(RecordingAlarms, ports.alarms).deleted
     assert released["outcome"]["status"] == status
@@ -640,7 +669,9 @@ def test_an_overheating_gpu_alerts_the_operators_and_moves_the_job_elsewhere() -
     assert "overheating" in subject and instance in message
     service.node_report(finished(job_id, instance))
     run = cast(RecordingWorkflow, ports.workflow).completed["token"]
-    assert service.release(job_id, {"run": run})["requeue"] is True  # resumes elsewhere
+    assert (
+        service.release(job_id, WorkflowState.model_validate({"run": run}))["requeue"] is True
+    )  # resumes elsewhere
     service.requeue(job_id)
     assert ports.jobs.get(job_id).status is JobStatus.QUEUED
 
@@ -673,26 +704,39 @@ def test_a_fresh_admission_tells_the_launch_whether_to_read_the_capacity_memory(
     capacity = cast(CountingCapacity, ports.capacity)
     plan = plan_of(ports, job_id)
     assert admission["shortages_until"] == 0.0
-    assert service.launch(job_id, plan, 0, 0, "run", admission) is None
+    assert service.launch(job_id, plan, 0, 0, "run", Admission.model_validate(admission)) is None
     assert capacity.reads == 0  # the admission said no shortage is remembered
     # Told of a shortage that is still remembered, a launch reads the memory.
     service, ports, job_id, admission = admitted_job()
     capacity = cast(CountingCapacity, ports.capacity)
     told = {**admission, "shortages_until": ports.clock.now() + 60}
-    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", told) is None
+    assert (
+        service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", Admission.model_validate(told))
+        is None
+    )
     assert capacity.reads == 1
     # So does a launch long after its admission, and every later try.
     service, ports, job_id, admission = admitted_job()
     capacity = cast(CountingCapacity, ports.capacity)
     cast(ManualClock, ports.clock).advance(600)
-    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    assert (
+        service.launch(
+            job_id, plan_of(ports, job_id), 0, 0, "run", Admission.model_validate(admission)
+        )
+        is None
+    )
     assert capacity.reads == 1
 
 
 def run_to_finish(
     service: LifecycleService, ports: Any, job_id: str, admission: dict[str, Any]
 ) -> dict[str, Any]:
-    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, "run", admission) is None
+    assert (
+        service.launch(
+            job_id, plan_of(ports, job_id), 0, 0, "run", Admission.model_validate(admission)
+        )
+        is None
+    )
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     service.node_report(started(job_id, instance))
     cast(ManualClock, ports.clock).advance(600)
@@ -708,8 +752,8 @@ def test_release_settles_from_the_job_its_node_finish_handed_over_or_from_the_re
     run = run_to_finish(service, ports, job_id, admission)
     assert run["job"]["job_id"] == job_id and run["exit_code"] == 0
     if changed_meanwhile:  # e.g. an alarm flagged it after the finish: the view is stale
-        ports.jobs.update(job_id, ports.clock.now(), {"flags": ["idle"]})
-    released = service.release(job_id, {"run": run})
+        ports.jobs.update(job_id, ports.clock.now(), JobChanges(flags=["idle"]))
+    released = service.release(job_id, WorkflowState.model_validate({"run": run}))
     job = ports.jobs.get(job_id)
     assert released["outcome"]["status"] == "SUCCEEDED" == job.status.value
     assert job.cost_usd is not None and job.cost_usd > 0 and job.released_at is not None
@@ -728,7 +772,7 @@ def test_a_large_job_is_not_handed_to_the_workflow_and_release_reads_its_record(
     service, ports, job_id, admission = admitted_job(SPEC_YAML + f"env:\n{env}".encode())
     run = run_to_finish(service, ports, job_id, admission)
     assert "job" not in run and run["exit_code"] == 0
-    released = service.release(job_id, {"run": run})
+    released = service.release(job_id, WorkflowState.model_validate({"run": run}))
     assert released["outcome"]["status"] == "SUCCEEDED" == ports.jobs.get(job_id).status.value
     assert ports.queue.state().running == []
 

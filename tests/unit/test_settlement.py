@@ -111,7 +111,7 @@ def test_an_auto_job_at_the_interruption_cap_goes_on_to_on_demand() -> None:
     drained = settle(running(interruptions=10, drain_reason=INTERRUPTED), end(exit_code=0))
     assert drained.requeue == ON_DEMAND and drained.job.on_demand_only
     # A repeated Release (the requeue recorded, not yet carried out) settles it the same way.
-    recorded = running(interruptions=10).model_copy(update=dict(at_cap.commands[2].changes))  # type: ignore[union-attr]
+    recorded = running(interruptions=10).with_changes(at_cap.commands[2].changes)  # type: ignore[union-attr]
     assert settle(recorded, interrupted).requeue == ON_DEMAND
     assert settle(recorded, end(exit_code=0)).requeue == ON_DEMAND
     # Below the cap nothing changes: spot next time too.
@@ -240,7 +240,7 @@ def test_the_commands_of_an_end_and_of_a_requeue() -> None:
     assert requeued.commands[:2] == (Terminate(), ReleaseShare())
     record = requeued.commands[2]
     assert isinstance(record, Record) and record.status is JobStatus.RUNNING
-    assert record.changes["drain_reason"] == RETRY
+    assert record.changes.drain_reason == RETRY
     assert requeued.commands[3] == Requeue(RETRY)
 
 
@@ -264,8 +264,8 @@ def test_the_run_is_paid_until_its_release_and_kept_across_requeues() -> None:
 
 def test_requeue_changes_are_what_the_settlement_queued_the_job_with() -> None:
     settled = settle(running(interruptions=2), end(EndKind.INTERRUPTED))
-    released = running(interruptions=2).model_copy(update=dict(settled.commands[2].changes))  # type: ignore[union-attr]
-    assert released.model_copy(update=requeue_changes(released, 0.0)).interruptions == 3
+    released = running(interruptions=2).with_changes(settled.commands[2].changes)  # type: ignore[union-attr]
+    assert released.with_changes(requeue_changes(released, 0.0)).interruptions == 3
 
 
 STAGED = parse_spec(

@@ -31,6 +31,7 @@ from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import control_key, run_manifest_key
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import WorkflowState
 from gpufleet.topology import (
     CONTROL_RUN_STAGE,
     DETAIL_NODE_FINISHED,
@@ -201,7 +202,7 @@ class World:
     def stage(self, job_id: str, plan: LaunchPlan, seconds: float, exit_code: int = 0) -> Any:
         """Launch, run and release one stage; the next plan when the job is requeued."""
         state = self.run(job_id, self.launch(job_id, plan), seconds, exit_code)
-        released = self.lifecycle.release(job_id, state)
+        released = self.lifecycle.release(job_id, WorkflowState.model_validate(state))
         self.attempt += 1
         return self.lifecycle.requeue(job_id) if released["requeue"] else released
 
@@ -238,7 +239,7 @@ def test_stages_run_in_order_on_new_instances_released_between_them_with_cost_pe
         assert env[ENV_STAGE_OUTPUT] == f"s3://bucket/runs/{job_id}/stages/{name}/"
         expected_cost[name] = run_cost_usd(job.placement, world.clock.now() + seconds)
         state = world.run(job_id, token, seconds)
-        released = world.lifecycle.release(job_id, state)
+        released = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
         assert world.fleet.live == {}  # every stage's instances go when it ends
         if name != "evaluate":
             assert released["requeue"] and not released["next_stage"]["here"]
@@ -266,7 +267,7 @@ def test_a_stage_reads_the_previous_stages_output_prefix() -> None:
     job_id, plan = world.submit(THREE_STAGES)
     token = world.launch(job_id, plan)
     assert ENV_STAGE_INPUT not in world.manifest(job_id)["env"]
-    world.lifecycle.release(job_id, world.run(job_id, token, 60))
+    world.lifecycle.release(job_id, WorkflowState.model_validate(world.run(job_id, token, 60)))
     world.launch(job_id, world.lifecycle.requeue(job_id))
     manifest = world.manifest(job_id)
     assert manifest["stage"] == "train" and manifest["command"] == ["python", "run.py", "train"]
@@ -306,7 +307,9 @@ def test_a_job_cancelled_between_stages_keeps_the_cost_of_those_that_ran() -> No
     job_id, plan = world.submit(THREE_STAGES)
     world.stage(job_id, plan, 600)  # preprocess done; the job waits for its train stage
     world.lifecycle.cancel(job_id)
-    world.lifecycle.release(job_id, {"admission": {"cancelled": True}})
+    world.lifecycle.release(
+        job_id, WorkflowState.model_validate({"admission": {"cancelled": True}})
+    )
     job = world.ports.jobs.get(job_id)
     stages = job.summary()["stages"]
     assert [s["status"] for s in stages] == ["SUCCEEDED", "CANCELLED", "SKIPPED"]
@@ -342,7 +345,7 @@ def test_a_stage_that_fits_reuses_the_previous_stages_instances() -> None:
     job_id, plan = world.submit(REUSE)
     state = world.run(job_id, world.launch(job_id, plan), 1200)
     instance = world.ports.jobs.get(job_id).placement.instance_ids  # type: ignore[union-attr]
-    released = world.lifecycle.release(job_id, state)
+    released = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert released["requeue"] is False and released["terminated"] == []
     here = released["next_stage"]
     assert here["here"] is True
@@ -359,7 +362,9 @@ def test_a_stage_that_fits_reuses_the_previous_stages_instances() -> None:
     token = world.launch(job_id, next_plan)
     assert len(world.fleet.requests) == launches
     state = world.run(job_id, token, 600)
-    assert world.lifecycle.release(job_id, state)["requeue"] is True  # report: a CPU type
+    assert (
+        world.lifecycle.release(job_id, WorkflowState.model_validate(state))["requeue"] is True
+    )  # report: a CPU type
     assert world.fleet.live == {}
     train, evaluate = world.ports.jobs.get(job_id).stage_records
     assert (train.held_seconds, evaluate.held_seconds) == (1200, 600)
@@ -373,9 +378,13 @@ def test_the_workflow_takes_a_next_stage_here_straight_back_to_launch_with_its_p
     selected = {key.removesuffix(".$") for key in states["Release"]["ResultSelector"]}
     world = World()
     job_id, plan = world.submit(REUSE)
-    here = world.lifecycle.release(job_id, world.run(job_id, world.launch(job_id, plan), 60))
+    here = world.lifecycle.release(
+        job_id, WorkflowState.model_validate(world.run(job_id, world.launch(job_id, plan), 60))
+    )
     token = world.launch(job_id, LaunchPlan.model_validate(here["next_stage"]["plan"]))
-    elsewhere = world.lifecycle.release(job_id, world.run(job_id, token, 60))
+    elsewhere = world.lifecycle.release(
+        job_id, WorkflowState.model_validate(world.run(job_id, token, 60))
+    )
     # Both kinds of answer carry what the ResultSelector picks (the handler adds the status).
     assert selected - {"status"} <= set(here) and selected - {"status"} <= set(elsewhere)
     assert states["Requeue?"]["Choices"][0] == {
@@ -397,8 +406,8 @@ def test_a_repeated_release_after_moving_on_to_the_same_instances_changes_nothin
     world = World()
     job_id, plan = world.submit(REUSE)
     state = world.run(job_id, world.launch(job_id, plan), 60)
-    first = world.lifecycle.release(job_id, state)
-    again = world.lifecycle.release(job_id, state)
+    first = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
+    again = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert again["next_stage"]["here"] is True and again["next_stage"] == first["next_stage"]
     job = world.ports.jobs.get(job_id)
     assert job.stage_index == 1 and [r.name for r in job.stage_records] == ["train"]
@@ -408,7 +417,7 @@ def test_reports_about_a_stage_the_job_moved_past_are_ignored() -> None:
     world = World()
     job_id, plan = world.submit(REUSE)
     state = world.run(job_id, world.launch(job_id, plan), 60)
-    world.lifecycle.release(job_id, state)
+    world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     instance = world.ports.jobs.get(job_id).placement.instance_ids[0]  # type: ignore[union-attr]
     late = NodeReport(
         job_id=job_id, instance_id=instance, phase="finished", exit_code=0, stage="train"
@@ -425,7 +434,7 @@ def test_a_stage_that_does_not_fit_on_the_previous_instances_gets_new_ones() -> 
     )
     job_id, plan = world.submit(spec)
     state = world.run(job_id, world.launch(job_id, plan), 60)
-    released = world.lifecycle.release(job_id, state)
+    released = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert released["requeue"] is True and released["terminated"]
     assert world.fleet.live == {}
 
@@ -439,7 +448,7 @@ def test_a_stage_on_fewer_nodes_keeps_only_those_it_needs() -> None:
     job_id, plan = world.submit(spec)
     state = world.run(job_id, world.launch(job_id, plan), 60)
     first, second = world.ports.jobs.get(job_id).placement.instance_ids  # type: ignore[union-attr]
-    released = world.lifecycle.release(job_id, state)
+    released = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert released["next_stage"]["here"] is True and released["terminated"] == [second]
     assert world.fleet.live == {first: job_id}
     assert world.ports.jobs.get(job_id).placement.instance_ids == [first]  # type: ignore[union-attr]

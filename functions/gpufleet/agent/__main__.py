@@ -10,14 +10,22 @@ restart fixes.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
 
 import boto3
 
-from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, Imds, NvidiaSmi, S3Manifests
-from gpufleet.agent.docker import ContainerLogs, DockerRuntime
+from gpufleet.agent.aws import (
+    AwsNodeSecrets,
+    CloudWatchMetrics,
+    EventBridgeReporter,
+    Imds,
+    NvidiaSmi,
+    S3Manifests,
+)
+from gpufleet.agent.docker import ContainerLogs, DockerRuntime, docker_cli_environment
 from gpufleet.agent.ledger import RunLedger
 from gpufleet.agent.node import (
     DEFAULT_FINISH_RESENDS,
@@ -25,6 +33,7 @@ from gpufleet.agent.node import (
     JobMetrics,
     NodeAgent,
 )
+from gpufleet.agent.prepare import SubprocessRunner, prepare
 from gpufleet.topology import ENV_AGENT_LOG_GROUP
 
 # systemd's StateDirectory=gpufleet: kept across restarts of the agent, gone with the instance.
@@ -49,11 +58,18 @@ def build_agent(args: argparse.Namespace) -> NodeAgent:
     # The launch template's environment file names the stack's agent log group.
     log_group = os.environ.get(ENV_AGENT_LOG_GROUP)
     logs = ContainerLogs(log_group, args.region, identity.instance_id()) if log_group else None
+    # A registry login must land where `docker create` looks: the CLI's own environment.
+    runner = SubprocessRunner(docker_cli_environment(os.environ))
+    secrets = AwsNodeSecrets(session.client)
     return NodeAgent(
         identity=identity,
         manifests=S3Manifests(session.client("s3"), args.bucket),
         reporter=EventBridgeReporter(session.client("events"), args.bus),
-        runtime=DockerRuntime(output=job_metrics.feed, logs=logs),
+        runtime=DockerRuntime(
+            output=job_metrics.feed,
+            logs=logs,
+            preparation=functools.partial(prepare, runner=runner, aws=secrets),
+        ),
         heartbeat_seconds=args.heartbeat_seconds,
         gpu_probe=NvidiaSmi(),
         metrics=CloudWatchMetrics(session.client("cloudwatch")),

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpufleet.agent.prepare import decode_ecr_token
 from gpufleet.errors import TransientError
 from gpufleet.topology import JOB_DIMENSION, METRICS_NAMESPACE
 
@@ -164,3 +165,35 @@ class NvidiaSmi:
             argv, capture_output=True, text=True, check=False, timeout=10
         )
         return [float(v) for v in completed.stdout.split() if v.strip()]
+
+
+class AwsNodeSecrets:
+    """The preparation's lookups (agent/prepare.py NodeSecrets) with the instance role: Secrets
+    Manager, Parameter Store, ECR. Clients are made on first use, one per service and region."""
+
+    def __init__(self, client: Callable[..., Any]) -> None:
+        self._client = client  # (service, region_name=None) -> a boto3 client
+        self._clients: dict[tuple[str, str | None], Any] = {}
+
+    def _of(self, service: str, region: str | None = None) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            self._clients[key] = (
+                self._client(service, region_name=region) if region else self._client(service)
+            )
+        return self._clients[key]
+
+    def secret_string(self, secret_id: str) -> str:
+        response = self._of("secretsmanager").get_secret_value(SecretId=secret_id)
+        if "SecretString" not in response:
+            raise ValueError(f"{secret_id} holds binary data, not a string")
+        return str(response["SecretString"])
+
+    def parameter(self, name: str) -> str:
+        response = self._of("ssm").get_parameter(Name=name, WithDecryption=True)
+        return str(response["Parameter"]["Value"])
+
+    def ecr_password(self, account: str, region: str) -> str:
+        response = self._of("ecr", region).get_authorization_token(registryIds=[account])
+        [data] = response["authorizationData"]
+        return decode_ecr_token(str(data["authorizationToken"]))

@@ -21,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.agent.node import RunManifest, RunOutcome
+from gpufleet.agent.prepare import PreparationFailed, Prepared
 from gpufleet.domain.rendezvous import Peer, node_environment
 from gpufleet.topology import agent_log_stream
 
@@ -170,18 +171,20 @@ def create_argv(
     manifest: RunManifest,
     env_file: Path,
     logs: ContainerLogs | None = None,
+    volume_args: Sequence[str] = (),
     docker: str = "docker",
 ) -> list[str]:
     """The argv for `docker create`: with the instance's accelerators, on the host network
     (the run's nodes reach each other at their private IPs), the job's env read from
-    `env_file` (no value is ever on a command line: `ps` shows command lines), the image and
-    the command as one argv element each, after `--`."""
+    `env_file` (no value is ever on a command line: `ps` shows command lines), the volumes the
+    node prepared (`volume_args`), the image and the command as one argv element each, after
+    `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
     argv = [docker, "create", "--name", container_name(manifest), *device_options(manifest)]
     argv += ["--network", "host", "--ipc", "host"]
     if logs is not None:
         argv += logs.options(manifest.job_id)
-    argv += ["--env-file", str(env_file), "--", manifest.image, *manifest.command]
+    argv += [*volume_args, "--env-file", str(env_file), "--", manifest.image, *manifest.command]
     return argv
 
 
@@ -219,24 +222,34 @@ class DockerRuntime:
         output: Callable[[str], None] = lambda _line: None,
         logs: ContainerLogs | None = None,
         environment: Mapping[str, str] | None = None,
+        preparation: Callable[[RunManifest], Prepared] | None = None,
         docker: str = "docker",
         journal: IO[str] | None = None,
     ) -> None:
+        """`preparation` logs in, mounts the volumes and reads the secrets before the container
+        is created (agent/prepare.py); without one, a run that needs any of them fails."""
         self._docker_cli = docker
         self._journal = journal
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
         self._cli_env = docker_cli_environment(os.environ if environment is None else environment)
+        self._preparation = preparation or _nothing_to_prepare
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
         deadline = time.monotonic() + manifest.timeout_seconds
         try:
-            env_text = env_file_text(container_environment(manifest))
+            prepared = self._preparation(manifest)
+        except PreparationFailed as exc:
+            return RunOutcome(exit_code=None, reason=f"could not prepare the node: {exc}")
+        try:
+            # The secrets' values join the job's env here, in the private file only; what the
+            # agent sets itself (where to resume from) is never replaced by one.
+            env_text = env_file_text({**prepared.env, **container_environment(manifest)})
         except ValueError as exc:
             return RunOutcome(exit_code=None, reason=f"the job's env cannot reach docker: {exc}")
         with private_env_file(env_text) as env_file:
-            not_created = self._create(manifest, env_file, stop, deadline)
+            not_created = self._create(manifest, env_file, stop, deadline, prepared.docker_args)
         # The file is gone: docker read it before it created the container.
         if not_created is not None:
             return not_created
@@ -261,13 +274,18 @@ class DockerRuntime:
             relaying.join(timeout=10)
 
     def _create(
-        self, manifest: RunManifest, env_file: Path, stop: threading.Event, deadline: float
+        self,
+        manifest: RunManifest,
+        env_file: Path,
+        stop: threading.Event,
+        deadline: float,
+        volume_args: Sequence[str] = (),
     ) -> RunOutcome | None:
         """Create the container (pulling its image, which can take minutes); None when it
         exists, else how the run ended."""
         try:
             process = self._popen(
-                create_argv(manifest, env_file, self._logs, self._docker_cli),
+                create_argv(manifest, env_file, self._logs, volume_args, self._docker_cli),
                 stdout=subprocess.DEVNULL,
             )
         except OSError as exc:
@@ -333,6 +351,14 @@ class DockerRuntime:
             errors="replace",
             check=False,
         )
+
+
+def _nothing_to_prepare(manifest: RunManifest) -> Prepared:
+    """A runtime that cannot prepare a node: never a run without the volumes, secrets or login
+    its manifest asks for."""
+    if manifest.volumes or manifest.secrets or manifest.registry_login:
+        raise PreparationFailed("this node runs no preparation (volumes, secrets, login)")
+    return Prepared()
 
 
 _STOPPED = "checkpointed on request"

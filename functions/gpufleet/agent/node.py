@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
+from gpufleet.agent.prepare import RegistryLogin, VolumeMount
 from gpufleet.domain.rendezvous import MASTER_PORT, Peer
 from gpufleet.topology import (
     AGENT_METRICS,
@@ -75,6 +76,11 @@ class RunManifest:
     accelerator: str = "nvidia"
     accelerator_devices: int = 0
     rank: int = 0  # this node's: see `on_node`
+    # Prepared on the node before the container starts (agent/prepare.py): secrets by
+    # reference (environment name -> where its value is read), never by value.
+    volumes: tuple[VolumeMount, ...] = ()
+    secrets: dict[str, str] = field(default_factory=dict)
+    registry_login: RegistryLogin | None = None
 
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
@@ -100,6 +106,9 @@ class RunManifest:
             port=int(document.get("port", MASTER_PORT)),
             accelerator=str(document.get("accelerator", "nvidia" if gpus else "none")),
             accelerator_devices=int(document.get("accelerator_devices", gpus)),
+            volumes=tuple(VolumeMount.from_document(v) for v in document.get("volumes", [])),
+            secrets={str(k): str(v) for k, v in document.get("secrets", {}).items()},
+            registry_login=RegistryLogin.from_document(document.get("registry_login")),
         )
 
     def on_node(self, instance_id: str) -> RunManifest | None:

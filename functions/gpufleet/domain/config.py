@@ -8,6 +8,7 @@ not a job.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -16,7 +17,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpufleet.domain.queueing import QueuePolicy
-from gpufleet.domain.spec import Name, Resources
+from gpufleet.domain.spec import (
+    FILE_SYSTEM_ID_PATTERN,
+    Name,
+    Resources,
+    split_s3_uri,
+)
 from gpufleet.errors import RefusedInput
 from gpufleet.topology import AGENT_PERIOD_SECONDS
 
@@ -153,6 +159,71 @@ class CostPolicy(BaseModel):
     estimate_factor: float = Field(default=1.2, ge=1, le=10)
 
 
+class FsxLustre(BaseModel):
+    """An existing FSx for Lustre file system jobs may mount: its DNS name and mount name are
+    what `mount -t lustre` needs (DescribeFileSystems gives both), so nodes need no FSx API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=FILE_SYSTEM_ID_PATTERN)
+    dns_name: str = Field(pattern=r"^fs-[0-9a-f]{8,17}\.fsx\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+    mount_name: str = Field(pattern=r"^[a-z0-9]{1,8}$")
+
+
+class Efs(BaseModel):
+    """An existing EFS file system jobs may mount (TLS, with the instance role: IAM
+    authorization). `read_only`: the role may mount it but not write (no ClientWrite)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=FILE_SYSTEM_ID_PATTERN)
+    read_only: bool = False
+
+
+class DataBucket(BaseModel):
+    """An S3 location jobs may mount read-only: `s3://bucket` or `s3://bucket/prefix`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str
+
+    @model_validator(mode="after")
+    def _an_s3_location(self) -> DataBucket:
+        split_s3_uri(self.uri)  # ValueError: pydantic reports it on the field
+        return self
+
+    @property
+    def bucket(self) -> str:
+        return split_s3_uri(self.uri)[0]
+
+    @property
+    def prefix(self) -> str:
+        """Empty (the whole bucket) or ending in `/`."""
+        return split_s3_uri(self.uri)[1]
+
+
+class DataSources(BaseModel):
+    """What jobs may mount besides the instance's own disks (docs/data.md). The nodes' role is
+    granted these and nothing else."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fsx_lustre: list[FsxLustre] = Field(default_factory=list, max_length=20)
+    efs: list[Efs] = Field(default_factory=list, max_length=20)
+    s3: list[DataBucket] = Field(default_factory=list, max_length=20)
+
+    def fsx(self, file_system_id: str) -> FsxLustre | None:
+        return next((fs for fs in self.fsx_lustre if fs.id == file_system_id), None)
+
+    def efs_file_system(self, file_system_id: str) -> Efs | None:
+        return next((fs for fs in self.efs if fs.id == file_system_id), None)
+
+
+# Secrets Manager names and SSM parameter paths (after the leading /) jobs may read.
+SECRETS_PREFIX_PATTERN = r"^[A-Za-z0-9_.+=@-]+(/[A-Za-z0-9_.+=@-]+)*/$"
+_ECR_REPOSITORY = r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$"
+
+
 class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -163,6 +234,24 @@ class FleetConfig(BaseModel):
     templates: dict[Name, Resources] = Field(default_factory=dict, max_length=32)
     warm_pool: WarmPool | None = None
     cost: CostPolicy = Field(default_factory=CostPolicy)
+    data: DataSources = Field(default_factory=DataSources)
+    # A spec's `secrets` and `registry_credentials` must name secrets under this prefix (SSM
+    # parameters under /PREFIX): the nodes' role can read nothing else.
+    secrets_prefix: str = Field(default="gpufleet/", pattern=SECRETS_PREFIX_PATTERN)
+    # Customer managed KMS keys the secrets are encrypted with (none: AWS managed keys).
+    secrets_kms_keys: list[str] = Field(default_factory=list, max_length=10)
+    # The account's ECR repositories nodes may pull from (none listed: all of them).
+    ecr_repositories: list[str] = Field(default_factory=list, max_length=50)
+
+    @model_validator(mode="after")
+    def _named_resources(self) -> FleetConfig:
+        for arn in self.secrets_kms_keys:
+            if not re.fullmatch(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[0-9a-f-]{36}", arn):
+                raise ValueError(f"secrets_kms_keys: {arn!r} is no KMS key ARN")
+        for repository in self.ecr_repositories:
+            if len(repository) > 256 or not re.fullmatch(_ECR_REPOSITORY, repository):
+                raise ValueError(f"ecr_repositories: {repository!r} is no ECR repository name")
+        return self
 
 
 class ConfigFileError(RefusedInput, ValueError):

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.domain.config import CostPolicy
-from gpufleet.domain.job import Job, Placement
+from gpufleet.domain.job import Job, JobChanges, Placement
 
 if TYPE_CHECKING:  # planning ranks by duration, which reads the cost of past runs
     from gpufleet.domain.planning import LaunchPlan
@@ -59,13 +59,13 @@ class Spent:
     held_seconds: float
     storage_usd: float  # the storage part of cost_usd
 
-    def as_prior(self) -> dict[str, float]:
+    def as_prior(self) -> JobChanges:
         """The job's fields that keep it once the current run has ended."""
-        return {
-            "prior_cost_usd": self.cost_usd,
-            "prior_held_seconds": self.held_seconds,
-            "prior_storage_usd": self.storage_usd,
-        }
+        return JobChanges(
+            prior_cost_usd=self.cost_usd,
+            prior_held_seconds=self.held_seconds,
+            prior_storage_usd=self.storage_usd,
+        )
 
 
 def spent_until(job: Job, until: float | None) -> Spent:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import types
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
-from gpufleet.errors import Conflict, NotFound
+from gpufleet.errors import Conflict, NotFound, RefusedInput
 
 
 class JobStatus(StrEnum):
@@ -287,9 +289,119 @@ class Job(BaseModel):
             )
         return lines
 
+    def with_changes(self, changes: JobChanges) -> Job:
+        """The job with `changes` applied: what every job store writes (and what a step that
+        knows the job predicts of the write). No validation is repeated here: each field of
+        `JobChanges` has the type of this model's field, checked when the changes were made."""
+        return self.model_copy(update=changes.fields())
+
     def total(self, counter: Literal["retries", "preemptions", "interruptions"]) -> int:
         """`counter` over the whole job. A multi-stage job's counters start again at each
         stage, so this adds up the ended stages' and the current one's."""
         current = getattr(self, counter) if len(self.stage_records) <= self.stage_index else 0
         ended = sum(int(getattr(record, counter)) for record in self.stage_records)
         return int(current) + ended
+
+
+# Fields no change names: fixed when the job is made, or written by the job store itself on
+# every write (the status by `transition`, `updated_at` and `version` always).
+STORE_WRITTEN_FIELDS = frozenset({"status", "updated_at", "version"})
+FIXED_FIELDS = frozenset({"job_id", "spec", "source", "created_at"})
+
+
+def _allows_none(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
+# The fields changes may set that a `Job` cannot be without: set, never cleared.
+_NEVER_EMPTY = frozenset(
+    name
+    for name, field in Job.model_fields.items()
+    if not _allows_none(field.annotation) and name not in FIXED_FIELDS | STORE_WRITTEN_FIELDS
+)
+
+
+class InvalidJobChanges(RefusedInput):
+    """Changes to a job that name a field a job does not have, or give one a value of the wrong
+    type: nothing is written. `fields`: the fields refused, each with why."""
+
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        listed = "; ".join(f"{name}: {why}" for name, why in fields.items())
+        super().__init__(f"invalid job changes: {listed}")
+        self.fields = dict(fields)
+
+
+class JobChanges(BaseModel):
+    """What one write of a job sets: the fields named (`fields()`), each typed as `Job`'s; the
+    others keep their values. None clears a field that may be empty, and is refused for one
+    that may not (a counter, a flag). An unknown field is refused: the changes are checked
+    when they are made, so every job store gets (and writes) the same ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    placement: Placement | None = None
+    released_at: float | None = None
+    cost_usd: float | None = None
+    failure_reason: str | None = None
+    exit_code: int | None = None
+    attempts: int | None = None
+    task_token: str | None = None
+    run_result: dict[str, Any] | None = None
+    started_instances: list[str] | None = None
+    drain_reason: str | None = None
+    drain_requested_at: float | None = None
+    preempted_for: str | None = None
+    preemptions: int | None = None
+    interruptions: int | None = None
+    retries: int | None = None
+    ondemand_fallback: bool | None = None
+    on_demand_only: bool | None = None
+    resources_override: Resources | None = None
+    flags: list[str] | None = None
+    stage_index: int | None = None
+    stage_records: list[StageRecord] | None = None
+    prior_cost_usd: float | None = None
+    prior_held_seconds: float | None = None
+    prior_storage_usd: float | None = None
+    storage_usd: float | None = None
+    estimated_cost_usd: float | None = None
+    first_admitted_at: float | None = None
+    waited_seconds: float | None = None
+
+    @field_validator(*_NEVER_EMPTY, mode="before")
+    @classmethod
+    def _not_cleared(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("a job always has it: it cannot be cleared")
+        return value
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, Any]) -> JobChanges:
+        """Changes from a mapping of field names (a test's, an operator's): raises
+        InvalidJobChanges naming each field refused."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise InvalidJobChanges(_refused_fields(exc)) from None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields these changes set, with their values."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+    def __or__(self, later: JobChanges) -> JobChanges:
+        """Both changes, `later`'s value where both set a field."""
+        return JobChanges.model_validate({**self.fields(), **later.fields()})
+
+    def __bool__(self) -> bool:
+        """Whether these changes set anything (no field named: nothing to write)."""
+        return bool(self.model_fields_set)
+
+
+def _refused_fields(exc: ValidationError) -> dict[str, str]:
+    """Each field a validation refused, with why (the first reason, when there are several)."""
+    refused: dict[str, str] = {}
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "changes"
+        why = "no change sets it" if error["type"] == "extra_forbidden" else error["msg"]
+        refused.setdefault(name, why)
+    return refused

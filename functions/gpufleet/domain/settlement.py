@@ -38,14 +38,12 @@ move to on-demand, are its current stage's. Its cost so far moves into its `prio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.cost import held_seconds, run_cost_usd, spent_until, storage_cost_usd
-from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.job import Job, JobChanges, JobStatus
 from gpufleet.domain.spec import JobSpec, SpotPolicy
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse
 
@@ -145,7 +143,7 @@ class Record:
     status it has)."""
 
     status: JobStatus
-    changes: Mapping[str, Any]
+    changes: JobChanges
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +213,9 @@ def settle(
     released_at = job.released_at
     if released_at is None and placement is not None:
         released_at = end.at
-    released = {"released_at": released_at} if released_at != job.released_at else {}
+    released = JobChanges()
+    if released_at != job.released_at:
+        released = JobChanges(released_at=released_at)
     ran: float | None = None  # for as long as the run held its instances
     cost = storage = 0.0  # of the run
     if placement is not None and released_at is not None:
@@ -230,19 +230,20 @@ def settle(
 
     if job.status.terminal:
         # Cancelled while it ran, or while it waited after earlier runs (or stages) it paid.
-        changes: dict[str, Any] = {}
+        changes = JobChanges()
         if job.cost_usd is None and (placement is not None or job.prior_cost_usd):
             until = released_at if released_at is not None else end.at
             spent = spent_until(job, until)
-            changes = {
-                "cost_usd": round(spent.cost_usd, 6),
-                "storage_usd": round(spent.storage_usd, 6),
-                **released,
-                **_stage_end(job, job.status, until, instance_type),
-            }
+            changes = (
+                JobChanges(
+                    cost_usd=round(spent.cost_usd, 6), storage_usd=round(spent.storage_usd, 6)
+                )
+                | released
+                | _stage_end(job, job.status, until, instance_type)
+            )
         recorded: tuple[Command, ...] = (Record(job.status, changes),) if changes else ()
         commands = (Terminate(), ReleaseShare(), *recorded)
-        return settled(job.model_copy(update=changes), None, job.failure_reason or "", commands)
+        return settled(job.with_changes(changes), None, job.failure_reason or "", commands)
 
     if _moved_past(job, end):
         # A repeated step: the stage the run was of ended, and the next one runs here already.
@@ -253,7 +254,7 @@ def settle(
         here = _next_stage_here(job, end, instance_type)
         if here is not None:
             changes, keep_out = here
-            following = job.model_copy(update=changes)
+            following = job.with_changes(changes)
             commands = (
                 Record(job.status, changes),
                 *((Terminate(keep_out),) if keep_out else ()),
@@ -264,13 +265,13 @@ def settle(
     # Below, the share goes back before the end is recorded: a job that has ended has nothing
     # left to release it again, while a live one's is found by the next pass that looks.
     if verdict.requeue is not None:
-        changes = {"drain_reason": verdict.requeue, "failure_reason": verdict.reason, **released}
+        changes = JobChanges(drain_reason=verdict.requeue, failure_reason=verdict.reason) | released
         if verdict.requeue == NEXT_STAGE:
-            changes["failure_reason"] = None
-            changes.update(_stage_end(job, JobStatus.SUCCEEDED, released_at, instance_type))
-        released_job = job.model_copy(update=changes)
-        queued = released_job.model_copy(
-            update={**requeue_changes(released_job, end.at), "status": JobStatus.QUEUED}
+            changes |= JobChanges(failure_reason=None)
+            changes |= _stage_end(job, JobStatus.SUCCEEDED, released_at, instance_type)
+        released_job = job.with_changes(changes)
+        queued = released_job.with_changes(requeue_changes(released_job, end.at)).model_copy(
+            update={"status": JobStatus.QUEUED}
         )
         commands = (
             Terminate(),
@@ -283,65 +284,69 @@ def settle(
     status, reason = verdict.status, verdict.reason
     if job.stage_name is not None and status is not JobStatus.SUCCEEDED:
         reason = f"stage {job.stage_name!r}: {reason}"
-    changes = {"failure_reason": reason or None, "exit_code": end.exit_code, **released}
-    changes.update(_stage_end(job, status, released_at, instance_type))
+    changes = JobChanges(failure_reason=reason or None, exit_code=end.exit_code) | released
+    changes |= _stage_end(job, status, released_at, instance_type)
     if placement is not None or job.prior_cost_usd:
-        changes["cost_usd"] = round(job.prior_cost_usd + cost, 6)
-        changes["storage_usd"] = round(job.prior_storage_usd + storage, 6)
+        changes |= JobChanges(
+            cost_usd=round(job.prior_cost_usd + cost, 6),
+            storage_usd=round(job.prior_storage_usd + storage, 6),
+        )
     commands = (
         Terminate(),
         ReleaseShare(),
         Record(status, changes),
         PublishStatusChange(job.status, status),
     )
-    return settled(job.model_copy(update={**changes, "status": status}), None, reason, commands)
+    ended = job.with_changes(changes).model_copy(update={"status": status})
+    return settled(ended, None, reason, commands)
 
 
-def requeue_changes(job: Job, now: float) -> dict[str, Any]:
+def requeue_changes(job: Job, now: float) -> JobChanges:
     """What a job whose run was settled for the queue (its `drain_reason` says why) records as
     it goes back: the counter of that kind, its next stage, GPUs with more memory after it ran
     out of memory, its cost so far in `prior_*`; its placement and its workflow's plumbing
     cleared. `now` stands for a release that was not recorded."""
     released_at = job.released_at if job.released_at is not None else now
-    changes: dict[str, Any] = {}
+    changes = JobChanges(
+        placement=None,
+        released_at=None,
+        task_token=None,
+        run_result=None,
+        started_instances=[],
+        drain_reason=None,
+        drain_requested_at=None,
+    )
+    changes |= spent_until(job, released_at).as_prior()
     counter = _COUNTERS.get(job.drain_reason or "")
     if counter is not None:
-        changes[counter] = getattr(job, counter) + 1
+        changes |= JobChanges.model_validate({counter: getattr(job, counter) + 1})
     if job.drain_reason == ON_DEMAND:
-        changes["on_demand_only"] = True
+        changes |= JobChanges(on_demand_only=True)
     if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
         # Next time, only GPUs with more memory than those it ran out of.
         resources = job.effective_spec.resources
         floor = job.placement.gpu_memory_gib + 0.5
-        changes["resources_override"] = resources.model_copy(
-            update={"gpu_memory_gib": max(resources.gpu_memory_gib, floor)}
+        changes |= JobChanges(
+            resources_override=resources.model_copy(
+                update={"gpu_memory_gib": max(resources.gpu_memory_gib, floor)}
+            )
         )
     if job.drain_reason == NEXT_STAGE:
-        changes.update(next_stage_changes(job))
-    return {
-        "placement": None,
-        "released_at": None,
-        "task_token": None,
-        "run_result": None,
-        "started_instances": [],
-        "drain_reason": None,
-        "drain_requested_at": None,
-        **spent_until(job, released_at).as_prior(),
-        **changes,
-    }
+        changes |= next_stage_changes(job)
+    return changes
 
 
-def next_stage_changes(job: Job) -> dict[str, Any]:
+def next_stage_changes(job: Job) -> JobChanges:
     """What moving a multi-stage job to its next stage changes: the stage, and the counters,
     resource override and move to on-demand, which are each stage's own."""
-    return {
-        "stage_index": job.stage_index + 1,
-        "retries": 0,
-        "preemptions": 0,
-        "interruptions": 0,
-        "resources_override": None,
-        "on_demand_only": False,
-    }
+    return JobChanges(
+        stage_index=job.stage_index + 1,
+        retries=0,
+        preemptions=0,
+        interruptions=0,
+        resources_override=None,
+        on_demand_only=False,
+    )
 
 
 def _verdict(
@@ -458,7 +463,7 @@ def _moved_past(job: Job, end: RunEnd) -> bool:
 
 def _next_stage_here(
     job: Job, end: RunEnd, instance_type: InstanceType | None
-) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+) -> tuple[JobChanges, tuple[str, ...]] | None:
     """When the stage that succeeded is followed by one that asks for its instances and fits
     on them: the changes that move the job to that stage on them (the instances it needs;
     the others, returned, end). None when the instances are released as usual."""
@@ -471,30 +476,33 @@ def _next_stage_here(
         or instance_type is None
     ):
         return None
-    following = job.model_copy(update=next_stage_changes(job)).effective_spec.resources
+    following = job.with_changes(next_stage_changes(job)).effective_spec.resources
     if not fits_on(instance_type, len(placement.instance_ids), following):
         return None
     now = end.at
     keep = placement.instance_ids[: following.nodes]
-    changes = {
-        **_stage_end(job, JobStatus.SUCCEEDED, now, instance_type),
-        **spent_until(job, now).as_prior(),
-        **next_stage_changes(job),
-        # The next stage's share of the instances starts now.
-        "placement": placement.model_copy(
-            update={
-                "instance_ids": keep,
-                "launched_at": now,
-                "private_ips": {
-                    i: placement.private_ips[i] for i in keep if i in placement.private_ips
-                },
-            }
-        ),
-        "run_result": None,
-        "started_instances": [],
-        "task_token": None,
-        "failure_reason": None,
-    }
+    changes = (
+        _stage_end(job, JobStatus.SUCCEEDED, now, instance_type)
+        | spent_until(job, now).as_prior()
+        | next_stage_changes(job)
+        | JobChanges(
+            # The next stage's share of the instances starts now (and only theirs: the peers
+            # of its run are the instances it keeps).
+            placement=placement.model_copy(
+                update={
+                    "instance_ids": keep,
+                    "launched_at": now,
+                    "private_ips": {
+                        i: placement.private_ips[i] for i in keep if i in placement.private_ips
+                    },
+                }
+            ),
+            run_result=None,
+            started_instances=[],
+            task_token=None,
+            failure_reason=None,
+        )
+    )
     return changes, tuple(placement.instance_ids[following.nodes :])
 
 
@@ -504,11 +512,11 @@ def _here_reason(job: Job) -> str:
 
 def _stage_end(
     job: Job, status: JobStatus, until: float | None, instance_type: InstanceType | None
-) -> dict[str, Any]:
+) -> JobChanges:
     """The changes that record a multi-stage job's current stage as ended with `status`, with
     its cost and held time up to `until`; none for a job without stages."""
     if not job.spec.stages:
-        return {}
+        return JobChanges()
     spent = spent_until(job, until)
     records = close_stage(
         job,
@@ -517,4 +525,4 @@ def _stage_end(
         held_seconds=spent.held_seconds,
         gpus_per_node=instance_type.gpus if instance_type else None,
     )
-    return {"stage_records": records}
+    return JobChanges(stage_records=records)

@@ -12,6 +12,7 @@ never from a fraction or a boolean.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -192,6 +193,156 @@ class _Strict(BaseModel):
     )
 
 
+# The names AWS gives file systems: EFS ids are fs- and 8 or 17 hex digits, FSx ids fs- and 17.
+FILE_SYSTEM_ID_PATTERN = r"^fs-[0-9a-f]{8,17}$"
+FileSystemId = Annotated[str, Strict(), StringConstraints(pattern=FILE_SYSTEM_ID_PATTERN)]
+# A container path a volume is mounted at: absolute, no `.`/`..` steps, no doubled or trailing
+# slash, and no `:` (docker's --volume separator) or other character a path rarely needs.
+_MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,127}){1,16}$")
+# The container's own system directories: a volume over (or above) one breaks the image.
+RESERVED_MOUNT_PATHS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+    "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker",
+)  # fmt: skip
+# Characters S3 documents as safe in an object key (and so in a prefix a URI names).
+_S3_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{0,1000}$")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_S3_RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_S3_RESERVED_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why `name` is no S3 general purpose bucket name (S3's naming rules), or None."""
+    if not _S3_BUCKET.fullmatch(name):
+        return (
+            "a bucket name is 3 to 63 lowercase letters, digits, dots and hyphens, and begins "
+            "and ends with a letter or digit"
+        )
+    if ".." in name:
+        return "a bucket name has no two adjacent dots"
+    if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", name):
+        return "a bucket name is not an IP address"
+    if name.startswith(_S3_RESERVED_BUCKET_PREFIXES) or name.endswith(_S3_RESERVED_BUCKET_SUFFIXES):
+        return "a bucket name does not take a prefix or suffix S3 reserves"
+    return None
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/"): the prefix as Mountpoint for
+    Amazon S3 takes it (empty, or ending in `/`). Raises ValueError naming what is wrong."""
+    if not uri.startswith("s3://"):
+        raise ValueError("an S3 location is s3://bucket or s3://bucket/prefix")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    problem = bucket_name_problem(bucket)
+    if problem is not None:
+        raise ValueError(f"{bucket!r}: {problem}")
+    if not _S3_PREFIX.fullmatch(prefix) or "//" in prefix or prefix.startswith("/"):
+        raise ValueError("an S3 prefix is made of letters, digits, / and !_.*'()- (no empty step)")
+    return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def _mount_path(value: str) -> str:
+    if not _MOUNT_PATH.fullmatch(value) or any(step in (".", "..") for step in value.split("/")):
+        raise ValueError(
+            "mount is an absolute container path, e.g. /data: steps of letters, digits and "
+            "._@+- (no '.' or '..', no doubled or trailing slash, no ':')"
+        )
+    for reserved in RESERVED_MOUNT_PATHS:
+        if _within(value, reserved) or _within(reserved, value):
+            raise ValueError(f"a volume cannot be mounted over the container's {reserved}")
+    return value
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+MountPath = Annotated[str, Strict(), AfterValidator(_mount_path)]
+
+
+class VolumeKind(StrEnum):
+    FSX_LUSTRE = "fsx_lustre"  # an existing FSx for Lustre file system
+    EFS = "efs"  # an existing EFS file system
+    INSTANCE_STORE = "instance_store"  # the instance's NVMe instance-store disks, as scratch
+    S3 = "s3"  # an S3 prefix, read-only through Mountpoint for Amazon S3
+
+
+class Volume(_Strict):
+    """Storage mounted into the container at `mount`: give exactly one of `fsx_lustre`, `efs`
+    (a file system id configured in gpufleet.yaml), `instance_store: scratch` (the instance's
+    NVMe disks, striped when there are several) or `s3` (an s3:// prefix configured in
+    gpufleet.yaml, read-only). docs/data.md."""
+
+    fsx_lustre: FileSystemId | None = Field(default=None, description="An FSx for Lustre id")
+    efs: FileSystemId | None = Field(default=None, description="An EFS file system id")
+    instance_store: Literal["scratch"] | None = Field(
+        default=None, description="The instance's NVMe instance-store disks, as scratch space"
+    )
+    s3: Annotated[str, Strict(), StringConstraints(max_length=1100)] | None = Field(
+        default=None, description="s3://bucket/prefix, mounted read-only"
+    )
+    mount: MountPath = Field(description="Absolute path in the container")
+    read_only: Flag | None = Field(
+        default=None, description="Mounted read-only; S3 volumes always are"
+    )
+
+    @field_validator("s3")
+    @classmethod
+    def _s3_uri(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_s3_uri(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        given = [kind for kind in VolumeKind if getattr(self, kind.value) is not None]
+        if len(given) != 1:
+            raise ValueError("a volume names exactly one of fsx_lustre, efs, instance_store, s3")
+        if self.kind is VolumeKind.S3 and self.read_only is False:
+            raise ValueError("an S3 volume is read-only (Mountpoint for Amazon S3 --read-only)")
+        if self.kind is VolumeKind.INSTANCE_STORE and self.read_only:
+            raise ValueError("instance-store scratch is written to: it cannot be read-only")
+        return self
+
+    @property
+    def kind(self) -> VolumeKind:
+        return next(kind for kind in VolumeKind if getattr(self, kind.value) is not None)
+
+    @property
+    def source(self) -> str:
+        """The file system id, `scratch`, or the s3:// URI."""
+        return str(getattr(self, self.kind.value))
+
+    @property
+    def is_read_only(self) -> bool:
+        return self.kind is VolumeKind.S3 or bool(self.read_only)
+
+
+MAX_VOLUMES = 16
+MAX_SECRETS = 64
+# Secrets Manager names: 1-512 of letters, digits and /_+=.@-.
+_SECRET_NAME = r"[A-Za-z0-9/_+=.@-]{1,512}"  # noqa: S105 - a pattern, no password
+_SECRET_ARN = r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:" + _SECRET_NAME
+# SSM Parameter Store names in a hierarchy: /path/to/name, letters, digits and _.-/.
+_PARAMETER_NAME = r"/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*"
+SECRET_REFERENCE_PATTERN = (
+    f"^(?:secretsmanager:(?:{_SECRET_ARN}|{_SECRET_NAME})|{_SECRET_ARN}|ssm:{_PARAMETER_NAME})$"
+)
+# Where a secret's value is read on the node: Secrets Manager (`secretsmanager:NAME`, or its
+# ARN) or SSM Parameter Store (`ssm:/path/name`). Only the reference is ever stored.
+SecretReference = Annotated[
+    str,
+    Strict(),
+    StringConstraints(pattern=SECRET_REFERENCE_PATTERN, max_length=2048),
+]
+# A Secrets Manager secret by name or ARN, holding {"username": ..., "password": ...}.
+RegistryCredentials = Annotated[
+    str,
+    Strict(),
+    StringConstraints(pattern=f"^(?:{_SECRET_ARN}|{_SECRET_NAME})$"),
+]
+
+
 class Elastic(_Strict):
     """An elastic job runs on `min_nodes` to `max_nodes` nodes: busy GPUs (or its own `scale_on`
     metric) add nodes, idle ones remove them; each change is a checkpoint and a resume on the
@@ -346,6 +497,24 @@ class JobSpec(_Strict):
         min_length=1, max_length=1024, description="argv list; never run through a shell"
     )
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
+    secrets: dict[EnvName, SecretReference] = Field(
+        default_factory=dict,
+        max_length=MAX_SECRETS,
+        description="Environment variables read on the node at start from Secrets Manager "
+        "('secretsmanager:NAME' or an ARN) or SSM Parameter Store ('ssm:/path'), under the "
+        "deployment's secrets_prefix; only the names are stored, never the values",
+    )
+    registry_credentials: RegistryCredentials | None = Field(
+        default=None,
+        description="A Secrets Manager secret {username, password} the node logs in to the "
+        "image's registry with (not for ECR: the node's role logs in there)",
+    )
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUMES,
+        description="Storage mounted into the container (docs/data.md): FSx for Lustre, EFS, "
+        "the instance's NVMe disks, an S3 prefix read-only",
+    )
     resources: Resources = Field(default_factory=Resources)
     template: Name | None = Field(
         default=None,
@@ -434,6 +603,27 @@ class JobSpec(_Strict):
                     f"laid over the job's); the limit is {MAX_ENV}"
                 )
         return stages
+
+    @field_validator("volumes")
+    @classmethod
+    def _mounts_apart(cls, volumes: list[Volume]) -> list[Volume]:
+        # One path, one volume: a volume inside another's mount would hide or be hidden by it.
+        mounts = sorted(volume.mount for volume in volumes)
+        for outer, inner in itertools.pairwise(mounts):
+            if _within(inner, outer):
+                raise ValueError(f"volumes mounted at {outer} and {inner} overlap")
+        if sum(volume.kind is VolumeKind.INSTANCE_STORE for volume in volumes) > 1:
+            raise ValueError("the instance store is one scratch volume: list it once")
+        return volumes
+
+    @model_validator(mode="after")
+    def _secrets_apart_from_env(self) -> JobSpec:
+        # A name in both would leave which value the container sees to chance.
+        envs = [self.env, *(stage.env for stage in self.stages)]
+        both = sorted({name for env in envs for name in env} & self.secrets.keys())
+        if both:
+            raise ValueError(f"{', '.join(both)} named in both env and secrets")
+        return self
 
     @model_validator(mode="after")
     def _interval_needs_checkpoint(self) -> JobSpec:

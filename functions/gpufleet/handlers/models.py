@@ -1,4 +1,5 @@
-"""Shapes of the events the handlers receive, parsed with Powertools Parser.
+"""Shapes of the events the handlers receive, parsed with Powertools Parser. The workflow's
+state that a task reads is typed by `services/workflow_state.py`.
 
 The S3 notification model is deliberately tolerant: real S3 sends more fields than we need, and
 the embedded emulator fewer; we read only the bucket, key and the fields that identify one
@@ -14,6 +15,7 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.queueing import QueuedJob
+from gpufleet.services.workflow_state import Admission, WorkflowState
 
 
 class _Open(BaseModel):
@@ -89,11 +91,11 @@ class LaunchTask(TokenTask):
     step: int = Field(ge=0)
     attempt: int = Field(ge=0)
     tries: int = Field(default=0, ge=0)
-    admission: dict[str, Any] = Field(default_factory=dict)
+    admission: Admission = Field(default_factory=Admission)
 
 
 class ReleaseTask(JobTask):
-    state: dict[str, Any]
+    state: WorkflowState
 
 
 class RequeueTask(JobTask):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpufleet.domain.config import MetricPolicy
-from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.job import Job, JobChanges, JobStatus
 from gpufleet.domain.scaling import AlarmKind, scaled_in, scaled_out
 from gpufleet.domain.settlement import IDLE, MEMORY_LEAK, OVERHEATED
 from gpufleet.domain.spec import Resources
@@ -122,7 +122,7 @@ class MetricActions:
     def _flag(self, job: Job, flag: str) -> list[str]:
         """Add `flag` to the job's flags and say so on the bus (`Job Flagged`)."""
         flags = sorted({*job.flags, flag})
-        self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"flags": flags})
+        self._ports.jobs.update(job.job_id, self._ports.clock.now(), JobChanges(flags=flags))
         self._ports.events.publish(
             CONTROL_PLANE_SOURCE, DETAIL_JOB_FLAGGED, {"job_id": job.job_id, "flags": flags}
         )
@@ -130,7 +130,7 @@ class MetricActions:
 
     def _resize(self, job: Job, resources: Resources, flag: str) -> list[str]:
         flags = sorted({*job.flags, flag})
-        self._ports.jobs.update(job.job_id, self._ports.clock.now(), {"flags": flags})
+        self._ports.jobs.update(job.job_id, self._ports.clock.now(), JobChanges(flags=flags))
         self._lifecycle.resize(job.job_id, resources)
         self._ports.events.publish(
             CONTROL_PLANE_SOURCE,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpufleet.domain.cost import month_start, spend_this_month_usd
-from gpufleet.domain.job import JobNotFound
+from gpufleet.domain.job import JobChanges, JobNotFound
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
     Admission,
@@ -150,7 +150,7 @@ class DispatcherService:
             if ports.queue.preempt(preemption.victim_id, for_job):
                 self._lifecycle.drain(preemption.victim_id, PREEMPTED, preemption.for_job_id)
                 ports.jobs.update(
-                    preemption.victim_id, now, {"preempted_for": preemption.for_job_id}
+                    preemption.victim_id, now, JobChanges(preempted_for=preemption.for_job_id)
                 )
                 result.preempted.append(preemption.victim_id)
         for job_id in decision.reclaims:

@@ -21,7 +21,7 @@ from gpufleet.settings import Settings
 
 
 def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> IntakeService:
-    return IntakeService(ports, lifecycle.prepare, settings.config.templates)
+    return IntakeService(ports, lifecycle.prepare, settings.config)
 
 
 def build_dispatcher(
@@ -82,6 +82,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         gpu_memory_of=lambda name: catalog.instance_type(name).gpu_memory_gib,
         instance_type_of=catalog.instance_type,
         data_bucket=settings.intake_bucket,
+        data_sources=settings.config.data,
         metrics=settings.config.metrics,
         cost=settings.config.cost,
         root_volume_gib=settings.root_volume_gib,

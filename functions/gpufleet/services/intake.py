@@ -16,7 +16,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
+from gpufleet.domain.node_access import check_access
 from gpufleet.domain.spec import (
     MAX_SPEC_BYTES,
     FieldError,
@@ -26,7 +28,7 @@ from gpufleet.domain.spec import (
     parse_spec,
     spec_from_mapping,
 )
-from gpufleet.domain.templates import Templates, apply_template
+from gpufleet.domain.templates import apply_template
 from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
 
@@ -67,11 +69,12 @@ class Prepare(Protocol):
 
 
 class IntakeService:
-    def __init__(self, ports: Ports, prepare: Prepare, templates: Templates | None = None) -> None:
+    def __init__(self, ports: Ports, prepare: Prepare, config: FleetConfig | None = None) -> None:
         self._ports = ports
         self._prepare = prepare
-        # The fleet config's resource templates: a spec naming one is stored resolved.
-        self._templates: Templates = templates or {}
+        # The fleet config: its resource templates (a spec naming one is stored resolved), and
+        # what the nodes can reach (volumes, secrets, registries): a spec naming more is refused.
+        self._config = config or FleetConfig()
 
     def submit_object(
         self, key: str, delivery_key: str, source: str, version_id: str | None = None
@@ -94,7 +97,7 @@ class IntakeService:
             refusal = key_refusal(key)
             if refusal is not None:
                 raise refusal
-            spec = apply_template(parse_spec(raw, format_for(key)), self._templates)
+            spec = self._resolved(parse_spec(raw, format_for(key)))
         except SpecError as exc:
             return self._reject(exc, source, **reject_as)
         return self._accept(spec, delivery_key, source)
@@ -102,10 +105,14 @@ class IntakeService:
     def submit_document(self, document: object, delivery_key: str, source: str) -> IntakeOutcome:
         """A spec that arrived already parsed, e.g. an EventBridge event's detail."""
         try:
-            spec = apply_template(spec_from_mapping(document), self._templates)
+            spec = self._resolved(spec_from_mapping(document))
         except SpecError as exc:
             return self._reject(exc, source)
         return self._accept(spec, delivery_key, source)
+
+    def _resolved(self, spec: JobSpec) -> JobSpec:
+        """The spec as stored: its template resolved, checked against what nodes can reach."""
+        return check_access(apply_template(spec, self._config.templates), self._config)
 
     def _accept(self, spec: JobSpec, delivery_key: str, source: str) -> IntakeOutcome:
         now = self._ports.clock.now()

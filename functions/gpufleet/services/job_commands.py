@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
-from gpufleet.domain.job import IllegalTransition, Job, JobNotFound, JobStatus, is_job_id
+from gpufleet.domain.job import (
+    IllegalTransition,
+    Job,
+    JobChanges,
+    JobNotFound,
+    JobStatus,
+    is_job_id,
+)
 from gpufleet.domain.settlement import BUDGET, RESIZED
 from gpufleet.domain.spec import JobSpec, Resources
 from gpufleet.ports import QueueEntry
@@ -25,11 +32,11 @@ class JobCommands(LifecycleBase):
         that ends while it is being cancelled included)."""
         job = self._operated_job(job_id)
         entry = self._ports.queue.remove(job_id)
-        changes: dict[str, Any] = {"failure_reason": "cancelled"}
+        changes = JobChanges(failure_reason="cancelled")
         if entry is not None:
             # Its wait ends here: counted as an admission counts it.
             waited = max(0.0, self._now() - entry.queued_at)
-            changes["waited_seconds"] = job.waited_seconds + waited
+            changes |= JobChanges(waited_seconds=job.waited_seconds + waited)
         try:
             job = self._move(job, JobStatus.CANCELLED, changes)
         except IllegalTransition as exc:
@@ -41,7 +48,7 @@ class JobCommands(LifecycleBase):
             return job.summary()
         self._ports.fleet.terminate_job_instances(job_id)
         if job.placement is not None and job.released_at is None:
-            job = self._ports.jobs.update(job_id, self._now(), {"released_at": self._now()})
+            job = self._ports.jobs.update(job_id, self._now(), JobChanges(released_at=self._now()))
         if self._ports.queue.release(job_id):
             self._capacity_freed(job_id)
         if job.task_token is not None:
@@ -70,10 +77,11 @@ class JobCommands(LifecycleBase):
         )
         if resources == current:
             return job.summary()
-        resized = job.model_copy(update={"resources_override": resources})
+        change = JobChanges(resources_override=resources)
+        resized = job.with_changes(change)
         JobSpec.model_validate(resized.effective_spec.to_document())
         self._plan(resized)
-        job = self._ports.jobs.update(job_id, self._now(), {"resources_override": resources})
+        job = self._ports.jobs.update(job_id, self._now(), change)
         entry = self._ports.queue.remove(job_id)
         if entry is not None:
             self._ports.queue.enqueue(
@@ -113,7 +121,7 @@ class JobCommands(LifecycleBase):
             f"Job {job_id} ({job.spec.name}, team {job.spec.team}) reached {budget}; it is "
             + ("stopped after a checkpoint." if how == "checkpoint" else "stopped now."),
         )
-        reason = {"failure_reason": f"stopped: the cost reached {budget}"}
+        reason = JobChanges(failure_reason=f"stopped: the cost reached {budget}")
         if how == "checkpoint":
             stopping = self.drain(job_id, BUDGET)
             if stopping:
@@ -122,7 +130,7 @@ class JobCommands(LifecycleBase):
         self._ports.jobs.update(
             job_id,
             self._now(),
-            {"drain_reason": BUDGET, "drain_requested_at": self._now(), **reason},
+            JobChanges(drain_reason=BUDGET, drain_requested_at=self._now()) | reason,
         )
         self._ports.fleet.terminate_job_instances(job_id)
         if job.task_token is not None:

@@ -4,14 +4,14 @@ memory of the moment; a launched job parks the workflow's token with its placeme
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.domain.cost import launch_costs
 from gpufleet.domain.duration import DurationEstimate
-from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
 from gpufleet.domain.launch import (
     CapacityType,
     LaunchError,
@@ -29,23 +29,10 @@ from gpufleet.services.lifecycle_base import (
     run_manifest,
     run_manifest_key,
 )
+from gpufleet.services.workflow_state import Admission, LaunchStepResult
 
 # For how long after an admission a launch relies on what it said of capacity shortages.
 ADMISSION_KNOWS_SHORTAGES_SECONDS = 60.0
-
-
-class LaunchStepResult(BaseModel):
-    """What the Launch task hands back to the state machine's Choice."""
-
-    step: int
-    attempt: int  # launch calls over the job's life: each gets its own idempotency token
-    tries: int = 0  # launch calls in this run: what the plan's cap counts
-    launched: bool = False
-    retry_later: bool = False
-    give_up: bool = False
-    wait_seconds: int = 1  # before the next try, when retry_later
-    error: str = ""
-    category: str = ""  # of the launch error (capacity, quota, configuration)
 
 
 class Launched(BaseModel):
@@ -72,7 +59,7 @@ class LaunchSteps(LifecycleBase):
         step: int,
         attempt: int,
         task_token: str,
-        admission: Mapping[str, Any] | None = None,
+        admission: Admission | None = None,
         tries: int = 0,
         *,
         launched: Callable[[Launched], None] = _unheard,
@@ -85,7 +72,7 @@ class LaunchSteps(LifecycleBase):
         once: from the call that recorded them (a repeated step finds them recorded, and says
         nothing)."""
         result = self._launch(
-            job_id, plan, step, attempt, tries, task_token, admission or {}, launched
+            job_id, plan, step, attempt, tries, task_token, admission or Admission(), launched
         )
         if result is not None:
             self._ports.workflow.complete_task(task_token, {"launch": result.model_dump()})
@@ -99,7 +86,7 @@ class LaunchSteps(LifecycleBase):
         attempt: int,
         tries: int,
         task_token: str,
-        admission: Mapping[str, Any],
+        admission: Admission,
         launched: Callable[[Launched], None],
     ) -> LaunchStepResult | None:
         job = self._ports.jobs.get(job_id)
@@ -107,7 +94,7 @@ class LaunchSteps(LifecycleBase):
             return LaunchStepResult(step=step, attempt=attempt, give_up=True, error="job ended")
         if job.placement is not None:
             # A retry of a launch that already succeeded: park the token, do not launch again.
-            job = self._ports.jobs.update(job_id, self._now(), {"task_token": task_token})
+            job = self._ports.jobs.update(job_id, self._now(), JobChanges(task_token=task_token))
             if job.run_result is not None:  # and its node already finished
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
@@ -151,14 +138,13 @@ class LaunchSteps(LifecycleBase):
                     run_manifest_key(job_id),
                     self._manifest(job.model_copy(update={"placement": placement})),
                 )
-                changes = {
-                    **self._admitted_changes(job, admission),
-                    "placement": placement,
-                    "started_instances": [],
-                    "attempts": job.attempts + 1,
-                    "ondemand_fallback": fell_back,
-                    "task_token": task_token,
-                }
+                changes = self._admitted_changes(job, admission) | JobChanges(
+                    placement=placement,
+                    started_instances=[],
+                    attempts=job.attempts + 1,
+                    ondemand_fallback=fell_back,
+                    task_token=task_token,
+                )
                 # Alarms first: a recorded placement is never retried, so it must have them.
                 self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
                 self._record_launch(job, changes)
@@ -191,16 +177,21 @@ class LaunchSteps(LifecycleBase):
         )
 
     def _manifest(self, job: Job) -> dict[str, Any]:
-        return run_manifest(job, self._policy.data_bucket, self._policy.instance_type_of)
+        return run_manifest(
+            job,
+            self._policy.data_bucket,
+            self._policy.data_sources,
+            self._policy.instance_type_of,
+        )
 
-    def _record_launch(self, job: Job, changes: dict[str, Any]) -> Job:
+    def _record_launch(self, job: Job, changes: JobChanges) -> Job:
         """Move the job to LAUNCHING and tell the queue: its hourly cost, for the fleet's cost
         per hour, and for a job with a budget the moment its cost will reach it, for the
         dispatcher's passes to stop it then. One write spanning both, as a rule; two when that
         one finds the job moved on or its share released (a repeated step, a race)."""
         now = self._now()
-        launching = job.model_copy(
-            update={**changes, "status": JobStatus.LAUNCHING, "updated_at": now}
+        launching = job.with_changes(changes).model_copy(
+            update={"status": JobStatus.LAUNCHING, "updated_at": now}
         )
         hourly_usd, stop_at = launch_costs(launching)
         change = StatusChange(
@@ -215,25 +206,26 @@ class LaunchSteps(LifecycleBase):
         return launching
 
     @staticmethod
-    def _admitted_changes(job: Job, admission: Mapping[str, Any]) -> dict[str, Any]:
+    def _admitted_changes(job: Job, admission: Admission) -> JobChanges:
         """The first launch after an admission notes the wait it ended."""
         if job.status is not JobStatus.QUEUED:
-            return {}
-        changes: dict[str, Any] = {"preempted_for": None}
-        admitted_at, queued_at = admission.get("admitted_at"), admission.get("queued_at")
-        if isinstance(admitted_at, int | float) and isinstance(queued_at, int | float):
-            changes["waited_seconds"] = job.waited_seconds + max(0.0, admitted_at - queued_at)
+            return JobChanges()
+        changes = JobChanges(preempted_for=None)
+        admitted_at, queued_at = admission.admitted_at, admission.queued_at
+        if admitted_at is not None and queued_at is not None:
+            waited = job.waited_seconds + max(0.0, admitted_at - queued_at)
+            changes |= JobChanges(waited_seconds=waited)
             if job.first_admitted_at is None:
-                changes["first_admitted_at"] = float(admitted_at)
+                changes |= JobChanges(first_admitted_at=admitted_at)
         return changes
 
-    def _memory_may_hold(self, admission: Mapping[str, Any], tries: int) -> bool:
+    def _memory_may_hold(self, admission: Admission, tries: int) -> bool:
         """Whether the capacity memory may hold a shortage now. The first try after a fresh
         admission knows from it (the admission read when the latest remembered shortage
         expires), so the usual launch does not read the memory. A shortage noted since the
         admission is missed: at worst one CreateFleet meets the shortage again."""
-        until, admitted_at = admission.get("shortages_until"), admission.get("admitted_at")
-        if tries or not isinstance(until, int | float) or not isinstance(admitted_at, int | float):
+        until, admitted_at = admission.shortages_until, admission.admitted_at
+        if tries or until is None or admitted_at is None:
             return True
         now = self._now()
         return until > now or now - admitted_at > ADMISSION_KNOWS_SHORTAGES_SECONDS

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpufleet.domain.catalog import InstanceType
-from gpufleet.domain.config import CostPolicy, MetricPolicy, Reservation
+from gpufleet.domain.config import CostPolicy, DataSources, MetricPolicy, Reservation
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
-from gpufleet.domain.job import IllegalTransition, Job, JobStatus
+from gpufleet.domain.job import IllegalTransition, Job, JobChanges, JobStatus
+from gpufleet.domain.node_access import manifest_access
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
 from gpufleet.domain.rendezvous import MASTER_PORT, ranked_peers
@@ -58,6 +59,8 @@ class LifecyclePolicy:
     # and how many GPUs a stage held.
     instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None
     data_bucket: str = ""  # where stages pass data to each other (runs/<job>/stages/<stage>/)
+    # The file systems and buckets jobs may mount (gpufleet.yaml `data`).
+    data_sources: DataSources = field(default_factory=DataSources)
     # The admission policy: a job no state of the fleet could ever admit is refused at intake.
     queue: QueuePolicy = field(default_factory=QueuePolicy)
 
@@ -92,7 +95,7 @@ class LifecycleBase:
     def _now(self) -> float:
         return self._ports.clock.now()
 
-    def _move(self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None) -> Job:
+    def _move(self, job: Job, target: JobStatus, changes: JobChanges | None = None) -> Job:
         """Move to `target` with `changes`, and tell who listens; a job already there (a
         repeated step) only gets the changes."""
         moved, changed = self._write(job, target, changes)
@@ -101,7 +104,7 @@ class LifecycleBase:
         return moved
 
     def _write(
-        self, job: Job, target: JobStatus, changes: dict[str, Any] | None = None
+        self, job: Job, target: JobStatus, changes: JobChanges | None = None
     ) -> tuple[Job, bool]:
         """`_move` without telling anyone: the job as written, and whether its status moved."""
         if job.status == target:
@@ -168,7 +171,7 @@ class LifecycleBase:
         self._ports.jobs.update(
             job_id,
             self._now(),
-            {"drain_reason": reason, "drain_requested_at": self._now()},
+            JobChanges(drain_reason=reason, drain_requested_at=self._now()),
         )
         self._ports.objects.put_json(
             control_key(job_id),
@@ -180,12 +183,14 @@ class LifecycleBase:
 def run_manifest(
     job: Job,
     data_bucket: str,
+    data_sources: DataSources,
     instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None,
 ) -> dict[str, Any]:
     """What the node agent needs to run the job (its current stage): read by the agent, never
-    passed to a shell. Once the job holds its instances it names them, in rank order, with
-    their private IPs (each node finds its rank by its own instance id), and what accelerator
-    their type has (the catalog's: how many Neuron devices the container gets)."""
+    passed to a shell. Secrets by reference: their values are read on the node. Once the job
+    holds its instances it names them, in rank order, with their private IPs (each node finds
+    its rank by its own instance id), and what accelerator their type has (the catalog's: how
+    many Neuron devices the container gets)."""
     spec = job.effective_spec
     stage_env = stage_environment(job, stage_data_root(data_bucket, job.job_id))
     placement = job.placement
@@ -211,6 +216,7 @@ def run_manifest(
         "stage": job.stage_name,
         # The next stage may run on these instances: the agent waits for it after this one.
         "await_next_stage": next_stage_may_reuse(job),
+        **manifest_access(spec, data_sources),
     }
 
 

@@ -17,8 +17,8 @@ from gpufleet.domain.queueing import QueuedJob, most_booked, never_admissible
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import requeue_changes
 from gpufleet.ports import QueueEntry
-from gpufleet.services.launch_steps import LaunchStepResult
 from gpufleet.services.lifecycle_base import LifecycleBase, queued_job
+from gpufleet.services.workflow_state import LaunchStepResult
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED
 
 # The queue's view of a job travels in the workflow's state as JSON.

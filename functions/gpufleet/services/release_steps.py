@@ -5,7 +5,6 @@ the instances it holds); and the end of a job whose workflow ended without settl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.domain.job import Job, JobStatus
@@ -21,7 +20,6 @@ from gpufleet.domain.settlement import (
     settle,
 )
 from gpufleet.ports import Freed, RunningShare, StatusChange
-from gpufleet.services.launch_steps import LaunchStepResult
 from gpufleet.services.lifecycle_base import (
     LifecycleBase,
     control_key,
@@ -29,13 +27,18 @@ from gpufleet.services.lifecycle_base import (
     run_manifest_key,
 )
 from gpufleet.services.run_reports import finished_job
+from gpufleet.services.workflow_state import (
+    LaunchStepResult,
+    RunOutcome,
+    WorkflowState,
+)
 from gpufleet.topology import CONTROL_RUN_STAGE
 
 
 class ReleaseSteps(LifecycleBase):
     """Release, and the end of an abandoned job."""
 
-    def release(self, job_id: str, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def release(self, job_id: str, state: WorkflowState | None = None) -> dict[str, Any]:
         """Settle the end of the job's run (`domain.settlement`) from what the workflow saw,
         and carry it out: terminate every instance of the job, give its share of the quotas
         back to the queue, and either send the job back to the queue (a checkpointed,
@@ -43,7 +46,7 @@ class ReleaseSteps(LifecycleBase):
         record its final status and cost (`outcome`). A stage whose successor asks for its
         instances and fits on them keeps them instead (`next_stage.here`: the workflow goes
         straight back to Launch)."""
-        state = state or {}
+        state = state or WorkflowState()
         end = run_end_of(state, self._now())
         finished = finished_job(job_id, state)
         job = finished if finished is not None else self._ports.jobs.get(job_id)
@@ -74,7 +77,8 @@ class ReleaseSteps(LifecycleBase):
             self._ports.queue.remove(job_id)
         settlement = None
         if job.run_result is not None:
-            settlement = self._settle(job, run_end_of({"run": job.run_result}, self._now()))
+            recorded = WorkflowState(run=RunOutcome.model_validate(job.run_result))
+            settlement = self._settle(job, run_end_of(recorded, self._now()))
         if settlement is None or settlement.requeue is not None:
             # Whatever was to come next (a requeue, a retry) cannot: the workflow's end is the
             # job's, and no drain that was to send it back to the queue has a say.
@@ -115,7 +119,7 @@ class ReleaseSteps(LifecycleBase):
                 if self._ports.queue.release(job.job_id):
                     self._capacity_freed(job.job_id)
             elif isinstance(command, Record):
-                ended, moved = self._write(job, command.status, dict(command.changes))
+                ended, moved = self._write(job, command.status, command.changes)
             elif isinstance(command, PublishStatusChange) and moved:
                 self._status_changed(ended, command.previous)
         return _settled(terminated, settlement, ended)
@@ -130,20 +134,19 @@ class ReleaseSteps(LifecycleBase):
         if job.status.terminal or record is None:
             return None
         now = self._now()
-        changes = dict(record.changes)
         change = StatusChange(
-            job.job_id, record.status, frozenset({job.status}), now, changes, version=job.version
+            job.job_id,
+            record.status,
+            frozenset({job.status}),
+            now,
+            record.changes,
+            version=job.version,
         )
         freed = self._ports.queue.record_release(change, _share_of(job))
         if freed is None:
             return None
-        ended = job.model_copy(
-            update={
-                **changes,
-                "status": record.status,
-                "updated_at": now,
-                "version": job.version + 1,
-            }
+        ended = job.with_changes(record.changes).model_copy(
+            update={"status": record.status, "updated_at": now, "version": job.version + 1}
         )
         if any(isinstance(c, PublishStatusChange) for c in settlement.commands):
             self._status_changed(ended, job.status)
@@ -152,7 +155,7 @@ class ReleaseSteps(LifecycleBase):
         return _settled(terminated, settlement, ended)
 
     def _run_stage_here(
-        self, job: Job, settlement: Settlement, state: Mapping[str, Any]
+        self, job: Job, settlement: Settlement, state: WorkflowState
     ) -> dict[str, Any]:
         """Carry out a settlement that runs the job's next stage on its instances: record the
         stage's end and the move, end the instances it does not need, tell the nodes to run
@@ -161,19 +164,23 @@ class ReleaseSteps(LifecycleBase):
         terminated: list[str] = []
         for command in settlement.commands:
             if isinstance(command, Record):
-                job = self._ports.jobs.update(job.job_id, self._now(), dict(command.changes))
+                job = self._ports.jobs.update(job.job_id, self._now(), command.changes)
             elif isinstance(command, Terminate) and command.instance_ids:
                 terminated = list(command.instance_ids)
                 self._ports.fleet.terminate_instances(terminated)
         self._ports.objects.put_json(
             run_manifest_key(job.job_id),
-            run_manifest(job, self._policy.data_bucket, self._policy.instance_type_of),
+            run_manifest(
+                job,
+                self._policy.data_bucket,
+                self._policy.data_sources,
+                self._policy.instance_type_of,
+            ),
         )
         self._ports.objects.put_json(
             control_key(job.job_id), {"action": CONTROL_RUN_STAGE, "stage": job.stage_name}
         )
-        launch = state.get("launch")
-        attempt = launch.get("attempt", 0) if isinstance(launch, Mapping) else 0
+        attempt = state.launch.attempt if state.launch is not None else 0
         return {
             "terminated": terminated,
             "requeue": False,
@@ -181,7 +188,7 @@ class ReleaseSteps(LifecycleBase):
             "next_stage": {
                 "here": True,
                 "plan": self._plan(job).model_dump(mode="json"),
-                "launch": LaunchStepResult(step=0, attempt=int(attempt) + 1).model_dump(),
+                "launch": LaunchStepResult(step=0, attempt=attempt + 1).model_dump(),
             },
         }
 
@@ -200,40 +207,30 @@ def _settled(terminated: list[str], settlement: Settlement, ended: Job) -> dict[
     return result
 
 
-def run_end_of(state: Mapping[str, Any], at: float) -> RunEnd:
+def run_end_of(state: WorkflowState, at: float) -> RunEnd:
     """How the run ended, from the workflow's state when it reaches Release: the node's (or
     the instance's, or a cancel's) word under `run`, a launch that gave up, or the error a
     step failed with; `at` is when the run ended."""
-    run = state.get("run")
-    if isinstance(run, Mapping):
-        exit_code = run.get("exit_code")
-        code = exit_code if isinstance(exit_code, int) else None
-        stage = run.get("stage")
-        if run.get("cancelled"):
+    run, launch, error = state.run, state.launch, state.error
+    if run is not None:
+        code = run.exit_code
+        if run.cancelled:
             kind = EndKind.CANCELLED
-        elif run.get("interrupted"):
+        elif run.interrupted:
             kind = EndKind.INTERRUPTED
         else:
             kind = EndKind.NODE_LOST if code is None else EndKind.EXITED
         return RunEnd(
-            kind,
-            at,
-            exit_code=code,
-            oom=bool(run.get("oom")),
-            reason=str(run.get("reason") or ""),
-            stage=stage if isinstance(stage, str) else None,
+            kind, at, exit_code=code, oom=run.oom, reason=run.reason or "", stage=run.stage
         )
-    launch = state.get("launch")
-    if isinstance(launch, Mapping) and launch.get("give_up"):
-        return RunEnd(EndKind.LAUNCH_GAVE_UP, at, reason=str(launch.get("error", "")))
-    error = state.get("error")
-    if isinstance(error, Mapping):
-        name = str(error.get("Error", ""))
+    if launch is not None and launch.give_up:
+        return RunEnd(EndKind.LAUNCH_GAVE_UP, at, reason=launch.error)
+    if error is not None:
         kind = {
             "States.HeartbeatTimeout": EndKind.HEARTBEAT_TIMEOUT,
             "States.Timeout": EndKind.TIMED_OUT,
-        }.get(name, EndKind.STEP_FAILED)
-        return RunEnd(kind, at, reason=name, cause=str(error.get("Cause", "")))
+        }.get(error.error, EndKind.STEP_FAILED)
+        return RunEnd(kind, at, reason=error.error, cause=error.cause)
     return RunEnd(EndKind.NO_RESULT, at)
 
 

@@ -5,7 +5,6 @@ events (a spot warning, an instance gone) that end it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,6 +14,7 @@ from gpufleet.domain.job import (
     DroppedReport,
     IllegalTransition,
     Job,
+    JobChanges,
     JobNotFound,
     JobStatus,
 )
@@ -24,6 +24,7 @@ from gpufleet.domain.settlement import INTERRUPTED
 from gpufleet.domain.spec import MAX_NODES
 from gpufleet.errors import TransientError
 from gpufleet.services.lifecycle_base import LifecycleBase
+from gpufleet.services.workflow_state import WorkflowState
 
 # A process's exit status as Linux reports it, and docker with it: 0 to 255, a death by signal
 # n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
@@ -118,7 +119,7 @@ class RunReports(LifecycleBase):
                     job.job_id,
                     target,
                     self._now(),
-                    {"started_instances": started},
+                    JobChanges(started_instances=started),
                     sources=[job.status],
                     holding=instance_id,
                     version=job.version,
@@ -140,7 +141,7 @@ class RunReports(LifecycleBase):
             target, sources, changes = JobStatus.RUNNING, None, None
         else:
             target, sources = JobStatus.RUNNING, [JobStatus.RUNNING]
-            changes = {"run_result": _run_result(report)}
+            changes = JobChanges(run_result=_run_result(report))
         try:
             job = self._ports.jobs.transition(
                 report.job_id,
@@ -161,7 +162,7 @@ class RunReports(LifecycleBase):
     def _node_finished(self, job: Job, report: NodeReport) -> None:
         result = _run_result(report, job)
         # A finish can overtake its start; the node evidently ran.
-        job = self._move(job, JobStatus.RUNNING, {"run_result": result})
+        job = self._move(job, JobStatus.RUNNING, JobChanges(run_result=result))
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
 
@@ -201,13 +202,14 @@ class RunReports(LifecycleBase):
                 "reason": f"instance {instance_id} is {state}",
                 "interrupted": placement.capacity_type == CapacityType.SPOT.value,
             }
-            job = self._ports.jobs.update(job_id, self._now(), {"run_result": result})
+            job = self._ports.jobs.update(job_id, self._now(), JobChanges(run_result=result))
         if job.task_token is not None:
             self._ports.workflow.complete_task(job.task_token, result)
         return job_id
 
 
-# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes.
+# The key of a node's finish (the Launch task's output, `$.run`) under which the job comes
+# (`RunOutcome.job`).
 _FINISHED_JOB = "job"
 
 # The largest job handed over that way. Step Functions fails an execution whose state passes
@@ -227,14 +229,12 @@ def _finish_output(report: NodeReport, job: Job) -> dict[str, Any]:
     return output
 
 
-def finished_job(job_id: str, state: Mapping[str, Any]) -> Job | None:
+def finished_job(job_id: str, state: WorkflowState) -> Job | None:
     """The job as its node's finish left it, when the workflow carries it and it has a single
     stage (a multi-stage job's release may keep its instances: it reads the record)."""
-    run = state.get("run")
-    document = run.get(_FINISHED_JOB) if isinstance(run, Mapping) else None
-    if not isinstance(document, Mapping):
+    job = state.run.job if state.run is not None else None
+    if job is None:
         return None
-    job = Job.model_validate(document)
     return job if job.job_id == job_id and not job.spec.stages else None
 
 

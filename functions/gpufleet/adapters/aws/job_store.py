@@ -3,75 +3,57 @@
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any
-
-from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
+from typing import Any, Union, get_args, get_origin
 
 from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, write
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
     IllegalTransition,
     Job,
+    JobChanges,
     JobNotFound,
     JobStatus,
-    Placement,
 )
-from gpufleet.domain.spec import JobSpec
+from gpufleet.domain.spec import canonical_json
 from gpufleet.errors import ConditionFailed
 from gpufleet.ports import StatusChange
 
-# Job field -> (DynamoDB attribute, kind). "json" fields are stored as JSON strings: they are
-# read whole and never queried, and strings avoid DynamoDB's Decimal round-trip.
-_FIELDS: dict[str, tuple[str, str]] = {
-    "job_id": ("job_id", "str"),
-    "status": ("status", "str"),
-    "source": ("source", "str"),
-    "created_at": ("created_ts", "num"),
-    "updated_at": ("updated_ts", "num"),
-    "version": ("version", "num"),
-    "spec": ("spec", "json"),
-    "placement": ("placement", "json"),
-    "released_at": ("released_ts", "num"),
-    "cost_usd": ("cost_usd", "num"),
-    "failure_reason": ("failure_reason", "str"),
-    "exit_code": ("exit_code", "num"),
-    "attempts": ("attempts", "num"),
-    "task_token": ("task_token", "str"),
-    "run_result": ("run_result", "json"),
-    "started_instances": ("started_instances", "json"),
-    "drain_reason": ("drain_reason", "str"),
-    "drain_requested_at": ("drain_requested_ts", "num"),
-    "preempted_for": ("preempted_for", "str"),
-    "preemptions": ("preemptions", "num"),
-    "interruptions": ("interruptions", "num"),
-    "retries": ("retries", "num"),
-    "ondemand_fallback": ("ondemand_fallback", "num"),
-    "on_demand_only": ("on_demand_only", "num"),
-    "resources_override": ("resources_override", "json"),
-    "flags": ("flags", "json"),
-    "prior_cost_usd": ("prior_cost_usd", "num"),
-    "prior_held_seconds": ("prior_held_seconds", "num"),
-    "prior_storage_usd": ("prior_storage_usd", "num"),
-    "storage_usd": ("storage_usd", "num"),
-    "estimated_cost_usd": ("estimated_cost_usd", "num"),
-    "first_admitted_at": ("first_admitted_ts", "num"),
-    "waited_seconds": ("waited_seconds", "num"),
-    "stage_index": ("stage_index", "num"),
-    "stage_records": ("stage_records", "json"),
-}
+# The item is the job's JSON form (`model_dump(mode="json")`), one attribute per field, with
+# what DynamoDB needs: a time (`*_at`) is kept as `*_ts`, which leaves `created_at` to the
+# indexes' sortable timestamp; a field with no value (None) has no attribute; a structured
+# value (the spec, the placement, lists) is kept as JSON text: read whole, never queried, and
+# text avoids DynamoDB's Decimal round-trip of the numbers inside; a flag is a number (0, 1).
 
+
+def _attribute(field_name: str) -> str:
+    return field_name.removesuffix("_at") + "_ts" if field_name.endswith("_at") else field_name
+
+
+def _is_scalar(annotation: Any) -> bool:
+    """Whether a field of this type holds a string, a number or a flag (None aside)."""
+    union = get_origin(annotation) in (Union, types.UnionType)
+    kinds = get_args(annotation) if union else (annotation,)
+    return all(
+        kind is type(None) or (get_origin(kind) is None and issubclass(kind, str | int | float))
+        for kind in kinds
+    )
+
+
+_FIELD_OF_ATTRIBUTE = {_attribute(name): name for name in Job.model_fields}
+_STORED_AS_JSON = frozenset(
+    name for name, field in Job.model_fields.items() if not _is_scalar(field.annotation)
+)
 
 # The placement's instances as a string set, so that a node's report can be checked against
 # them in the condition of the write it causes (`contains`), without reading the job first.
 _HELD = "instance_ids"
 
 
-def _held(placement: Placement | Mapping[str, Any]) -> dict[str, list[str]]:
-    ids = placement.instance_ids if isinstance(placement, Placement) else placement["instance_ids"]
-    return {"SS": sorted(ids)}
+def _held(placement: Mapping[str, Any]) -> dict[str, list[str]]:
+    return {"SS": sorted(placement["instance_ids"])}
 
 
 def iso_timestamp(epoch: float) -> str:
@@ -79,37 +61,34 @@ def iso_timestamp(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _encode(kind: str, value: Any) -> dict[str, str]:
-    if kind == "str":
-        return {"S": str(value)}
-    if kind == "num":
-        return {"N": repr(value) if isinstance(value, float) else str(int(value))}
-    if isinstance(value, JobSpec):
-        # The form intake sized the spec by (`spec_from_mapping`): it fits the item.
-        return {"S": value.stored_form()}
-    if isinstance(value, BaseModel):
-        return {"S": value.model_dump_json()}
-    # Lists of models too (a multi-stage job's stage records).
-    return {"S": json.dumps(to_jsonable_python(value), sort_keys=True)}
+def _encode(field_name: str, value: Any) -> dict[str, str]:
+    """A field's value in its JSON form as an attribute value."""
+    if field_name in _STORED_AS_JSON:
+        return {"S": canonical_json(value)}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, bool):
+        return {"N": str(int(value))}
+    return {"N": repr(value)}  # an int, or a float's shortest exact form
 
 
-def _decode(kind: str, attribute: Mapping[str, str]) -> Any:
-    if kind == "str":
-        return attribute["S"]
-    if kind == "num":
+def _decode(field_name: str, attribute: Mapping[str, str]) -> Any:
+    if "N" in attribute:
         text = attribute["N"]
         return float(text) if any(c in text for c in ".eE") else int(text)
-    return json.loads(attribute["S"])
+    text = attribute["S"]
+    return json.loads(text) if field_name in _STORED_AS_JSON else text
 
 
 def job_to_item(job: Job) -> dict[str, dict[str, Any]]:
-    item: dict[str, dict[str, Any]] = {}
-    for field_name, (attribute, kind) in _FIELDS.items():
-        value = getattr(job, field_name)
+    values = job.model_dump(mode="json", exclude={"spec"})
+    # The form intake sized the spec by (`spec_from_mapping`): it fits the item.
+    item: dict[str, dict[str, Any]] = {"spec": {"S": job.spec.stored_form()}}
+    for field_name, value in values.items():
         if value is not None:
-            item[attribute] = _encode(kind, value)
+            item[_attribute(field_name)] = _encode(field_name, value)
     if job.placement is not None and job.placement.instance_ids:
-        item[_HELD] = _held(job.placement)
+        item[_HELD] = _held(values["placement"])
     # Index keys: status and team partitions sorted by submission time.
     item["team"] = {"S": job.spec.team}
     item["created_at"] = {"S": iso_timestamp(job.created_at)}
@@ -117,13 +96,12 @@ def job_to_item(job: Job) -> dict[str, dict[str, Any]]:
 
 
 def item_to_job(item: Mapping[str, Mapping[str, str]]) -> Job:
-    values: dict[str, Any] = {}
-    for field_name, (attribute, kind) in _FIELDS.items():
-        if attribute in item:
-            values[field_name] = _decode(kind, item[attribute])
-    values["spec"] = JobSpec.model_validate(values["spec"])
-    if "placement" in values:
-        values["placement"] = Placement.model_validate(values["placement"])
+    """The job an item holds; the index keys and the instance set, derived, are left out."""
+    values = {
+        _FIELD_OF_ATTRIBUTE[attribute]: _decode(_FIELD_OF_ATTRIBUTE[attribute], value)
+        for attribute, value in item.items()
+        if attribute in _FIELD_OF_ATTRIBUTE
+    }
     return Job.model_validate(values)
 
 
@@ -164,7 +142,7 @@ class DynamoJobStore:
         job_id: str,
         target: JobStatus,
         now: float,
-        changes: Mapping[str, Any] | None = None,
+        changes: JobChanges | None = None,
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
@@ -174,7 +152,7 @@ class DynamoJobStore:
         if not allowed:
             raise IllegalTransition(job_id, None, target)
         change = StatusChange(
-            job_id, target, frozenset(allowed), now, changes or {}, holding, version
+            job_id, target, frozenset(allowed), now, changes or JobChanges(), holding, version
         )
         try:
             response = self._update(
@@ -189,8 +167,8 @@ class DynamoJobStore:
             raise IllegalTransition(job_id, current.status, target, current) from None
         return item_to_job(response["Attributes"])
 
-    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
-        names, values, expression = _update_expression({**changes, "updated_at": now})
+    def update(self, job_id: str, now: float, changes: JobChanges) -> Job:
+        names, values, expression = _update_expression(changes, updated_at=now)
         try:
             response = self._update(
                 TableName=self._table,
@@ -253,8 +231,9 @@ class DynamoJobStore:
 def transition_write(table: str, change: StatusChange) -> dict[str, Any]:
     """The conditional UpdateItem of a status change: on its own (`transition`), or as one item
     of a transaction that spans the job store and the queue."""
-    updates = {"status": change.target.value, "updated_at": change.now, **change.changes}
-    names, values, expression = _update_expression(updates)
+    names, values, expression = _update_expression(
+        change.changes, status=change.target.value, updated_at=change.now
+    )
     names["#status"] = "status"
     placeholders = []
     for index, source in enumerate(sorted(change.sources)):
@@ -266,7 +245,7 @@ def transition_write(table: str, change: StatusChange) -> dict[str, Any]:
         values[":instance"] = {"S": change.holding}
         condition += " AND contains(#held, :instance)"
     if change.version is not None:
-        values[":version"] = _encode("num", change.version)
+        values[":version"] = _encode("version", change.version)
         condition += " AND #version = :version"
     return {
         "TableName": table,
@@ -279,19 +258,22 @@ def transition_write(table: str, change: StatusChange) -> dict[str, Any]:
 
 
 def _update_expression(
-    updates: Mapping[str, Any],
+    changes: JobChanges, **written: Any
 ) -> tuple[dict[str, str], dict[str, dict[str, Any]], str]:
+    """The update of the fields `changes` sets and of those the store `written` itself (the
+    status, `updated_at`), in their JSON form as the item has them; a field set to None is
+    removed."""
+    updates = {**changes.model_dump(mode="json", include=changes.model_fields_set), **written}
     names: dict[str, str] = {}
     values: dict[str, dict[str, Any]] = {}
     sets: list[str] = []
     removes: list[str] = []
     for index, (field_name, value) in enumerate(updates.items()):
-        attribute, kind = _FIELDS[field_name]
-        names[f"#f{index}"] = attribute
+        names[f"#f{index}"] = _attribute(field_name)
         if value is None:
             removes.append(f"#f{index}")
         else:
-            values[f":v{index}"] = _encode(kind, value)
+            values[f":v{index}"] = _encode(field_name, value)
             sets.append(f"#f{index} = :v{index}")
         if field_name == "placement":  # the instance set follows the placement
             names["#held"] = _HELD

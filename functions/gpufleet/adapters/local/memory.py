@@ -12,7 +12,14 @@ from typing import Any
 
 from gpufleet.domain.config import MetricPolicy, WarmPool
 from gpufleet.domain.history import execution_name, job_of_execution
-from gpufleet.domain.job import ALLOWED_SOURCES, IllegalTransition, Job, JobNotFound, JobStatus
+from gpufleet.domain.job import (
+    ALLOWED_SOURCES,
+    IllegalTransition,
+    Job,
+    JobChanges,
+    JobNotFound,
+    JobStatus,
+)
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import AlarmRule, job_alarm_rules
@@ -72,7 +79,7 @@ class InMemoryJobStore:
         job_id: str,
         target: JobStatus,
         now: float,
-        changes: Mapping[str, Any] | None = None,
+        changes: JobChanges | None = None,
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
@@ -80,7 +87,15 @@ class InMemoryJobStore:
     ) -> Job:
         allowed = ALLOWED_SOURCES[target] if sources is None else sources
         return self.apply(
-            StatusChange(job_id, target, frozenset(allowed), now, changes or {}, holding, version)
+            StatusChange(
+                job_id,
+                target,
+                frozenset(allowed),
+                now,
+                changes or JobChanges(),
+                holding,
+                version,
+            )
         )
 
     def apply(self, change: StatusChange) -> Job:
@@ -96,9 +111,8 @@ class InMemoryJobStore:
             same = change.version is None or job.version == change.version
             if job.status not in change.sources or not held or not same:
                 raise IllegalTransition(change.job_id, job.status, change.target, job)
-            updated = job.model_copy(
+            updated = job.with_changes(change.changes).model_copy(
                 update={
-                    **change.changes,
                     "status": change.target,
                     "updated_at": change.now,
                     "version": job.version + 1,
@@ -107,13 +121,13 @@ class InMemoryJobStore:
             self._jobs[change.job_id] = updated
             return updated
 
-    def update(self, job_id: str, now: float, changes: Mapping[str, Any]) -> Job:
+    def update(self, job_id: str, now: float, changes: JobChanges) -> Job:
         with self._lock:
             if job_id not in self._jobs:
                 raise JobNotFound(job_id)
             job = self._jobs[job_id]
-            updated = job.model_copy(
-                update={**changes, "updated_at": now, "version": job.version + 1}
+            updated = job.with_changes(changes).model_copy(
+                update={"updated_at": now, "version": job.version + 1}
             )
             self._jobs[job_id] = updated
             return updated
