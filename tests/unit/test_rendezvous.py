@@ -16,6 +16,7 @@ from gpufleet.domain.rendezvous import Peer, ends_run, node_environment, rank_of
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.lifecycle_base import run_manifest_key
 from gpufleet.services.run_reports import NodeReport
+from gpufleet.services.workflow_state import WorkflowState
 from tests.helpers import local_ports, plan_of
 from tests.unit.test_services import SETTINGS, submit
 
@@ -156,6 +157,6 @@ def test_a_failed_worker_fails_the_run_of_every_node() -> None:
         service.node_report(reported(job_id, node, "started"))
     service.node_report(reported(job_id, worker, "finished", exit_code=1))
     assert cast(RecordingWorkflow, ports.workflow).completed["t"]["exit_code"] == 1
-    released = service.release(job_id, {"run": {"exit_code": 1}})
+    released = service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 1}}))
     assert set(released["terminated"]) == {main, worker}  # retried as one run
     assert released["requeue"] is True
