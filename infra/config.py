@@ -17,9 +17,9 @@ from typing import Any
 
 from gpufleet import topology
 
-DEFAULT_AMI_SSM_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-)
+_DEFAULT_IMAGES = {image.target: image for image in topology.BOOT_IMAGES}
+# `-c ami_<target>=none` builds no launch template for that target (nothing it boots is chosen).
+NO_IMAGE = "none"
 # Placeholders so that synth works without an account (tests, `make synth`). A deploy with them
 # fails on the security group; app.py warns when they are in use.
 PLACEHOLDER_VPC_ID = "vpc-0123456789abcdef0"
@@ -108,10 +108,20 @@ class GpuFleetConfig:
     log_retention_days: int = 30
     vpc_id: str = PLACEHOLDER_VPC_ID
     subnet_ids: tuple[str, ...] = PLACEHOLDER_SUBNET_IDS
-    ami_ssm_parameter: str = DEFAULT_AMI_SSM_PARAMETER
+    # The image of each boot target (topology.BOOT_IMAGES): a public or private SSM parameter
+    # naming an AMI, or `none`; and its root device (/dev/sda1 on the Ubuntu DLAMIs, /dev/xvda
+    # on Amazon Linux), which the template sizes.
+    ami_x86_64_nvidia: str = _DEFAULT_IMAGES["x86_64-nvidia"].ssm_parameter
+    ami_arm64_nvidia: str = _DEFAULT_IMAGES["arm64-nvidia"].ssm_parameter
+    ami_x86_64_neuron: str = _DEFAULT_IMAGES["x86_64-neuron"].ssm_parameter
+    ami_x86_64_cpu: str = _DEFAULT_IMAGES["x86_64-cpu"].ssm_parameter
+    ami_arm64_cpu: str = _DEFAULT_IMAGES["arm64-cpu"].ssm_parameter
+    root_device_x86_64_nvidia: str = _DEFAULT_IMAGES["x86_64-nvidia"].root_device
+    root_device_arm64_nvidia: str = _DEFAULT_IMAGES["arm64-nvidia"].root_device
+    root_device_x86_64_neuron: str = _DEFAULT_IMAGES["x86_64-neuron"].root_device
+    root_device_x86_64_cpu: str = _DEFAULT_IMAGES["x86_64-cpu"].root_device
+    root_device_arm64_cpu: str = _DEFAULT_IMAGES["arm64-cpu"].root_device
     root_volume_gib: int = 200
-    # Root device of the AMI: /dev/sda1 on the Ubuntu DLAMIs, /dev/xvda on Amazon Linux.
-    root_device_name: str = "/dev/sda1"
     checkpoint_uri: str = ""
     # Multi-node jobs (NCCL, EFA) need all traffic between the job's own instances.
     intra_fleet_traffic: bool = True
@@ -134,6 +144,17 @@ class GpuFleetConfig:
             self.vpc_id == PLACEHOLDER_VPC_ID
             or set(self.subnet_ids) & set(PLACEHOLDER_SUBNET_IDS) != set()
         )
+
+    def boot_images(self) -> list[topology.BootImage]:
+        """The images this deployment boots, one per boot target it has one for."""
+        images = []
+        for target in _DEFAULT_IMAGES:
+            field_name = target.replace("-", "_")
+            parameter = getattr(self, f"ami_{field_name}")
+            if parameter != NO_IMAGE:
+                root_device = getattr(self, f"root_device_{field_name}")
+                images.append(topology.BootImage(target, parameter, root_device))
+        return images
 
     @property
     def checkpoints(self) -> Checkpoints | None:
@@ -219,10 +240,20 @@ class GpuFleetConfig:
         for subnet in self.subnet_ids:
             if not _SUBNET_ID.match(subnet):
                 raise ConfigError(f"subnet id {subnet!r} in subnet_ids is not a subnet id")
-        if not self.ami_ssm_parameter.startswith("/"):
-            raise ConfigError("ami_ssm_parameter must be an SSM parameter path starting with /")
-        if not self.root_device_name.startswith("/dev/"):
-            raise ConfigError("root_device_name must be a device path such as /dev/sda1")
+        for target in _DEFAULT_IMAGES:
+            field_name = target.replace("-", "_")
+            parameter = getattr(self, f"ami_{field_name}")
+            if parameter != NO_IMAGE and not parameter.startswith("/"):
+                raise ConfigError(
+                    f"ami_{field_name} must be an SSM parameter path starting with / or "
+                    f"{NO_IMAGE!r}, got {parameter!r}"
+                )
+            if not getattr(self, f"root_device_{field_name}").startswith("/dev/"):
+                raise ConfigError(
+                    f"root_device_{field_name} must be a device path such as /dev/sda1"
+                )
+        if not self.boot_images():
+            raise ConfigError("every ami_* is 'none': the stack would boot no instance type")
         if not 8 <= self.root_volume_gib <= 16_384:
             raise ConfigError("root_volume_gib must be in [8, 16384]")
         if self.checkpoint_uri and not _S3_URI.match(self.checkpoint_uri):

@@ -75,7 +75,6 @@ class GpuFleetStack(Stack):
             functions=functions.by_id(),
             environment={
                 **functions.environment,
-                topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",
                 topology.ENV_SUBNETS: ",".join(fleet.subnet_ids),
             },
         )
@@ -126,7 +125,8 @@ class GpuFleetStack(Stack):
                 f"{sm_spec.construct_id}Arn",
                 value=workflow.state_machines[sm_spec.construct_id].state_machine_arn,
             )
-        CfnOutput(self, "LaunchTemplateId", value=fleet.launch_template.launch_template_id or "")
+        # The launch templates by key: what the deployment boots (`gpufleet plan --stack`).
+        CfnOutput(self, "LaunchTemplates", value=fleet.launch_templates_value())
         # The subnets the nodes launch into: `gpufleet doctor` checks their routes.
         CfnOutput(self, "SubnetIds", value=",".join(fleet.subnet_ids))
         CfnOutput(self, "AgentLogGroupName", value=fleet.agent_log_group.log_group_name)

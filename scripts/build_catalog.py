@@ -165,6 +165,35 @@ EFA_TYPES = frozenset(
     }
 )
 
+# Network cards and EFA interfaces of the EFA types with more than one network card (every other
+# EFA type has one card and takes one EFA), transcribed from EC2 DescribeInstanceTypes
+# (`NetworkInfo.MaximumNetworkCards`, `NetworkInfo.EfaInfo.MaximumEfaInterfaces`) as moto 5.2.5
+# bundles it (moto/ec2/resources/instance_types.json.gz, a snapshot of the AWS API), checked
+# 2026-12-02. p6e-gb200.36xlarge is not in that snapshot: recorded with one card (it has no
+# Linux price, so no offering, and is never selected).
+NETWORK_CARDS: dict[str, tuple[int, int]] = {
+    "g6e.24xlarge": (2, 2),
+    "g6e.48xlarge": (4, 4),
+    "p4d.24xlarge": (4, 4),
+    "p4de.24xlarge": (4, 4),
+    "p5.48xlarge": (32, 32),
+    "p5e.48xlarge": (32, 32),
+    "p5en.48xlarge": (16, 16),
+    "p6-b200.48xlarge": (8, 8),
+    "p6-b300.48xlarge": (17, 16),  # card 0 carries the ENA only
+    "trn1.32xlarge": (8, 8),
+    "trn1n.32xlarge": (16, 16),
+    "trn2.48xlarge": (16, 16),
+}
+
+
+def _network(name: str, efa: bool) -> dict[str, int]:
+    cards, efa_interfaces = NETWORK_CARDS.get(name, (1, 1))
+    if not efa and name in NETWORK_CARDS:
+        raise SystemExit(f"{name}: NETWORK_CARDS names a type without EFA")
+    return {"network_cards": cards, "efa_interfaces": efa_interfaces if efa else 0}
+
+
 _FRACTIONAL_REASON = (
     "vantage gives a fractional GPU count ({count}) and its CSV flattening a per-device memory "
     "of 24 GiB; the instance gets a {share} slice of one L4 with {mem} GiB. Recorded as 0 whole "
@@ -229,6 +258,7 @@ def _gpu_types(
             "memory_gib": float(rec["memory"]),
             "arch": arch[0],
             "efa": name in EFA_TYPES,
+            **_network(name, name in EFA_TYPES),
         }
         if count != int(count):
             entry["gpus"] = 0
@@ -271,6 +301,7 @@ def _cpu_types(rows: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
             "memory_gib": float(row["MemoryGiB"]),
             "arch": row["Arch"],
             "efa": False,
+            **_network(name, False),
         }
         if types.setdefault(name, entry) != entry:
             raise SystemExit(f"{name}: inconsistent specs across AZ rows")
@@ -357,6 +388,18 @@ def build(data: Path) -> dict[str, Any]:
             "fields": {"region": ["local/Wavelength zone", "excluded"]},
             "reason": "local zones and Wavelength zones need opt-in and special subnets and are "
             "not used for training; excluded: " + ", ".join(sorted(dropped_local)),
+        }
+    )
+    corrections.append(
+        {
+            "instance_type": "*",
+            "fields": {
+                "network_cards": [None, "EC2 DescribeInstanceTypes"],
+                "efa_interfaces": [None, "EC2 DescribeInstanceTypes"],
+            },
+            "reason": "no price source has network cards: transcribed from EC2 "
+            "DescribeInstanceTypes (MaximumNetworkCards, EfaInfo.MaximumEfaInterfaces) as moto "
+            "5.2.5 bundles it; one card and one EFA for every other EFA type",
         }
     )
     corrections.append(

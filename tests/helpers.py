@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memory_ports
+from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.job import Job
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.ports import JobStore, Ports
@@ -45,6 +46,8 @@ def make_settings(**changes: object) -> Settings:
         "queue_table": "queue",
         "event_bus_name": "gpufleet",
         "intake_bucket": "bucket",
+        # A deployment with the stack's default images: one plain template per boot target.
+        "launch_templates": {t.name: f"lt-{t.name}" for t in STOCK_TARGETS},
         **changes,
     }
     return Settings.model_validate(values)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet import topology
+from gpufleet.domain.boot import BootTarget, TemplateKey
 from gpufleet.domain.config import FleetConfig, config_from_env
 
 
@@ -21,8 +22,8 @@ class Settings(BaseModel):
     event_bus_name: str
     intake_bucket: str
     job_state_machine_arn: str = ""
-    launch_template_id: str = ""
-    efa_launch_template_id: str = ""  # multi-node jobs on EFA types launch from this one
+    # Launch template id by template key (gpufleet.domain.boot.TemplateKey.name).
+    launch_templates: dict[str, str] = Field(default_factory=dict)
     notify_topic_arn: str = ""
     subnet_ids: list[str] = Field(default_factory=list)
     config: FleetConfig = Field(default_factory=FleetConfig)
@@ -45,6 +46,11 @@ class Settings(BaseModel):
     # Each node's root EBS volume (the stack's `root_volume_gib`), priced into every run.
     root_volume_gib: int = 200
 
+    @property
+    def bootable(self) -> frozenset[BootTarget]:
+        """What the deployment's launch templates boot: selection's and intake's limit."""
+        return frozenset(TemplateKey.parse(key).target for key in self.launch_templates)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         return cls(
@@ -56,8 +62,9 @@ class Settings(BaseModel):
             event_bus_name=env[topology.ENV_EVENT_BUS],
             intake_bucket=env[topology.ENV_INTAKE_BUCKET],
             job_state_machine_arn=env.get(topology.ENV_STATE_MACHINE, ""),
-            launch_template_id=env.get(topology.ENV_LAUNCH_TEMPLATE, ""),
-            efa_launch_template_id=env.get(topology.ENV_EFA_LAUNCH_TEMPLATE, ""),
+            launch_templates=topology.parse_launch_templates(
+                env.get(topology.ENV_LAUNCH_TEMPLATES, "")
+            ),
             notify_topic_arn=env.get(topology.ENV_NOTIFY_TOPIC, ""),
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             config=config_from_env(env.get(topology.ENV_CONFIG)),

@@ -43,6 +43,64 @@ TAG_JOB_ID = "gpufleet:job-id"
 # tags a resource the launch does not create: `spot-instances-request` would fail every launch
 # that makes no Spot request (on-demand, reservations), so spot requests are not tagged.
 TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface")
+
+
+@dataclass(frozen=True)
+class BootImage:
+    """The image a boot target's launch templates start from: a public SSM parameter (resolved
+    at deploy), and the image's root device (the template sizes the root volume by its name)."""
+
+    target: str  # gpufleet.domain.boot.BootTarget name: ARCH-FAMILY
+    ssm_parameter: str
+    root_device: str
+
+
+# The stack's images by default, one per boot target (docs/deploy.md: `-c ami_<target>=...`
+# overrides one, `none` builds no template for it). The NVIDIA ones are the Deep Learning Base
+# OSS Nvidia Driver GPU AMIs (DLAMI release notes, "SSM parameter"), the Neuron one the Neuron
+# multi-framework DLAMI (Neuron DLAMI User Guide, "SSM parameters"), the CPU-only ones Amazon
+# Linux 2023 (EC2 User Guide, "public parameters"; the boot script installs Docker on it).
+BOOT_IMAGES: tuple[BootImage, ...] = (
+    BootImage(
+        "x86_64-nvidia",
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+        "/dev/sda1",
+    ),
+    BootImage(
+        "arm64-nvidia",
+        "/aws/service/deeplearning/ami/arm64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+        "/dev/sda1",
+    ),
+    BootImage(
+        "x86_64-neuron",
+        "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id",
+        "/dev/sda1",
+    ),
+    BootImage(
+        "x86_64-cpu",
+        "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
+        "/dev/xvda",
+    ),
+    BootImage(
+        "arm64-cpu",
+        "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64",
+        "/dev/xvda",
+    ),
+)
+
+
+def launch_templates_value(templates: dict[str, str]) -> str:
+    """ENV_LAUNCH_TEMPLATES's value for {template key: launch template id}."""
+    return ",".join(f"{key}={templates[key]}" for key in sorted(templates))
+
+
+def parse_launch_templates(value: str) -> dict[str, str]:
+    pairs = [item.partition("=") for item in value.split(",") if item]
+    if any(not key or not template for key, _, template in pairs):
+        raise ValueError(f"{ENV_LAUNCH_TEMPLATES} must be KEY=lt-...,KEY=lt-..., not {value!r}")
+    return {key: template for key, _, template in pairs}
+
+
 # Warm-pool instances: "true" while idle, "claimed" once a launch took one (it then has a job).
 TAG_WARM = "gpufleet:warm"
 WARM_IDLE = "true"
@@ -357,31 +415,30 @@ def execution_arn(state_machine_arn: str, name: str) -> str:
 ENV_EVENT_BUS = "EVENT_BUS_NAME"
 ENV_STATE_MACHINE = "JOB_STATE_MACHINE_ARN"
 ENV_INTAKE_BUCKET = "INTAKE_BUCKET"
-ENV_LAUNCH_TEMPLATE = "LAUNCH_TEMPLATE_ID"
+# The stack's launch templates, `KEY=lt-...` comma-separated, one per boot target and EFA width
+# (gpufleet.domain.boot.TemplateKey names: `x86_64-nvidia`, `x86_64-nvidia-efa32`): the keys are
+# also what the deployment can boot, which selection and intake hold every job to.
+ENV_LAUNCH_TEMPLATES = "LAUNCH_TEMPLATES"
 ENV_SUBNETS = "SUBNET_IDS"
 ENV_CONFIG = "GPUFLEET_CONFIG"  # the validated policy config (gpufleet.yaml) as compact JSON
 ENV_NOTIFY_TOPIC = "NOTIFY_TOPIC_ARN"  # SNS topic for alerts people must see
 # Optional: each node's root volume size in GiB, for storage cost (default 200, as the stack).
 ENV_ROOT_VOLUME = "GPUFLEET_ROOT_VOLUME_GIB"
-# The launch template with an EFA network interface, for multi-node jobs on EFA types.
-ENV_EFA_LAUNCH_TEMPLATE = "EFA_LAUNCH_TEMPLATE_ID"
 COMMON_ENV: tuple[str, ...] = (
     *(table.env_var for table in TABLES),
     ENV_EVENT_BUS,
     ENV_INTAKE_BUCKET,
     ENV_CONFIG,
+    # Every function that plans (intake, Requeue, Launch, the reconciler's requeues) selects
+    # only what the templates boot.
+    ENV_LAUNCH_TEMPLATES,
 )
 EXTRA_ENV: dict[str, tuple[str, ...]] = {
     INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),
     INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE,),
-    LAUNCH.construct_id: (
-        ENV_LAUNCH_TEMPLATE,
-        ENV_SUBNETS,
-        ENV_EFA_LAUNCH_TEMPLATE,
-        ENV_ROOT_VOLUME,
-    ),
+    LAUNCH.construct_id: (ENV_SUBNETS, ENV_ROOT_VOLUME),
     # The reconciler launches the warm pool's instances, and looks for lifecycles that ended.
-    RECONCILE.construct_id: (ENV_LAUNCH_TEMPLATE, ENV_SUBNETS, ENV_STATE_MACHINE),
+    RECONCILE.construct_id: (ENV_SUBNETS, ENV_STATE_MACHINE),
     WORKFLOW_ENDED.construct_id: (ENV_STATE_MACHINE,),
     # Past its execution's budget, a requeued job continues in a new execution.
     REQUEUE.construct_id: (ENV_STATE_MACHINE,),
@@ -417,7 +474,7 @@ STACK_OUTPUTS: dict[str, str] = {
     "EventBusName": ENV_EVENT_BUS,
     "IntakeBucketName": ENV_INTAKE_BUCKET,
     f"{JOB_LIFECYCLE.construct_id}Arn": ENV_STATE_MACHINE,
-    "LaunchTemplateId": ENV_LAUNCH_TEMPLATE,
+    "LaunchTemplates": ENV_LAUNCH_TEMPLATES,
     "SubnetIds": ENV_SUBNETS,
     "AlertsTopicArn": ENV_NOTIFY_TOPIC,
     "AgentLogGroupName": ENV_AGENT_LOG_GROUP,

@@ -1,8 +1,11 @@
-"""What the GPU nodes run with: network, instance role and profile, launch templates, agent.
+"""What the nodes run with: network, instance role and profile, launch templates, agent.
 
-Two launch templates, alike but for the network interface: the plain one (one ENA interface) and
-one whose interface is an EFA, for multi-node jobs on instance types that have EFA (the Launch
-function picks it per instance type; CreateFleet overrides cannot name network interfaces).
+One launch template per `gpufleet.domain.boot.TemplateKey` of the configured images: per boot
+target (architecture and accelerator family: its image, from an SSM parameter resolved at
+deploy) and EFA width (the plain one with one ENA; for multi-node jobs on EFA types one EFA
+per network card that carries EFA). The Launch function picks the template per instance type
+and node count (CreateFleet overrides cannot name network interfaces). What no template boots
+is never selected: the keys, in every function's environment, say what the deployment boots.
 
 Job data never reaches the user data: the script below is fixed per deployment (bus, bucket,
 log group, agent code location). The node agent finds its job at run time from its own instance
@@ -24,6 +27,8 @@ from aws_cdk import aws_s3_assets as s3_assets
 
 from constructs import Construct
 from gpufleet import topology
+from gpufleet.domain.boot import BootTarget, EfaWidth, network_interfaces, template_keys
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import FleetConfig
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
@@ -103,10 +108,6 @@ class Fleet(Construct):
         self._grant_instance_role(config, bus, bucket, agent_code)
         grant_node_access(self, self.instance_role, self.security_group, fleet_config)
 
-        self.image = ec2.MachineImage.from_ssm_parameter(
-            config.ami_ssm_parameter, os=ec2.OperatingSystemType.LINUX
-        )
-        self.image_id = self.image.get_image(self).image_id
         user_data = ec2.UserData.for_linux()
         user_data.add_commands(
             *_agent_bootstrap(
@@ -120,10 +121,28 @@ class Fleet(Construct):
             )
         )
         profile = iam.InstanceProfile(self, "InstanceProfile", role=self.instance_role)
-        self.launch_template = self._launch_template("LaunchTemplate", config, user_data, profile)
-        self.efa_launch_template = self._launch_template(
-            "EfaLaunchTemplate", config, user_data, profile, efa=True
-        )
+        images = config.boot_images()
+        self.images = {
+            image.target: ec2.MachineImage.from_ssm_parameter(
+                image.ssm_parameter, os=ec2.OperatingSystemType.LINUX
+            )
+            for image in images
+        }
+        self.image_ids = [self.images[i.target].get_image(self).image_id for i in images]
+        bootable = frozenset(BootTarget.parse(image.target) for image in images)
+        root_device = {image.target: image.root_device for image in images}
+        self.launch_templates: dict[str, ec2.LaunchTemplate] = {
+            key.name: self._launch_template(
+                "LaunchTemplate" + "".join(part.capitalize() for part in key.name.split("-")),
+                config,
+                user_data,
+                profile,
+                image=self.images[key.target.name],
+                root_device=root_device[key.target.name],
+                efa=key.efa,
+            )
+            for key in template_keys(load_bundled().instance_types(), bootable)
+        }
 
     def _launch_template(
         self,
@@ -132,15 +151,17 @@ class Fleet(Construct):
         user_data: ec2.UserData,
         profile: iam.IInstanceProfile,
         *,
-        efa: bool = False,
+        image: ec2.IMachineImage,
+        root_device: str,
+        efa: EfaWidth | None,
     ) -> ec2.LaunchTemplate:
         template = ec2.LaunchTemplate(
             self,
             construct_id,
-            machine_image=self.image,
+            machine_image=image,
             user_data=user_data,
             instance_profile=profile,
-            # An EFA template names its security group on the interface (EC2 refuses both).
+            # An EFA template names its security group on the interfaces (EC2 refuses both).
             security_group=None if efa else self.security_group,
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
@@ -150,7 +171,7 @@ class Fleet(Construct):
             ebs_optimized=True,
             block_devices=[
                 ec2.BlockDevice(
-                    device_name=config.root_device_name,
+                    device_name=root_device,
                     volume=ec2.BlockDeviceVolume.ebs(
                         config.root_volume_gib,
                         volume_type=ec2.EbsDeviceVolumeType.GP3,
@@ -169,22 +190,20 @@ class Fleet(Construct):
                 for kind in topology.TAGGED_AT_LAUNCH
             ],
         )
-        if efa:
-            # One EFA (with its ENA device) as the primary interface; the subnet comes from the
-            # fleet's override. Types with several network cards could take one EFA per card.
+        if efa is not None:
+            # One interface per network card, EFA on each that carries it; the subnet comes
+            # from the fleet's override.
             cfn_template.add_property_override(
                 "LaunchTemplateData.NetworkInterfaces",
-                [
-                    {
-                        "DeviceIndex": 0,
-                        "NetworkCardIndex": 0,
-                        "InterfaceType": "efa",
-                        "Groups": [self.security_group.security_group_id],
-                        "DeleteOnTermination": True,
-                    }
-                ],
+                network_interfaces(efa, self.security_group.security_group_id),
             )
         return template
+
+    def launch_templates_value(self) -> str:
+        """ENV_LAUNCH_TEMPLATES: every template's id by key."""
+        return topology.launch_templates_value(
+            {key: t.launch_template_id or "" for key, t in self.launch_templates.items()}
+        )
 
     # ARNs the Launch function's policy names -------------------------------------------------
     def arn(self, resource: str, name: str, *, account: bool = True) -> str:
@@ -199,15 +218,15 @@ class Fleet(Construct):
     def launch_template_arns(self) -> list[str]:
         return [
             self.arn("launch-template", template.launch_template_id or "")
-            for template in (self.launch_template, self.efa_launch_template)
+            for template in self.launch_templates.values()
         ]
 
     def existing_resource_arns(self) -> list[str]:
-        """What a launch uses but does not create: templates, subnets, security group, AMI."""
+        """What a launch uses but does not create: templates, subnets, security group, AMIs."""
         return [
             *self.launch_template_arns(),
             self.arn("security-group", self.security_group.security_group_id),
-            self.arn("image", self.image_id, account=False),
+            *(self.arn("image", image_id, account=False) for image_id in self.image_ids),
             *(self.arn("subnet", subnet) for subnet in self.subnet_ids),
         ]
 
@@ -385,6 +404,12 @@ def _agent_bootstrap(
         f"  python3 -m venv {venv}",
         f"  {venv}/bin/pip install --quiet --disable-pip-version-check {packages}",
         f"  ln -sf {venv}/bin/python3 {python}",
+        "fi",
+        # The CPU-only image (Amazon Linux 2023) has no Docker; the DLAMIs have it.
+        "if ! command -v docker >/dev/null; then",
+        "  if command -v dnf >/dev/null; then dnf install -y -q docker; "
+        "else apt-get update -q && apt-get install -y -q docker.io; fi",
+        "  systemctl enable --now docker",
         "fi",
         f"{python} - <<'PY'",
         "import boto3, zipfile",

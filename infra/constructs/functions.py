@@ -261,10 +261,9 @@ class Functions(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": "GpuFleet",
             "LOG_LEVEL": config.log_level.upper(),
             topology.ENV_CONFIG: config_to_env(fleet_config),
+            topology.ENV_LAUNCH_TEMPLATES: fleet.launch_templates_value(),
         }
         launch_environment = {
-            topology.ENV_LAUNCH_TEMPLATE: fleet.launch_template.launch_template_id or "",
-            topology.ENV_EFA_LAUNCH_TEMPLATE: fleet.efa_launch_template.launch_template_id or "",
             topology.ENV_SUBNETS: ",".join(fleet.subnet_ids),
             topology.ENV_ROOT_VOLUME: str(config.root_volume_gib),
         }

@@ -72,7 +72,11 @@ class Synth:
 
     def statements_of_role(self, role_id: str) -> list[dict[str, Any]]:
         statements: list[dict[str, Any]] = []
-        for policy in self.of_type("AWS::IAM::Policy").values():
+        # CDK moves what exceeds a role's inline policy size into customer managed policies
+        # attached to the role (OverflowPolicy): those are the role's too.
+        policies = [*self.of_type("AWS::IAM::Policy").values()]
+        policies += self.of_type("AWS::IAM::ManagedPolicy").values()
+        for policy in policies:
             if {"Ref": role_id} in policy["Properties"].get("Roles", []):
                 statements += _listify(policy["Properties"]["PolicyDocument"]["Statement"])
         for inline in self.props(role_id).get("Policies", []):
@@ -94,6 +98,18 @@ class Synth:
         value = self.function_env(topology.ENQUEUE.construct_id)[env_var]
         logical_id: str = value["Ref"]
         return logical_id
+
+    def launch_template_ids(self) -> dict[str, str]:
+        """The launch templates every function gets (ENV_LAUNCH_TEMPLATES): logical id by
+        template key."""
+        env = self.function_env(topology.LAUNCH.construct_id)
+        templates, key = {}, ""
+        for part in env[topology.ENV_LAUNCH_TEMPLATES]["Fn::Join"][1]:
+            if isinstance(part, str):
+                key = part.lstrip(",").removesuffix("=")
+            else:
+                templates[key] = part["Ref"]
+        return templates
 
     # -- helpers, reachable from the fixture so test modules never import conftest ---------------
     @staticmethod

@@ -14,7 +14,7 @@ from tests.infrastructure.conftest import Synth
 from gpufleet import topology
 from gpufleet.adapters.aws.fleet import Ec2Fleet
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
-from gpufleet.emulator.account import AMI_ID, Account, embedded_account
+from gpufleet.emulator.account import AMI_BY_ARCH, Account, embedded_account
 from gpufleet.settings import Settings
 
 
@@ -104,12 +104,14 @@ def test_functions_match_handlers_and_deployment_variables(synth: Synth, account
                 **dict.fromkeys(template_env, "x"),
                 topology.ENV_CONFIG: "{}",
                 topology.ENV_ROOT_VOLUME: template_env.get(topology.ENV_ROOT_VOLUME, "200"),
+                topology.ENV_LAUNCH_TEMPLATES: "x86_64-nvidia=lt-0",
             }
         )
         if topology.ENV_STATE_MACHINE in topology.environment_of(function):
             assert settings.job_state_machine_arn
-        if topology.ENV_LAUNCH_TEMPLATE in topology.environment_of(function):
-            assert settings.launch_template_id and settings.subnet_ids
+        assert settings.bootable  # every function plans only what the templates boot
+        if topology.ENV_SUBNETS in topology.environment_of(function):
+            assert settings.subnet_ids
 
 
 @pytest.mark.parametrize("machine", topology.STATE_MACHINES, ids=lambda m: m.construct_id)
@@ -154,22 +156,22 @@ def _template_tags(data: dict[str, Any]) -> list[tuple[str, list[Any]]]:
     return sorted((spec["ResourceType"], spec["Tags"]) for spec in data["TagSpecifications"])
 
 
-@pytest.mark.parametrize(
-    "env_var", [topology.ENV_LAUNCH_TEMPLATE, topology.ENV_EFA_LAUNCH_TEMPLATE]
-)
+@pytest.mark.parametrize("key", ["x86_64-nvidia", "x86_64-nvidia-efa4"])
 def test_the_launch_templates_tag_alike_and_launch_every_capacity_type(
-    synth: Synth, account: Account, env_var: str
+    synth: Synth, account: Account, key: str
 ) -> None:
-    stack_template = synth.function_env(topology.LAUNCH.construct_id)[env_var]["Ref"]
-    deployed = synth.props(stack_template)["LaunchTemplateData"]
+    deployed = synth.props(synth.launch_template_ids()[key])["LaunchTemplateData"]
     ec2 = account.client("ec2")
     # EC2 fails a launch whose template tags what the launch does not create (spot requests on
     # an on-demand or reserved launch): the deployed tags must suit every capacity type.
     tagged_as_deployed = ec2.create_launch_template(
-        LaunchTemplateName=f"deployed-tags-{env_var.lower()}",
-        LaunchTemplateData={"ImageId": AMI_ID, "TagSpecifications": deployed["TagSpecifications"]},
+        LaunchTemplateName=f"deployed-tags-{key}",
+        LaunchTemplateData={
+            "ImageId": AMI_BY_ARCH["x86_64"],
+            "TagSpecifications": deployed["TagSpecifications"],
+        },
     )["LaunchTemplate"]["LaunchTemplateId"]
-    fleet = Ec2Fleet(ec2, tagged_as_deployed, account.subnet_ids)
+    fleet = Ec2Fleet(ec2, {"x86_64-nvidia": tagged_as_deployed}, account.subnet_ids)
     for capacity in CapacityType:
         result = fleet.launch(
             LaunchRequest(
@@ -182,7 +184,26 @@ def test_the_launch_templates_tag_alike_and_launch_every_capacity_type(
         )
         assert result.launched, result.errors
     # And the emulator's templates tag alike, so what the tests launch is what deploys.
-    [live] = ec2.describe_launch_template_versions(LaunchTemplateId=account.environment()[env_var])[
+    [live] = ec2.describe_launch_template_versions(LaunchTemplateId=account.launch_templates[key])[
         "LaunchTemplateVersions"
     ]
     assert _template_tags(live["LaunchTemplateData"]) == _template_tags(deployed)
+
+
+def _interfaces(data: dict[str, Any]) -> list[tuple[int, int, str]]:
+    return [
+        (i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"])
+        for i in data.get("NetworkInterfaces", [])
+    ]
+
+
+def test_the_emulator_has_the_stacks_launch_templates(synth: Synth, account: Account) -> None:
+    deployed = synth.launch_template_ids()
+    assert set(account.launch_templates) == set(deployed)
+    ec2 = account.client("ec2")
+    for key, logical_id in deployed.items():
+        [live] = ec2.describe_launch_template_versions(
+            LaunchTemplateId=account.launch_templates[key]
+        )["LaunchTemplateVersions"]
+        data = synth.props(logical_id)["LaunchTemplateData"]
+        assert _interfaces(live["LaunchTemplateData"]) == _interfaces(data), key

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from aws_cdk.assertions import Template
+from infra.app import build_app
 from infra.config import (
-    DEFAULT_AMI_SSM_PARAMETER,
     PLACEHOLDER_SUBNET_IDS,
     ConfigError,
     GpuFleetConfig,
@@ -19,6 +20,8 @@ from infra.constructs.functions import PERMISSIONS, STARTS_WORKFLOW, Permission
 from infra.stack import STACK_NAME
 
 from gpufleet import topology
+from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, template_keys
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import config_from_env
 from gpufleet.emulator.account import repository_config
 
@@ -142,6 +145,7 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
         topology.ENV_EVENT_BUS,
         topology.ENV_INTAKE_BUCKET,
         topology.ENV_CONFIG,
+        topology.ENV_LAUNCH_TEMPLATES,
         "POWERTOOLS_SERVICE_NAME",
         "POWERTOOLS_METRICS_NAMESPACE",
         "LOG_LEVEL",
@@ -168,8 +172,6 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
         assert parts[-1] == f":stateMachine:{machine['Properties']['StateMachineName']}"
     if topology.ENV_SUBNETS in env:
         assert env[topology.ENV_SUBNETS] == ",".join(PLACEHOLDER_SUBNET_IDS)
-        lt = env[topology.ENV_LAUNCH_TEMPLATE]["Ref"]
-        assert synth.resources[lt]["Type"] == "AWS::EC2::LaunchTemplate"
 
 
 def test_each_function_has_its_own_role(synth: Synth) -> None:
@@ -572,45 +574,127 @@ def test_permission_table_matches_handlers() -> None:
 # -- fleet ---------------------------------------------------------------------------------------
 
 
-TEMPLATES = (topology.ENV_LAUNCH_TEMPLATE, topology.ENV_EFA_LAUNCH_TEMPLATE)
-
-
-def _launch_template(synth: Synth, env_var: str = topology.ENV_LAUNCH_TEMPLATE) -> dict[str, Any]:
-    """The data of the launch template the Launch function gets in `env_var`."""
-    template = synth.function_env(topology.LAUNCH.construct_id)[env_var]["Ref"]
-    data: dict[str, Any] = synth.props(template)["LaunchTemplateData"]
+def _launch_template(synth: Synth, key: str = "x86_64-nvidia") -> dict[str, Any]:
+    """The data of the launch template of `key` (a boot.TemplateKey name)."""
+    data: dict[str, Any] = synth.props(synth.launch_template_ids()[key])["LaunchTemplateData"]
     return data
 
 
-def test_the_launch_templates_are_the_two_the_launch_function_uses(synth: Synth) -> None:
-    launch_env = synth.function_env(topology.LAUNCH.construct_id)
-    used = {launch_env[name]["Ref"] for name in TEMPLATES}
-    assert used == set(synth.of_type("AWS::EC2::LaunchTemplate"))
+TEMPLATES = ("x86_64-nvidia", "x86_64-nvidia-efa32", "arm64-cpu", "x86_64-neuron-efa8")
 
 
-def test_the_efa_template_is_the_plain_one_with_an_efa_interface(synth: Synth) -> None:
-    plain = _launch_template(synth)
-    efa = _launch_template(synth, topology.ENV_EFA_LAUNCH_TEMPLATE)
-    [interface] = efa["NetworkInterfaces"]
-    assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
-    assert "SubnetId" not in interface  # each CreateFleet override names the subnet
-    # Security groups go on the interface: EC2 refuses them at the top level as well.
-    assert interface["Groups"] == plain["SecurityGroupIds"] and "SecurityGroupIds" not in efa
+def test_every_function_gets_one_template_per_boot_target_and_efa_width(synth: Synth) -> None:
+    templates = synth.launch_template_ids()
+    assert set(templates.values()) == set(synth.of_type("AWS::EC2::LaunchTemplate"))
+    expected = template_keys(load_bundled().instance_types(), STOCK_TARGETS)
+    assert sorted(templates) == sorted(k.name for k in expected)
+    for function in topology.FUNCTIONS:
+        env = synth.function_env(function.construct_id)
+        assert (
+            env[topology.ENV_LAUNCH_TEMPLATES]
+            == synth.function_env(topology.LAUNCH.construct_id)[topology.ENV_LAUNCH_TEMPLATES]
+        )
+
+
+@pytest.mark.parametrize(
+    ("key", "cards", "primary"),
+    [
+        ("x86_64-nvidia-efa1", 1, "efa"),
+        ("x86_64-nvidia-efa4", 4, "efa"),
+        ("x86_64-nvidia-efa32", 32, "efa"),
+        ("x86_64-nvidia-efa16of17", 17, "interface"),
+        ("x86_64-neuron-efa16", 16, "efa"),
+    ],
+)
+def test_an_efa_template_is_the_plain_one_with_one_interface_per_network_card(
+    synth: Synth, key: str, cards: int, primary: str
+) -> None:
+    plain = _launch_template(synth, key.rsplit("-", 1)[0])
+    efa = _launch_template(synth, key)
+    interfaces = efa["NetworkInterfaces"]
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(cards))
+    assert {i["DeviceIndex"] for i in interfaces} == {0}
+    assert interfaces[0]["InterfaceType"] == primary
+    assert {i["InterfaceType"] for i in interfaces[1:]} <= {"efa-only"}
+    for interface in interfaces:
+        assert "SubnetId" not in interface  # each CreateFleet override names the subnet
+        # Security groups go on the interfaces: EC2 refuses them at the top level as well.
+        assert interface["Groups"] == plain["SecurityGroupIds"]
+    assert "SecurityGroupIds" not in efa
     assert {k: v for k, v in efa.items() if k != "NetworkInterfaces"} == {
         k: v for k, v in plain.items() if k != "SecurityGroupIds"
     }
 
 
-@pytest.mark.parametrize("env_var", TEMPLATES)
-def test_launch_template_hardening(synth: Synth, env_var: str) -> None:
-    data = _launch_template(synth, env_var)
+@pytest.mark.parametrize(
+    ("key", "parameter", "root_device"),
+    [
+        (
+            "x86_64-nvidia",
+            "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/"
+            "latest/ami-id",
+            "/dev/sda1",
+        ),
+        (
+            "arm64-nvidia",
+            "/aws/service/deeplearning/ami/arm64/base-oss-nvidia-driver-gpu-ubuntu-22.04/"
+            "latest/ami-id",
+            "/dev/sda1",
+        ),
+        (
+            "x86_64-neuron",
+            "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id",
+            "/dev/sda1",
+        ),
+        (
+            "x86_64-cpu",
+            "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
+            "/dev/xvda",
+        ),
+        (
+            "arm64-cpu",
+            "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64",
+            "/dev/xvda",
+        ),
+    ],
+)
+def test_each_boot_target_boots_its_image_from_a_public_ssm_parameter(
+    synth: Synth, key: str, parameter: str, root_device: str
+) -> None:
+    data = _launch_template(synth, key)
+    image = synth.doc["Parameters"][data["ImageId"]["Ref"]]
+    assert image["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert image["Default"] == parameter
+    (root,) = data["BlockDeviceMappings"]
+    assert root["DeviceName"] == root_device
+
+
+def test_an_image_overridden_at_deploy_or_none_changes_the_templates(tmp_path: Path) -> None:
+    custom = "/my/images/arm-gpu"
+    _, stack = build_app({"ami_arm64_nvidia": custom, "ami_x86_64_neuron": "none"}, str(tmp_path))
+    doc = Template.from_stack(stack).to_json()
+    images = {p["Default"] for p in doc["Parameters"].values() if "Image::Id" in p["Type"]}
+    assert custom in images and not any("/neuron/" in i for i in images)
+    without_neuron = STOCK_TARGETS - {BootTarget("x86_64", "neuron")}
+    expected = template_keys(load_bundled().instance_types(), without_neuron)
+    templates = [r for r in doc["Resources"].values() if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    assert len(templates) == len(expected)
+    with pytest.raises(ConfigError, match="ami_arm64_cpu must be an SSM parameter path"):
+        GpuFleetConfig.from_context({"ami_arm64_cpu": "ami-0123"})
+    nothing = {f"ami_{image.target.replace('-', '_')}": "none" for image in topology.BOOT_IMAGES}
+    with pytest.raises(ConfigError, match="would boot no instance type"):
+        GpuFleetConfig.from_context(nothing)
+
+
+@pytest.mark.parametrize("key", TEMPLATES)
+def test_launch_template_hardening(synth: Synth, key: str) -> None:
+    data = _launch_template(synth, key)
     assert data["MetadataOptions"] == {
         "HttpTokens": "required",
         "HttpPutResponseHopLimit": 2,
         "InstanceMetadataTags": "enabled",
     }
     (root,) = data["BlockDeviceMappings"]
-    assert root["DeviceName"] == "/dev/sda1"
     assert root["Ebs"] == {
         "DeleteOnTermination": True,
         "Encrypted": True,
@@ -638,13 +722,6 @@ def test_the_launch_role_tags_at_creation_exactly_what_launches_tag(synth: Synth
     assert kinds == {"fleet", "instance", "placement-group"} | templates
     # A template tagging spot requests fails every launch that makes none (on-demand, reserved).
     assert "spot-instances-request" not in kinds
-
-
-def test_ami_comes_from_the_public_ssm_parameter(synth: Synth) -> None:
-    image = _launch_template(synth)["ImageId"]["Ref"]
-    parameter = synth.doc["Parameters"][image]
-    assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-    assert parameter["Default"] == DEFAULT_AMI_SSM_PARAMETER
 
 
 def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
@@ -768,7 +845,7 @@ def test_instance_role(synth: Synth) -> None:
 
 def test_outputs(synth: Synth) -> None:
     outputs = set(synth.doc["Outputs"])
-    assert {"IntakeBucketName", "EventBusName", "LaunchTemplateId"} <= outputs
+    assert {"IntakeBucketName", "EventBusName", "LaunchTemplates"} <= outputs
     assert {f"{t.construct_id}Name" for t in topology.TABLES} <= outputs
     assert {f"{s.construct_id}Arn" for s in topology.STATE_MACHINES} <= outputs
 
@@ -848,8 +925,9 @@ def test_synth_refuses_an_unknown_key_with_exit_2(capsys: pytest.CaptureFixture[
 
 def test_every_context_key_is_in_the_deploy_guide() -> None:
     guide = (ROOT / "docs" / "deploy.md").read_text()
-    table = set(re.findall(r"^\| `(\w+)`", guide, flags=re.MULTILINE))
-    table |= set(re.findall(r"^\| `\w+` / `(\w+)`", guide, flags=re.MULTILINE))
+    # A row's first cell names one key or several: `a` / `b` / ...
+    first_cells = re.findall(r"^\| (`\w+`(?: / `\w+`)*) \|", guide, flags=re.MULTILINE)
+    table = {key for cell in first_cells for key in re.findall(r"`(\w+)`", cell)}
     assert {f.name for f in fields(GpuFleetConfig)} <= table
 
 

@@ -13,6 +13,7 @@ import pytest
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.emulator.account import Account, embedded_account
+from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.topology import (
@@ -29,7 +30,8 @@ from tests.helpers import SPEC_YAML, subscribe, wait_for
 
 @pytest.fixture
 def account() -> Iterator[Account]:
-    with embedded_account() as created, acting_as(EMULATOR):
+    # Emulated time: the job's minute-long run outlasts the test however loaded the machine.
+    with paced_clock() as clock, embedded_account(clock=clock) as created, acting_as(EMULATOR):
         nodes = NodeSimulator(
             created, NodeScenario(boot_seconds=0.2, default=Behaviour(duration_seconds=60))
         )

@@ -18,21 +18,24 @@ from gpufleet.adapters.local.memory import (
     RecordingAlarms,
     in_memory_ports,
 )
-from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.boot import EfaWidth, network_interfaces
 from gpufleet.domain.launch import (
+    NO_LAUNCH_TEMPLATE,
     TOKENS_SPENT,
     CapacityType,
     ErrorCategory,
     LaunchOverride,
     LaunchRequest,
+    classify_launch_error,
 )
 from gpufleet.emulator import ec2_rules
-from gpufleet.emulator.account import AMI_ID, Account
+from gpufleet.emulator.account import AMI_BY_ARCH, Account
 from gpufleet.ports import StatusChange
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED
 from tests.helpers import SPEC_YAML, intake_for, make_settings, plan_of
 
+PLAIN = "x86_64-nvidia"  # the launch template of single-node NVIDIA x86_64 jobs
 _jobs = iter(range(1, 1_000_000))
 
 
@@ -47,7 +50,7 @@ def ec2(account: Account) -> Any:
 
 @pytest.fixture
 def fleet(account: Account, ec2: Any) -> Ec2Fleet:
-    return Ec2Fleet(ec2, account.launch_template_id, account.subnet_ids)
+    return Ec2Fleet(ec2, account.launch_templates, account.subnet_ids)
 
 
 def request(job: str, nodes: int = 1, capacity: CapacityType = CapacityType.SPOT) -> LaunchRequest:
@@ -247,7 +250,7 @@ class _TerminateOnly:
 def test_more_than_1000_instances_are_terminated_in_batches() -> None:
     client = _TerminateOnly()
     orphans = [f"i-{n:017x}" for n in range(2001)]
-    Ec2Fleet(client, "lt-0", ["subnet-0"]).terminate_instances(orphans)
+    Ec2Fleet(client, {PLAIN: "lt-0"}, ["subnet-0"]).terminate_instances(orphans)
     assert client.terminated == orphans
 
 
@@ -375,25 +378,17 @@ def test_multi_node_jobs_launch_into_their_own_cluster_placement_group(
     assert not fleet.delete_placement_group(job)  # already gone: nothing to do
 
 
-def test_multi_node_jobs_on_efa_types_launch_from_the_efa_template(
+def test_each_type_launches_from_the_template_of_its_boot_target_and_efa_width(
     account: Account, ec2: Any
 ) -> None:
-    efa_types = frozenset(t.name for t in load_bundled().instance_types() if t.efa)
-    assert "p4d.24xlarge" in efa_types and "g5.xlarge" not in efa_types
-    fleet = Ec2Fleet(
-        ec2,
-        account.launch_template_id,
-        account.subnet_ids,
-        efa_launch_template_id=account.efa_launch_template_id,
-        efa_types=efa_types,
-    )
+    fleet = Ec2Fleet(ec2, account.launch_templates, account.subnet_ids)
     sent: list[dict[str, Any]] = []
     ec2.meta.events.register(
         "provide-client-params.ec2.CreateFleet", lambda params, **_: sent.append(params)
     )
     overrides = [
-        LaunchOverride(instance_type="p4d.24xlarge", zone="us-east-1a", hourly_usd=20.0),
-        LaunchOverride(instance_type="g5.xlarge", zone="us-east-1a", hourly_usd=0.4),
+        LaunchOverride(instance_type=name, zone="us-east-1a", hourly_usd=1.0)
+        for name in ("p5.48xlarge", "p4d.24xlarge", "g5.xlarge")
     ]
     for nodes in (2, 1):
         launched = fleet.launch(
@@ -406,26 +401,51 @@ def test_multi_node_jobs_on_efa_types_launch_from_the_efa_template(
             )
         )
         assert launched.launched and len(launched.instance_ids) == nodes
+    by_key = {template: key for key, template in account.launch_templates.items()}
     multi, single = (
         {
-            c["LaunchTemplateSpecification"]["LaunchTemplateId"]: [
+            by_key[c["LaunchTemplateSpecification"]["LaunchTemplateId"]]: [
                 o["InstanceType"] for o in c["Overrides"]
             ]
             for c in params["LaunchTemplateConfigs"]
         }
         for params in sent[-2:]
     )
-    # EFA only pays off between nodes: the EFA type of a multi-node job gets the EFA template.
+    # EFA only pays off between nodes: each EFA type of a multi-node job gets its full width
+    # (CreateFleet overrides cannot set interfaces, so one config per template).
     assert multi == {
-        account.efa_launch_template_id: ["p4d.24xlarge"],
-        account.launch_template_id: ["g5.xlarge"],
+        "x86_64-nvidia-efa32": ["p5.48xlarge"],
+        "x86_64-nvidia-efa4": ["p4d.24xlarge"],
+        "x86_64-nvidia": ["g5.xlarge"],
     }
-    assert single == {account.launch_template_id: ["p4d.24xlarge", "g5.xlarge"]}
+    assert single == {PLAIN: ["p5.48xlarge", "p4d.24xlarge", "g5.xlarge"]}
     [version] = ec2.describe_launch_template_versions(
-        LaunchTemplateId=account.efa_launch_template_id
+        LaunchTemplateId=account.launch_templates["x86_64-nvidia-efa4"]
     )["LaunchTemplateVersions"]
-    [interface] = version["LaunchTemplateData"]["NetworkInterfaces"]
-    assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
+    interfaces = version["LaunchTemplateData"]["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == [
+        (0, 0, "efa"),
+        (1, 0, "efa-only"),
+        (2, 0, "efa-only"),
+        (3, 0, "efa-only"),
+    ]
+
+
+def test_a_type_no_template_boots_is_not_asked_of_ec2(account: Account, ec2: Any) -> None:
+    nvidia_only = {PLAIN: account.launch_templates[PLAIN]}
+    fleet = Ec2Fleet(ec2, nvidia_only, account.subnet_ids)
+    result = fleet.launch(
+        LaunchRequest(
+            job_id=job_id(),
+            attempt=0,
+            capacity_type=CapacityType.ON_DEMAND,
+            nodes=1,
+            overrides=[LaunchOverride(instance_type="trn1.2xlarge", zone=None, hourly_usd=1.3)],
+        )
+    )
+    assert not result.launched
+    assert [e.code for e in result.errors] == [NO_LAUNCH_TEMPLATE]
+    assert classify_launch_error(NO_LAUNCH_TEMPLATE) is ErrorCategory.CONFIGURATION
 
 
 # -- EC2's launch rules: moto alone accepts each of these, EC2 (and the embedded account) not ---
@@ -438,7 +458,7 @@ def test_a_template_that_tags_spot_requests_fails_every_launch_that_makes_none(
     template = ec2.create_launch_template(
         LaunchTemplateName="tags-spot-requests",
         LaunchTemplateData={
-            "ImageId": AMI_ID,
+            "ImageId": AMI_BY_ARCH["x86_64"],
             "TagSpecifications": [
                 {"ResourceType": "spot-instances-request", "Tags": [{"Key": "k", "Value": "v"}]}
             ],
@@ -459,11 +479,85 @@ def test_a_template_that_tags_spot_requests_fails_every_launch_that_makes_none(
         ec2.run_instances(**run)
 
 
+def _template(ec2: Any, name: str, **data: Any) -> str:
+    template: str = ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData=data)[
+        "LaunchTemplate"
+    ]["LaunchTemplateId"]
+    return template
+
+
+def _one_of(template: str, instance_type: str, subnet: str) -> dict[str, Any]:
+    request = fleet_request(template, subnet)
+    request["LaunchTemplateConfigs"][0]["Overrides"][0]["InstanceType"] = instance_type
+    return request
+
+
+def test_an_image_of_another_architecture_than_the_type_is_refused(
+    account: Account, ec2: Any
+) -> None:
+    lax = moto_alone(account)
+    subnet = account.subnet_ids[0]
+    arm_image = _template(ec2, "arm-image", ImageId=AMI_BY_ARCH["arm64"])
+    request = _one_of(arm_image, "g5.xlarge", subnet)
+    assert launched(lax.create_fleet(**request))
+    refused = ec2.create_fleet(**request)
+    assert launched(refused) == [] and error_codes(refused) == {"InvalidParameterValue"}
+    assert (
+        "architecture 'x86_64' of the specified instance type does not match the "
+        in (refused["Errors"][0]["ErrorMessage"])
+    )
+    assert launched(ec2.create_fleet(**_one_of(arm_image, "g5g.xlarge", subnet)))
+    run = {
+        "LaunchTemplate": {"LaunchTemplateId": arm_image},
+        "InstanceType": "c5.large",
+        "MinCount": 1,
+        "MaxCount": 1,
+    }
+    with pytest.raises(ClientError, match="does not match the architecture 'arm64'"):
+        ec2.run_instances(**run)
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "width", "why"),
+    [
+        ("g5.xlarge", EfaWidth(1, 1), "does not support Elastic Fabric Adapter"),
+        ("p4d.24xlarge", EfaWidth(5, 5), "at most 4 EFA interfaces"),
+        ("g6e.48xlarge", EfaWidth(4, 8), "Network card index 4 is out of range"),
+    ],
+)
+def test_efa_interfaces_must_fit_the_type(
+    account: Account, ec2: Any, instance_type: str, width: EfaWidth, why: str
+) -> None:
+    group = ec2.describe_security_groups(GroupNames=["default"])["SecurityGroups"][0]["GroupId"]
+    template = _template(
+        ec2,
+        f"efa-{instance_type}-{width.name}",
+        ImageId=AMI_BY_ARCH["x86_64"],
+        NetworkInterfaces=network_interfaces(width, group),
+    )
+    request = _one_of(template, instance_type, account.subnet_ids[0])
+    assert launched(moto_alone(account).create_fleet(**request))
+    refused = ec2.create_fleet(**request)
+    assert launched(refused) == [] and why in refused["Errors"][0]["ErrorMessage"]
+
+
+def test_the_stacks_efa_templates_launch_the_types_of_their_width(
+    account: Account, ec2: Any
+) -> None:
+    for key, instance_type in (
+        ("x86_64-nvidia-efa32", "p5.48xlarge"),
+        ("x86_64-nvidia-efa16of17", "p6-b300.48xlarge"),
+        ("x86_64-neuron-efa16", "trn1n.32xlarge"),
+    ):
+        request = _one_of(account.launch_templates[key], instance_type, account.subnet_ids[0])
+        assert launched(ec2.create_fleet(**request)), key
+
+
 def test_tags_a_launch_cannot_give_are_refused(account: Account, ec2: Any) -> None:
     lax = moto_alone(account)
     # An instant fleet tags only itself and its instances: not its spot requests.
     tagged = fleet_request(
-        account.launch_template_id,
+        account.launch_templates[PLAIN],
         account.subnet_ids[0],
         "spot",
         TagSpecifications=[
@@ -475,7 +569,10 @@ def test_tags_a_launch_cannot_give_are_refused(account: Account, ec2: Any) -> No
         ec2.create_fleet(**tagged)
     # A template tags only instances, volumes, network interfaces and spot requests.
     tags = [{"Key": "k", "Value": "v"}]
-    data = {"ImageId": AMI_ID, "TagSpecifications": [{"ResourceType": "fleet", "Tags": tags}]}
+    data = {
+        "ImageId": AMI_BY_ARCH["x86_64"],
+        "TagSpecifications": [{"ResourceType": "fleet", "Tags": tags}],
+    }
     lax.create_launch_template(LaunchTemplateName="tags-fleet-lax", LaunchTemplateData=data)
     with pytest.raises(ClientError, match="InvalidParameterValue"):
         ec2.create_launch_template(LaunchTemplateName="tags-fleet", LaunchTemplateData=data)
@@ -485,7 +582,7 @@ def test_a_client_token_answers_with_its_first_call_even_once_its_instances_ende
     account: Account, ec2: Any
 ) -> None:
     request = fleet_request(
-        account.launch_template_id, account.subnet_ids[0], ClientToken=f"token-{job_id()}"
+        account.launch_templates[PLAIN], account.subnet_ids[0], ClientToken=f"token-{job_id()}"
     )
     first = ec2.create_fleet(**request)
     ec2.terminate_instances(InstanceIds=launched(first))
@@ -506,7 +603,7 @@ def test_a_launch_names_only_placement_groups_and_reservations_that_exist(
     lax = moto_alone(account)
     subnets = ec2.describe_subnets(SubnetIds=account.subnet_ids)["Subnets"]
     here, elsewhere = subnets[0], subnets[1]
-    grouped = fleet_request(account.launch_template_id, here["SubnetId"])
+    grouped = fleet_request(account.launch_templates[PLAIN], here["SubnetId"])
     grouped["LaunchTemplateConfigs"][0]["Overrides"][0]["Placement"] = {"GroupName": "no-such"}
     assert launched(lax.create_fleet(**grouped))
     assert error_codes(ec2.create_fleet(**grouped)) == {"InvalidPlacementGroup.Unknown"}
@@ -521,7 +618,7 @@ def test_a_launch_names_only_placement_groups_and_reservations_that_exist(
 
     def into(target: str, instance_type: str = "p4d.24xlarge", subnet: Any = here) -> Any:
         return {
-            "LaunchTemplate": {"LaunchTemplateId": account.launch_template_id},
+            "LaunchTemplate": {"LaunchTemplateId": account.launch_templates[PLAIN]},
             "InstanceType": instance_type,
             "SubnetId": subnet["SubnetId"],
             "MinCount": 1,
@@ -630,7 +727,7 @@ def test_a_launch_retried_after_it_died_records_live_instances_only(
     ports = in_memory_ports(
         jobs=jobs,
         queue=DiesOnceRecording(jobs),
-        fleet=Ec2Fleet(ec2, account.launch_template_id, account.subnet_ids),
+        fleet=Ec2Fleet(ec2, account.launch_templates, account.subnet_ids),
     )
     settings = make_settings()
     cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML

@@ -327,7 +327,7 @@ def reservation_launches() -> list[ApiCall]:
             LaunchTemplateName="gpufleet", LaunchTemplateData={"ImageId": "ami-12c6146b"}
         )["LaunchTemplate"]["LaunchTemplateId"]
         ec2.meta.events.register("provide-client-params.ec2.*", keep)
-        fleet = Ec2Fleet(ec2, template, [subnet])
+        fleet = Ec2Fleet(ec2, {"x86_64-nvidia": template}, [subnet])
         for request in requests:
             fleet.launch(request)
     assert sorted(call.operation for call in sent) == ["CreateFleet", "RunInstances"]

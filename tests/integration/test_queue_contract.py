@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -134,6 +135,18 @@ def test_admission_moves_a_job_once_and_release_gives_its_share_back(queue: JobQ
     assert queue.release("j-a")
     assert not queue.release("j-a")  # a second release changes nothing
     assert queue.state().running == []
+
+
+def test_the_queue_keeps_what_the_reservation_needs(queue: JobQueue) -> None:
+    # A waiting job's expected run time; a running job's expected end and preemption count.
+    item = entry("j-a", gpus=2)
+    item = replace(item, job=replace(item.job, expected_seconds=5400.0, preemptions=2))
+    queue.enqueue(item)
+    assert [w.job.expected_seconds for w in queue.waiting()] == [5400.0]
+    admitted = replace(running(item), expected_end=NOW + 5400.0, preemptions=2)
+    assert queue.admit(item, admitted, UNBOUNDED)
+    held = queue.state().running[0].job
+    assert (held.expected_end, held.preemptions) == (NOW + 5400.0, 2)
 
 
 def test_caps_and_team_quota_are_conditions_of_the_write(queue: JobQueue) -> None:

@@ -65,7 +65,7 @@ def fleet(request: pytest.FixtureRequest, account: Account, clock: ManualClock) 
     assert (QUEUE_TABLE.partition_key, QUEUE_TABLE.sort_key) == ("pk", "sk")
     return Ec2Fleet(
         ec2,
-        account.launch_template_id,
+        account.launch_templates,
         account.subnet_ids,
         warm_pool=DynamoWarmPool(dynamodb, table, POOL, clock),
     )
@@ -184,7 +184,7 @@ def test_a_top_up_names_one_subnet_per_zone_and_a_retried_pass_launches_nothing_
     )["Subnet"]["SubnetId"]
     # deploy.md allows two subnets in one zone; an EC2 Fleet cannot span them.
     subnets = [*account.subnet_ids, twin]
-    two_in_one_zone = Ec2Fleet(ec2, account.launch_template_id, subnets, warm_pool=fleet._warm)
+    two_in_one_zone = Ec2Fleet(ec2, account.launch_templates, subnets, warm_pool=fleet._warm)
     asked: list[dict[str, Any]] = []
     added: list[str] = []
 

@@ -153,7 +153,20 @@ def test_instance_types_come_from_the_api_sections() -> None:
         "memory_gib": 16.0,
         "arch": "x86_64",
         "efa": False,
+        "network_cards": 1,
+        "efa_interfaces": 0,
     }
+
+
+def test_network_cards_and_efa_interfaces_come_from_network_info() -> None:
+    network = {
+        "EfaSupported": True,
+        "MaximumNetworkCards": 17,
+        "EfaInfo": {"MaximumEfaInterfaces": 16},
+    }
+    row, _ = parse_instance_type({**itype("p6-b300.48xlarge"), "NetworkInfo": network})
+    assert row is not None
+    assert (row["efa"], row["network_cards"], row["efa_interfaces"]) == (True, 17, 16)
 
 
 @pytest.mark.parametrize(

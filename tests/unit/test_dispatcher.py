@@ -68,10 +68,18 @@ class World:
     def workflow(self) -> RecordingWorkflow:
         return cast(RecordingWorkflow, self.ports.workflow)
 
-    def submit(self, name: str, priority: str, gpus: int = 4, team: str = "research") -> str:
+    def submit(
+        self,
+        name: str,
+        priority: str,
+        gpus: int = 4,
+        team: str = "research",
+        expected_duration: str | None = None,
+    ) -> str:
+        expected = f"expected_duration: {expected_duration}\n" if expected_duration else ""
         body = (
             f"name: {name}\nteam: {team}\npriority: {priority}\nimage: img\ncommand: [x]\n"
-            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n"
+            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n{expected}"
         ).encode()
         key = f"jobs/{name}-{self.clock.now()}.yaml"
         cast(InMemoryObjects, self.ports.objects).objects[key] = body
@@ -124,8 +132,9 @@ def test_admission_completes_the_parked_task_within_the_quota() -> None:
     before = world.ports.jobs.get(first)
     result = world.dispatcher.run_pass()
     assert result.admitted == [first]
-    # The pass reads no further: the team's quota is full for every job it has waiting.
-    assert result.waiting == {} and result.blocked == {"research/normal": "quota"}
+    # The team's quota is full for every job it has waiting: the pass reads only the next, the
+    # first job of the pass to wait for room, which holds the reservation.
+    assert result.waiting == {second: "quota"} and result.blocked == {"research/normal": "quota"}
     assert result.waited_seconds == [30.0]
     # What the workflow hands to Launch, which notes the wait on the job.
     assert world.workflow.completed[tokens[0]] == {
@@ -173,6 +182,22 @@ class CountingQueue(InMemoryJobQueue):
         yield from super().stream(team, priority)
 
 
+def test_the_queue_reserves_by_the_plans_expected_run_time() -> None:
+    world = World()
+    first = world.submit("first", "normal", expected_duration="45m")
+    second = world.submit("second", "normal", expected_duration="2h")
+    world.enqueue(first)
+    world.enqueue(second)
+    assert {w.job.job_id: w.job.expected_seconds for w in world.ports.queue.waiting()} == {
+        first: 2700,
+        second: 7200,
+    }
+    now = world.clock.now()
+    assert world.dispatcher.run_pass().admitted == [first]  # the team's 4 GPUs are taken
+    held = world.ports.queue.state().running[0].job
+    assert (held.job_id, held.expected_end) == (first, now + 2700)
+
+
 def test_a_pass_reads_only_the_streams_that_have_jobs_and_may_admit_one() -> None:
     world = World()
     queue = CountingQueue(cast(InMemoryJobStore, world.ports.jobs))
@@ -189,12 +214,14 @@ def test_a_pass_reads_only_the_streams_that_have_jobs_and_may_admit_one() -> Non
     assert world.dispatcher.run_pass(full=False).admitted == [low]
     assert queue.asked == [("research", Priority.LOW)]
     world.start(low)
-    # The team's quota is full: its waiting jobs are not read, whatever their number.
+    # The team's quota is full: of its waiting jobs, whatever their number, only the first is
+    # read (it holds the reservation).
     for index in range(3):
         world.enqueue(world.submit(f"more-{index}", "normal"))
     result = world.dispatcher.run_pass()
     assert result.admitted == [] and result.blocked == {"research/normal": "quota"}
-    assert queue.asked == [("research", Priority.LOW)] and result.items_read == 0
+    assert queue.asked == [("research", Priority.LOW), ("research", Priority.NORMAL)]
+    assert result.items_read == 1
 
 
 def test_a_high_priority_job_preempts_resumes_the_victim_from_its_checkpoint() -> None:
@@ -417,5 +444,6 @@ def test_jobs_blocked_ahead_in_any_number_do_not_hide_a_job_of_another_team_that
     world.enqueue(urgent)
     result = world.dispatcher.run_pass()
     assert result.admitted == [urgent]
-    # The research stream is not read at all: its shapes show that nothing of it fits.
-    assert result.blocked == {"research/critical": "quota"} and result.items_read == 1
+    # Of the research stream only its first job is read (for the reservation): its shapes show
+    # that nothing of it fits.
+    assert result.blocked == {"research/critical": "quota"} and result.items_read == 2

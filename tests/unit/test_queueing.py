@@ -178,6 +178,20 @@ def test_preemption_takes_the_smallest_set_lowest_class_newest_first_past_min_ru
     assert nine.preemptions == [] and nine.waiting["v-high"] is not WaitReason.PREEMPTING
 
 
+def test_a_job_preempted_the_most_times_the_policy_allows_is_no_victim() -> None:
+    strict = POLICY.model_copy(
+        update={"teams": {"vision": TeamQuota(gpus=4, borrow=0)}, "max_preemptions_per_job": 2}
+    )
+    urgent = queued("v-high", priority=Priority.HIGH, gpus=2)
+    twice = running("v-low-twice", priority=Priority.LOW, gpus=2, age=2 * HOUR, preemptions=2)
+    once = running("v-low-once", priority=Priority.LOW, gpus=2, age=3 * HOUR, preemptions=1)
+    # The newer victim would be taken first; stopped twice already, it runs on.
+    decision = decide([urgent], [twice, once], [], NOW, strict)
+    assert [p.victim_id for p in decision.preemptions] == ["v-low-once"]
+    spared = decide([urgent], [twice, replace(once, preemptions=2)], [], NOW, strict)
+    assert spared.preemptions == [] and spared.waiting["v-high"] is WaitReason.QUOTA
+
+
 def test_the_preemptor_gets_the_freed_gpus_and_its_victim_yields() -> None:
     strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=4, borrow=0)}})
     victim = QueuedJob(
@@ -331,7 +345,10 @@ def test_a_stream_whose_shapes_cannot_be_admitted_is_not_read_however_long() -> 
     )
     decision = decide_streams(waiting, held, [], NOW, POLICY)
     assert ids(decision.admitted) == ["n1"]
-    assert reads == {"nlp": 1}  # not one of vision's 10,000 jobs
+    # Of vision's 10,000 jobs only the first, the pass's first job to wait for room: it is read
+    # to hold the reservation.
+    assert reads == {"nlp": 1, "vision": 1}
+    assert decision.reservation is not None and decision.reservation.job_id == "v0"
     assert decision.blocked_streams == {("vision", Priority.HIGH): WaitReason.QUOTA}
 
 
@@ -539,3 +556,157 @@ def test_most_booked_is_the_most_a_teams_bookings_hold_at_once() -> None:
     assert most_booked("nlp", bookings, NOW) == 14
     assert most_booked("nlp", bookings, NOW + 3 * HOUR) == 8
     assert most_booked("audio", bookings, NOW) == 0
+
+
+# -- reservations: the first job that waits for room holds it ------------------------------------
+
+
+def run_passes(
+    arrivals: list[tuple[float, QueuedJob, float]],
+    policy: QueuePolicy,
+    *,
+    every: float,
+    passes: int,
+) -> dict[str, float]:
+    """Pass after pass, `every` seconds apart from NOW: jobs arrive (at, job, true duration),
+    run for their true duration, and end before the next pass after it. When each job was
+    admitted."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    duration = {job.job_id: seconds for _, job, seconds in arrivals}
+    waiting: dict[str, QueuedJob] = {}
+    run: dict[str, RunningJob] = {}
+    admitted_at: dict[str, float] = {}
+    now = NOW
+    for _ in range(passes):
+        while pending and pending[0][0] <= now:
+            _, job, _ = pending.pop(0)
+            waiting[job.job_id] = job
+        for job_id in [j for j, r in run.items() if r.admitted_at + duration[j] <= now]:
+            del run[job_id]
+        decision = decide(waiting.values(), run.values(), [], now, policy)
+        for admission in decision.admitted:
+            job = waiting.pop(admission.job_id)
+            admitted_at[job.job_id] = now
+            run[job.job_id] = RunningJob(
+                job.job_id,
+                job.team,
+                job.priority,
+                job.gpus,
+                job.instances,
+                now,
+                borrowed=admission.borrowed,
+                in_reserve=admission.in_reserve,
+                expected_end=now + job.expected_seconds,
+            )
+        now += every
+    return admitted_at
+
+
+def test_a_large_job_behind_a_stream_of_small_ones_of_its_team_starts_in_bounded_time() -> None:
+    # The probe of issue 18: vision may hold 8 GPUs and borrows none; 8 one-GPU jobs run,
+    # ending 450 s apart, and two more of an hour arrive every pass. The 8-GPU job, older than all
+    # that arrive, used to wait forever: a freed GPU always went to the next small job.
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=0)}})
+    every = 300.0
+
+    def small(job_id: str, at: float, seconds: float) -> tuple[float, QueuedJob, float]:
+        job = QueuedJob(job_id, "vision", Priority.NORMAL, 1, 1, at, expected_seconds=seconds)
+        return (at, job, seconds)
+
+    # The first 8 were queued before it and end 450 s apart; the stream then keeps coming.
+    first = [small(f"s{i}", NOW - HOUR + i, 450.0 * (i + 1)) for i in range(8)]
+    stream = [small(f"t{p:03d}{k}", NOW + every * p, HOUR) for p in range(200) for k in range(2)]
+    large = replace(queued("large", gpus=8, waited=60), expected_seconds=HOUR)
+    admitted = run_passes([*first, *stream, (NOW, large, HOUR)], strict, every=every, passes=200)
+    # It starts once the small jobs running when it arrived have ended (within an hour, the
+    # longest expected run) and the pass after: no small job admitted meanwhile delays it.
+    assert "large" in admitted
+    assert admitted["large"] - NOW <= HOUR + every
+    # And the stream goes on after it.
+    assert sum(1 for job_id in admitted if admitted[job_id] > admitted["large"]) > 100
+
+
+def test_a_job_that_fits_now_waits_reserved_only_if_it_would_delay_the_reservation() -> None:
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=0)}})
+    held = [replace(running(f"r{i}", age=HOUR), expected_end=NOW + 600 * (i + 1)) for i in range(6)]
+    large = replace(queued("large", gpus=4, waited=HOUR), expected_seconds=HOUR)
+    short = replace(queued("short", waited=60), expected_seconds=1200)  # ends before its start
+    long = replace(queued("long", waited=30), expected_seconds=2 * HOUR)
+    decision = decide([large, short, long], held, [], NOW, strict)
+    # 2 GPUs free; large needs 4: it is expected to start when r1 ends, 1,200 s from now.
+    assert decision.reservation is not None
+    assert (decision.reservation.job_id, decision.reservation.start) == ("large", NOW + 1200)
+    assert ids(decision.admitted) == ["short"]
+    assert decision.waiting["long"] is WaitReason.RESERVED
+    # A long job of another team takes nothing the reserved job needs (its own quota, and
+    # the fleet's cap has room for both): it is admitted.
+    both = strict.model_copy(
+        update={"teams": {"vision": TeamQuota(gpus=8), "nlp": TeamQuota(gpus=8)}}
+    )
+    elsewhere = replace(long, team="nlp")
+    assert ids(decide([large, elsewhere], held, [], NOW, both).admitted) == ["long"]
+
+
+def test_a_higher_class_is_not_held_back_by_a_lower_class_reservation() -> None:
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=8, borrow=0)}})
+    held = [replace(running(f"r{i}"), expected_end=NOW + 600 * (i + 1)) for i in range(6)]
+    # Aged 10 hours, the normal job ranks ahead of the fresh high one, and holds the
+    # reservation; the high job, which fits, still starts now.
+    aged = replace(queued("aged", gpus=4, waited=10 * HOUR), expected_seconds=HOUR)
+    urgent = replace(queued("urgent", priority=Priority.HIGH), expected_seconds=2 * HOUR)
+    decision = decide([aged, urgent], held, [], NOW, strict)
+    assert decision.reservation is not None and decision.reservation.job_id == "aged"
+    assert ids(decision.admitted) == ["urgent"]
+    # Of its own class, the same job would have waited.
+    same = replace(urgent, priority=Priority.NORMAL)
+    assert decide([aged, same], held, [], NOW, strict).waiting["urgent"] is WaitReason.RESERVED
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["vision", "nlp"]),
+            st.integers(1, 12),  # GPUs: up to a team's quota and borrowing
+            st.integers(1, 12),  # true and expected run time, in 10-minute steps
+            st.integers(0, 36),  # arrival, in 10-minute steps
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_no_job_waits_longer_than_the_bound_the_docs_state(
+    specs: list[tuple[str, int, int, int]],
+) -> None:
+    # docs/queues.md, "Reservations": with exact estimates, one class and no preemption, a
+    # job waits at most every + (k + 1) x (longest run + every), k the jobs ahead of it when it
+    # arrived (queued before it and still waiting).
+    policy = POLICY.model_copy(update={"preemption": False})
+    every, step = 300.0, 600.0
+    arrivals = [
+        (
+            NOW + step * at,
+            replace(
+                QueuedJob(f"j{i:02d}", team, Priority.NORMAL, gpus, 1, NOW + step * at),
+                expected_seconds=step * runs,
+            ),
+            step * runs,
+        )
+        for i, (team, gpus, runs, at) in enumerate(specs)
+    ]
+    longest = max(seconds for *_, seconds in arrivals)
+    # Passes until the bound of the last job to arrive, with every job ahead of it.
+    last = max(at for at, *_ in arrivals) - NOW
+    horizon = last + every + (len(specs) + 1) * (longest + every)
+    admitted = run_passes(arrivals, policy, every=every, passes=int(horizon // every) + 2)
+    order = sorted(arrivals, key=lambda a: (a[1].enqueued_at, a[1].job_id))
+    for at, job, _ in arrivals:
+        ahead = sum(
+            1
+            for other_at, other, _ in order
+            if (other.enqueued_at, other.job_id) < (job.enqueued_at, job.job_id)
+            and other_at <= at
+            and admitted.get(other.job_id, float("inf")) > at
+        )
+        assert job.job_id in admitted
+        assert admitted[job.job_id] - at <= every + (ahead + 1) * (longest + every)

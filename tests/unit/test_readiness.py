@@ -285,7 +285,7 @@ def test_a_missing_ssm_parameter_fails_with_the_fix_for_its_kind() -> None:
     wanted = {"Ami": ami, "BootstrapVersion": bootstrap}
     check = check_ssm_parameters(wanted, {bootstrap: "28"}, "eu-west-3")
     assert check.status is CheckStatus.FAIL and check.detail == f"{ami} does not exist in eu-west-3"
-    assert "-c ami_ssm_parameter=" in check.fix and "cdk bootstrap" not in check.fix
+    assert "-c ami_<target>=" in check.fix and "cdk bootstrap" not in check.fix
     check = check_ssm_parameters(wanted, {ami: "ami-1"}, "eu-west-3")
     assert check.fix == "bootstrap CDK here: cdk bootstrap aws://ACCOUNT/eu-west-3"
     assert check_ssm_parameters(wanted, {ami: "ami-1", bootstrap: "28"}, "eu-west-3").status is (

@@ -57,6 +57,11 @@ class InstanceType:
     memory_gib: float
     arch: Arch
     efa: bool
+    # Physical network cards, and how many EFA interfaces the type takes (one per card that
+    # carries EFA; 0 without EFA): EC2 DescribeInstanceTypes' MaximumNetworkCards and
+    # EfaInfo.MaximumEfaInterfaces.
+    network_cards: int = 1
+    efa_interfaces: int = 0
     # Share of one physical GPU for fractional-GPU types (g6f, gr6f); None otherwise.
     gpu_fraction: float | None = None
     model_key: str = field(default="", compare=False, repr=False)
@@ -140,12 +145,17 @@ def _instance_type(row: Mapping[str, Any]) -> InstanceType:
             memory_gib=float(_req(row, "memory_gib", where)),
             arch=arch,  # type: ignore[arg-type]
             efa=bool(_req(row, "efa", where)),
+            network_cards=int(row.get("network_cards", 1)),
+            efa_interfaces=int(row.get("efa_interfaces", 0)),
             gpu_fraction=None if fraction is None else float(fraction),
         )
     except (TypeError, ValueError) as exc:
         raise CatalogError(f"{where}: {exc}") from None
     if it.gpus < 0 or it.vcpus < 1 or it.memory_gib <= 0 or it.gpu_memory_gib < 0:
         raise CatalogError(f"{where}: impossible sizes")
+    efa_fits = 1 <= it.efa_interfaces <= it.network_cards if it.efa else it.efa_interfaces == 0
+    if it.network_cards < 1 or not efa_fits:
+        raise CatalogError(f"{where}: its EFA interfaces do not fit its network cards")
     if it.is_cpu_only and it.gpus:
         raise CatalogError(f"{where}: CPU-only type with GPUs")
     return it

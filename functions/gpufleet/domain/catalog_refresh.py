@@ -3,7 +3,8 @@
 The adapter (`gpufleet.adapters.aws.catalog_source`) reads, per region:
 
 - ec2 DescribeInstanceTypes: specs (`GpuInfo`, `NeuronInfo`, `InferenceAcceleratorInfo`,
-  `VCpuInfo`, `MemoryInfo`, `ProcessorInfo`, `NetworkInfo.EfaSupported`);
+  `VCpuInfo`, `MemoryInfo`, `ProcessorInfo`, `NetworkInfo.EfaSupported`,
+  `MaximumNetworkCards`, `EfaInfo.MaximumEfaInterfaces`);
 - ec2 DescribeAvailabilityZones: zone name -> zone ID (the catalog records AZ IDs, which are the
   same in every account; spot price history names zones by this account's names);
 - ec2 DescribeSpotPriceHistory (`Linux/UNIX`): the latest spot price per (type, zone);
@@ -199,6 +200,18 @@ def _arch(info: Mapping[str, Any]) -> str | None:
     return None  # mac types (x86_64_mac, arm64_mac)
 
 
+def _network(network: Mapping[str, Any]) -> dict[str, Any]:
+    """EFA support, network cards and EFA interfaces, as NetworkInfo states them."""
+    efa = bool(network.get("EfaSupported", False))
+    cards = int(network.get("MaximumNetworkCards") or 1)
+    interfaces = int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1)
+    return {
+        "efa": efa,
+        "network_cards": cards,
+        "efa_interfaces": min(interfaces, cards) if efa else 0,
+    }
+
+
 def parse_instance_type(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """One DescribeInstanceTypes entry as a catalog row, as the API states it.
 
@@ -222,7 +235,7 @@ def parse_instance_type(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None,
         "vcpus": vcpus,
         "memory_gib": memory,
         "arch": arch,
-        "efa": bool((info.get("NetworkInfo") or {}).get("EfaSupported", False)),
+        **_network(info.get("NetworkInfo") or {}),
     }
     devices = _devices(info)
     if not devices:
@@ -449,6 +462,7 @@ def _correct(row: dict[str, Any], previous: _Previous, corrections: _Corrections
             )
     if row["accelerator"] == "none" and row["efa"]:
         row["efa"] = False
+        row["efa_interfaces"] = 0
         corrections.add(
             name,
             {"efa": [True, False]},

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from gpufleet.domain.cost import held_seconds
 from gpufleet.domain.job import Job, JobStatus
-from gpufleet.domain.spec import JobSpec, Resources
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, JobSpec, Resources
 
-DEFAULT_SECONDS = 3600
+DEFAULT_SECONDS = DEFAULT_EXPECTED_SECONDS
 MIN_SAMPLES = 3
 # How many of a team's most recently submitted jobs the history reads.
 HISTORY_DEPTH = 100

@@ -23,6 +23,7 @@ class ErrorCategory(StrEnum):
 # Codes of our own, for launches that fail before or beside EC2.
 NO_SUBNET_IN_ZONE = "NoSubnetInZone"  # no configured subnet lies in a zone the offerings name
 TOKENS_SPENT = "ClientTokensSpent"  # an attempt's client tokens are all spent: the next attempt
+NO_LAUNCH_TEMPLATE = "NoLaunchTemplate"  # no launch template of the deployment boots the type
 
 
 # EC2's error codes (CreateFleet `Errors[].ErrorCode`, RunInstances and CreateFleet errors), by
@@ -85,6 +86,7 @@ _CONFIGURATION_CODES = frozenset(
         "UnknownParameter",
         "ValidationError",
         NO_SUBNET_IN_ZONE,
+        NO_LAUNCH_TEMPLATE,
     }
 )
 _CONFIGURATION_PREFIXES = ("Invalid", "Missing", "Malformed")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.duration import DurationEstimate
@@ -113,6 +114,7 @@ def rank_offerings(
     checkpoint_interval_seconds: int | None,
     unavailable: frozenset[str] = frozenset(),
     limit: int = 50,
+    bootable: frozenset[BootTarget] = STOCK_TARGETS,
 ) -> Selection:
     """The feasible offerings for `resources` under `spot`, cheapest expected cost to finish
     first: the price for the `expected` run time plus the rework a spot interruption costs,
@@ -128,6 +130,7 @@ def rank_offerings(
         checkpoint_interval_hours=None if interval is None else interval / 3600,
         unavailable=unavailable,
         limit=limit,
+        bootable=bootable,
     )
 
 
@@ -154,15 +157,17 @@ def plan_launch(
     unavailable: frozenset[str] = frozenset(),
     free_reservations: Sequence[tuple[Reservation, int]] = (),
     max_types: int = 3,
+    bootable: frozenset[BootTarget] = STOCK_TARGETS,
 ) -> LaunchPlan:
     """The launch plan for a job: one step per allowed capacity type. Reserved capacity the job
     fits comes first (already paid for), then spot, then on-demand, as the spot policy allows.
 
-    `free_reservations` are the active reservations with how many instances each has free.
-    Raises NoFeasibleOffering when no capacity type has an offering that fits.
+    `free_reservations` are the active reservations with how many instances each has free;
+    `bootable` what the deployment's launch templates boot. Raises NoFeasibleOffering when no
+    capacity type has an offering that fits.
     """
     steps: list[LaunchStep] = []
-    reserved = reserved_step(spec, catalog, free_reservations, unavailable)
+    reserved = reserved_step(spec, catalog, free_reservations, unavailable, bootable)
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
@@ -176,6 +181,7 @@ def plan_launch(
                 expected=expected,
                 checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
                 unavailable=unavailable,
+                bootable=bootable,
             )
         except NoFeasibleOffering as exc:
             last_refusal = exc
@@ -219,6 +225,7 @@ def reserved_step(
     catalog: Catalog,
     free_reservations: Sequence[tuple[Reservation, int]],
     unavailable: frozenset[str],
+    bootable: frozenset[BootTarget],
 ) -> LaunchStep | None:
     """A launch into the best reservation the job fits, if any: Capacity Blocks before ODCRs
     (a block's hours are lost if unused), then the smallest that holds the job."""
@@ -233,6 +240,7 @@ def reserved_step(
             free >= spec.resources.nodes
             and key not in unavailable
             and is_feasible(instance, spec.resources)
+            and boots(instance, bootable)
         ):
             fitting.append(reservation)
     if not fitting:

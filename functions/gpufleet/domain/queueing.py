@@ -10,6 +10,13 @@ Order. Jobs are ranked by effective priority: the class rank (critical 3, high 2
 low 0) plus `aging_per_hour` for every hour waited, so any job eventually outranks newer work of
 any class and nothing starves. Ties go to the earlier submission (FIFO within a class).
 
+Reservation. The first job a pass considers that waits for room holds a reservation: its
+expected start, when enough of the jobs holding GPUs will have ended (each at its admission
+plus its plan's expected run time). A later job that fits now is admitted only if it is
+expected to end by then, leaves the reserved job fitting then (EASY backfill), or is of a
+higher class, so no stream of smaller work of its class or below delays it; docs/queues.md
+derives the bound on a job's wait.
+
 Entitlement. A team may hold its quota (`gpus`) plus any booking active now, and may borrow up
 to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on borrowed
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
@@ -22,7 +29,8 @@ that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
 when it is critical). Victims are borrowers of other teams, or lower-class jobs of its own team
-(any team, for critical work); never jobs younger than `min_runtime_seconds`. They are chosen
+(any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
+stopped `max_preemptions_per_job` times already. They are chosen
 borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
 frees enough. Because the preemptor is always entitled and its victims never are (or are of
 a lower class in the same team), a victim can never preempt its preemptor back: preemption
@@ -41,7 +49,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
 from gpufleet.errors import RefusedInput
 
 CLASS_RANK: dict[Priority, int] = {
@@ -98,6 +106,11 @@ class QueuePolicy(BaseModel):
     aging_per_hour: float = Field(default=0.1, ge=0, description="class ranks per hour waited")
     min_runtime_seconds: int = Field(default=600, ge=0)
     preemption: bool = Field(default=True, description="whether waiting work may preempt")
+    max_preemptions_per_job: int = Field(
+        default=3,
+        ge=0,
+        description="times a job may be stopped to make room; after that it is no victim",
+    )
     preemption_grace_seconds: int = Field(default=120, ge=0)
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
     # Each team the config does not name gets this quota.
@@ -132,6 +145,9 @@ class QueuedJob:
     preempted_for: str | None = None  # requeued to make room for this job
     preemptions: int = 0  # times it was stopped to make room: such a job no longer borrows
     estimated_cost_usd: float = 0.0  # of its run, from its launch plan
+    # Of its run, from its launch plan (`domain.duration.estimate_duration`): how long the
+    # GPUs it is admitted to stay taken, for the reservation of the job ahead of it.
+    expected_seconds: float = DEFAULT_EXPECTED_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +163,20 @@ class RunningJob:
     draining_for: str | None = None  # asked to checkpoint and stop, to make room for this job
     stop_at: float | None = None  # when its cost reaches its budget (jobs with a budget)
     hourly_usd: float = 0.0  # of its instances and storage, once launched
+    preemptions: int = 0  # times it was stopped to make room before this run
+    expected_end: float | None = None  # admission + its expected run time (None: unknown)
 
     @property
     def draining(self) -> bool:
         return self.draining_for is not None
+
+    def ends_by(self, now: float, policy: QueuePolicy) -> float:
+        """When its GPUs are expected back: a draining job's after the grace, a job past its
+        expected end's now, a job of unknown duration's after the default estimate."""
+        if self.draining:
+            return now + policy.preemption_grace_seconds
+        end = self.expected_end
+        return max(now, self.admitted_at + DEFAULT_EXPECTED_SECONDS if end is None else end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +250,9 @@ class WaitReason(StrEnum):
     YIELDING = "yielding"  # it was preempted; the job it made room for goes first
     # A page of jobs of its team and class ahead of it wait: the pass looks no further.
     BEHIND = "behind"
+    # It fits now, but would still hold GPUs when the job ahead holding the reservation is
+    # expected to start, where that job needs them.
+    RESERVED = "reserved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +289,17 @@ class Decision:
     # consider could have been admitted or have preempted (or, `behind`, a page of them waited).
     blocked_streams: dict[tuple[str, Priority], WaitReason] = field(default_factory=dict)
     nominated: set[str] = field(default_factory=set)  # considered first; their victims yield
+    reservation: Reservation | None = None  # the job ahead that holds one, and when it starts
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The first job of a pass that waits for room (a cap, its quota, the reserve, a booking)
+    holds the room it is expected to get at `start`: when enough of the jobs holding GPUs
+    have ended, each at its expected end."""
+
+    job_id: str
+    start: float
 
 
 def effective_priority(job: QueuedJob, now: float, policy: QueuePolicy) -> float:
@@ -349,6 +389,9 @@ class _Usage:
         self.instances += sign * instances
         self.team_gpus[team] = self.team_gpus.get(team, 0) + sign * gpus
 
+    def copy(self) -> _Usage:
+        return _Usage(self.gpus, self.instances, dict(self.team_gpus))
+
 
 @dataclass
 class _Pass:
@@ -364,6 +407,13 @@ class _Pass:
     # a later job of the kind at least as large finds none either (the pass only makes it
     # harder).
     no_victims: dict[tuple[str, Priority], list[Shape]] = field(default_factory=dict)
+    admitted: list[QueuedJob] = field(default_factory=list)  # in this pass
+    reservation: Reservation | None = None
+    reservation_job: QueuedJob | None = None
+    # What will be held at the reservation's start: the usage, less the jobs expected to have
+    # ended by then, plus the jobs admitted since that will still run.
+    at_reservation: _Usage | None = None
+    reservation_tried: bool = False  # only the first job that waits for room may hold one
 
     def entitlement(self, team: str) -> int:
         return entitlement(team, self.booked, self.policy)
@@ -436,7 +486,65 @@ class _Pass:
         self.usage.add(job.team, job.gpus, job.instances)
         self.spend[job.team] = self.spend.get(job.team, 0.0) + job.estimated_cost_usd
         self.changes += 1
+        self.admitted.append(job)
+        if self.at_reservation is not None and not self._ends_before_reservation(job):
+            self.at_reservation.add(job.team, job.gpus, job.instances)
         return Admission(job.job_id, borrowed, in_reserve)
+
+    def _ends_before_reservation(self, job: QueuedJob) -> bool:
+        return self.reservation is not None and (
+            self.now + job.expected_seconds <= self.reservation.start
+        )
+
+    def _fits_on(self, job: QueuedJob, usage: _Usage) -> bool:
+        """Would `job` fit (as `fit` judges it) were `usage` held?"""
+        held, self.usage = self.usage, usage
+        try:
+            return self.fit(job)[0] is None
+        finally:
+            self.usage = held
+
+    def reserve(self, job: QueuedJob) -> Reservation | None:
+        """The room `job` is expected to get: the earliest expected end of the jobs holding
+        GPUs (running, or admitted in this pass) once which it fits, were nothing else
+        admitted. None when it would not fit even once all of them ended (a booking of
+        another team holds the room: no end of a job frees it)."""
+        ends = sorted(
+            [
+                (r.ends_by(self.now, self.policy), r.team, r.gpus, r.instances)
+                for r in self.running.values()
+            ]
+            + [(self.now + a.expected_seconds, a.team, a.gpus, a.instances) for a in self.admitted]
+        )
+        left = self.usage.copy()
+        cap_gpus, cap_instances = self.policy.max_gpus, self.policy.max_instances
+        for end, team, gpus, instances in ends:
+            left.add(team, gpus, instances, sign=-1)
+            # Under the caps first (cheap, and `fit` requires it), then the whole rule.
+            under_caps = (
+                left.gpus + job.gpus <= cap_gpus and left.instances + job.instances <= cap_instances
+            )
+            if under_caps and self._fits_on(job, left):
+                self.reservation = Reservation(job.job_id, end)
+                self.reservation_job, self.at_reservation = job, left
+                return self.reservation
+        return None
+
+    def delays_reservation(self, job: QueuedJob) -> bool:
+        """Would admitting `job` (which fits now) delay the reserved job's expected start in a
+        way the reservation forbids? Not if it is expected to end by then, nor if the reserved
+        job still fits then with it held, nor if it is of a higher class."""
+        reserved, later = self.reservation_job, self.at_reservation
+        if reserved is None or later is None or self._ends_before_reservation(job):
+            return False
+        if CLASS_RANK[job.priority] > CLASS_RANK[reserved.priority]:
+            # A higher class is not held back by a lower one's reservation, even one aging
+            # ranks ahead of it: priority means that it starts within minutes.
+            return False
+        later.add(job.team, job.gpus, job.instances)
+        fits = self._fits_on(reserved, later)
+        later.add(job.team, job.gpus, job.instances, sign=-1)
+        return not fits
 
     def stream_blocked(self, stream: Stream) -> WaitReason | None:
         """Why no job of the stream could be admitted now or preempt for room (None when one
@@ -490,6 +598,12 @@ class _Pass:
         return None if candidates is None else _choose_victims(self, job, candidates)
 
 
+# The reasons of a job that waits for room the jobs holding GPUs will give back when they end.
+_NEEDS_ROOM = frozenset(
+    {WaitReason.QUOTA, WaitReason.CAPACITY, WaitReason.WINDOW, WaitReason.BOOKING}
+)
+
+
 def entitlement(team: str, booked: Mapping[str, int], policy: QueuePolicy) -> int:
     """The GPUs a team may hold without borrowing: its quota and its bookings active now
     (`booked`, GPUs per team)."""
@@ -514,6 +628,8 @@ def _victim_order(job: RunningJob) -> tuple[bool, int, float]:
 def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: QueuePolicy) -> bool:
     if victim.draining or now - victim.admitted_at < policy.min_runtime_seconds:
         return False
+    if victim.preemptions >= policy.max_preemptions_per_job:
+        return False  # stopped often enough: it runs to its end
     if victim.priority is Priority.CRITICAL:
         return False
     lower = CLASS_RANK[victim.priority] < CLASS_RANK[preemptor.priority]
@@ -664,7 +780,9 @@ def decide_streams(
             decision.waiting[job.job_id] = WaitReason.BUDGET
             return False
         reason, borrowed, in_reserve = state.fit(job)
-        if reason is None:
+        if reason is None and state.delays_reservation(job):
+            reason = WaitReason.RESERVED
+        elif reason is None:
             decision.admitted.append(state.admit(job, borrowed, in_reserve))
             return True
         if job.job_id in draining_for:
@@ -682,6 +800,9 @@ def decide_streams(
                 draining_for.add(job.job_id)
                 state.changes += 1
                 reason = WaitReason.PREEMPTING
+        if reason in _NEEDS_ROOM and not state.reservation_tried:
+            state.reservation_tried = True
+            decision.reservation = state.reserve(job)
         decision.waiting[job.job_id] = reason
         return False
 
@@ -693,6 +814,8 @@ def decide_streams(
     waited_in_a_row = [0] * len(streams)
     heads: list[tuple[float, float, str, int, QueuedJob]] = []
 
+    closed: set[int] = set()  # streams blocked whose next job was read for the reservation
+
     def read_on(index: int) -> None:
         stream = streams[index]
         if checked_at[index] != state.changes:
@@ -700,7 +823,12 @@ def decide_streams(
             blocked = state.stream_blocked(stream)
             if blocked is not None:
                 decision.blocked_streams[(stream.team, stream.priority)] = blocked
-                return
+                if state.reservation_tried:
+                    return
+                # None of its jobs could be admitted or preempt, but its next one may be the
+                # first job of the pass to wait for room: it is read to be judged for the
+                # reservation, and the stream no further.
+                closed.add(index)
         job = next(readers[index], None)
         if job is not None:
             rank = -effective_priority(job, now, policy)
@@ -710,6 +838,10 @@ def decide_streams(
         read_on(index)
     while heads:
         *_, index, job = heapq.heappop(heads)
+        if index in closed:
+            if not state.reservation_tried and job.job_id not in nominated_ids:
+                consider(job)
+            continue
         if job.job_id not in nominated_ids:  # those were considered first
             admitted = consider(job)
             waited_in_a_row[index] = 0 if admitted else waited_in_a_row[index] + 1

@@ -189,8 +189,8 @@ def check_ssm_parameters(
             fixes.append(f"bootstrap CDK here: cdk bootstrap aws://ACCOUNT/{region}")
         if any(not name.startswith(CDK_BOOTSTRAP_PREFIX) for name in missing):
             fixes.append(
-                "deploy with an AMI parameter that exists there (-c ami_ssm_parameter=...; list "
-                "them: aws ssm get-parameters-by-path --path /aws/service/deeplearning/ami/x86_64/"
+                "deploy with image parameters that exist there (-c ami_<target>=... or =none; "
+                "list them: aws ssm get-parameters-by-path --path /aws/service/deeplearning/ami/"
                 " --recursive --query 'Parameters[].Name')"
             )
         return failed(

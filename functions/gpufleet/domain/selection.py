@@ -44,6 +44,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots, unbootable_reason
 from gpufleet.domain.catalog import (
     INTERRUPTION_BUCKETS,
     CapacityType,
@@ -218,8 +219,12 @@ def select(
     checkpoint_interval_hours: float | None = None,
     unavailable: frozenset[str] = frozenset(),
     limit: int = 10,
+    bootable: frozenset[BootTarget] = STOCK_TARGETS,
 ) -> Selection:
     """Rank the feasible offerings in `region`, cheapest expected cost to finish first.
+
+    `bootable`: what the deployment's launch templates boot (Settings.bootable); a type none
+    of them boots is never ranked.
 
     Raises NoFeasibleOffering naming the constraint that ruled everything out.
     """
@@ -251,7 +256,7 @@ def select(
     candidates: list[tuple[float, int, int, int, str, str, int]] = []
     pool: list[tuple[Offering, float]] = []
     for it, offerings in groups:
-        if not _feasible(it, resources, models):
+        if not _feasible(it, resources, models) or not boots(it, bootable):
             continue
         extra = it.gpus - want
         for o in offerings:
@@ -275,7 +280,13 @@ def select(
             pool.append((o, rework))
     if not candidates:
         raise _explain(
-            resources, caps, index.accelerated + index.cpu_only, region, unavailable, catalog
+            resources,
+            caps,
+            index.accelerated + index.cpu_only,
+            region,
+            unavailable,
+            catalog,
+            bootable,
         )
     best = heapq.nsmallest(limit, candidates)
     ranked = tuple(
@@ -344,6 +355,7 @@ def _explain(
     region: str,
     unavailable: frozenset[str],
     catalog: Catalog,
+    bootable: frozenset[BootTarget],
 ) -> NoFeasibleOffering:
     """Apply the constraints one at a time and report the first that empties the set."""
     pool = list(groups)
@@ -433,6 +445,14 @@ def _explain(
                 "efa",
             )
         pool = kept
+    kept = [g for g in pool if boots(g[0], bootable)]
+    if not kept:
+        reasons = sorted({unbootable_reason(g[0], bootable) for g in pool})
+        return fail(
+            f"no matching instance type {where} can boot: {'; '.join(reasons)}",
+            "boot",
+        )
+    pool = kept
     offerings = [o for _, offs in pool for o in offs if o.capacity_type in caps]
     if not offerings:
         policy = "spot" if caps == {"spot"} else "on-demand"

@@ -39,6 +39,10 @@ from pydantic import (
 
 from gpufleet.errors import RefusedInput
 
+# A job's expected run time when neither its spec nor its team's history says: one hour, the
+# unit prices are quoted in (`domain.duration`, and the queue's view of a job without one).
+DEFAULT_EXPECTED_SECONDS = 3600
+
 # Upper bound on a spec document, as uploaded and as stored (its canonical JSON, which can be
 # longer than the YAML it came from). Real specs are a few KiB; anything near this is abuse.
 MAX_SPEC_BYTES = 256 * 1024

@@ -24,8 +24,11 @@ from typing import Any
 
 from gpufleet import topology
 from gpufleet.adapters.aws.runtime import new_session
+from gpufleet.domain.boot import BootTarget, network_interfaces, template_keys
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
 from gpufleet.emulator import account_baseline
+from gpufleet.emulator.clock import EmulatorClock, WallClock
 from gpufleet.emulator.patches import (
     EMULATOR,
     EXECUTION_ENDED,
@@ -41,8 +44,9 @@ ACCOUNT_ID = "123456789012"
 BUS_NAME = "gpufleet"
 BUCKET_NAME = "gpufleet-intake-123456789012"
 CONFIG_FILE = Path(__file__).resolve().parents[3] / "gpufleet.yaml"
-# moto ships real AMI ids; any one does for a launch template in the emulator.
-AMI_ID = "ami-12c6146b"
+# moto ships real AMI ids (and their architectures): one per architecture stands for every
+# image of that architecture (the stack's BOOT_IMAGES).
+AMI_BY_ARCH = {"x86_64": "ami-12c6146b", "arm64": "ami-0e9271c829888680e"}
 
 # The emulator's own settings: short waits so a demo finishes in seconds.
 EMULATOR_ENV = {
@@ -66,11 +70,13 @@ class Account:
     state_machine_arns: dict[str, str] = field(default_factory=dict)
     bucket: str = BUCKET_NAME
     bus: str = BUS_NAME
-    launch_template_id: str = ""
-    efa_launch_template_id: str = ""
+    # Launch template id by template key, as the stack's ENV_LAUNCH_TEMPLATES.
+    launch_templates: dict[str, str] = field(default_factory=dict)
     subnet_ids: list[str] = field(default_factory=list)
     config: FleetConfig = field(default_factory=FleetConfig)
     notify_topic_arn: str = ""
+    # What the account's nodes, loops and heartbeat timeouts wait on (`clock`).
+    clock: EmulatorClock = field(default_factory=WallClock)
 
     def client(self, service: str) -> Any:
         return new_session().client(service, region_name=self.region)
@@ -91,8 +97,9 @@ class Account:
                 topology.ENV_STATE_MACHINE: self.state_machine_arns.get(
                     topology.JOB_LIFECYCLE.construct_id, ""
                 ),
-                topology.ENV_LAUNCH_TEMPLATE: self.launch_template_id,
-                topology.ENV_EFA_LAUNCH_TEMPLATE: self.efa_launch_template_id,
+                topology.ENV_LAUNCH_TEMPLATES: topology.launch_templates_value(
+                    self.launch_templates
+                ),
                 topology.ENV_SUBNETS: ",".join(self.subnet_ids),
                 topology.ENV_CONFIG: config_to_env(self.config),
                 topology.ENV_NOTIFY_TOPIC: self.notify_topic_arn,
@@ -136,9 +143,12 @@ def repository_config() -> FleetConfig:
 
 @contextmanager
 def embedded_account(
-    extra_env: Mapping[str, str] | None = None, config: FleetConfig | None = None
+    extra_env: Mapping[str, str] | None = None,
+    config: FleetConfig | None = None,
+    clock: EmulatorClock | None = None,
 ) -> Iterator[Account]:
-    """Start moto, create the stack's resources, and patch in the real handlers."""
+    """Start moto, create the stack's resources, and patch in the real handlers. The account's
+    timers run on `clock` (the wall clock when not given)."""
     from moto import mock_aws
 
     saved_env = dict(os.environ)
@@ -164,9 +174,11 @@ def embedded_account(
     mock.start()
     patches: Installed | None = None
     try:
-        patches = install(recorder, _write_log)  # all or nothing: it undoes itself if it fails
+        clock = clock or WallClock()
+        # All or nothing: it undoes itself if it fails.
+        patches = install(recorder, _write_log, clock)
         with acting_as(EMULATOR):
-            account = _create_resources(recorder, config or repository_config())
+            account = _create_resources(recorder, config or repository_config(), clock)
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
@@ -219,8 +231,8 @@ def _forget_cold_starts() -> None:
         cached.cache_clear()
 
 
-def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
-    account = Account(region=REGION, recorder=recorder, config=config)
+def _create_resources(recorder: Recorder, config: FleetConfig, clock: EmulatorClock) -> Account:
+    account = Account(region=REGION, recorder=recorder, config=config, clock=clock)
     dynamodb = account.client("dynamodb")
     for table in topology.TABLES:
         name = f"gpufleet-{table.construct_id}"
@@ -239,26 +251,7 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
         {"ResourceType": kind, "Tags": [{"Key": topology.TAG_MANAGED, "Value": "true"}]}
         for kind in topology.TAGGED_AT_LAUNCH
     ]
-    account.launch_template_id = ec2.create_launch_template(
-        LaunchTemplateName="gpufleet-node",
-        LaunchTemplateData={
-            "ImageId": AMI_ID,
-            "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
-            "TagSpecifications": tagged,
-        },
-    )["LaunchTemplate"]["LaunchTemplateId"]
-    # The same with an EFA as its network interface (multi-node jobs on EFA types).
-    account.efa_launch_template_id = ec2.create_launch_template(
-        LaunchTemplateName="gpufleet-node-efa",
-        LaunchTemplateData={
-            "ImageId": AMI_ID,
-            "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
-            "NetworkInterfaces": [
-                {"DeviceIndex": 0, "InterfaceType": "efa", "DeleteOnTermination": True}
-            ],
-            "TagSpecifications": tagged,
-        },
-    )["LaunchTemplate"]["LaunchTemplateId"]
+    account.launch_templates = _launch_templates(ec2, tagged)
 
     role_arn = account.client("iam").create_role(
         RoleName="gpufleet-emulator",
@@ -335,8 +328,28 @@ def _create_resources(recorder: Recorder, config: FleetConfig) -> Account:
             ]
         },
     )
-    account_baseline.populate(account, AMI_ID)
+    account_baseline.populate(account, AMI_BY_ARCH)
     return account
+
+
+def _launch_templates(ec2: Any, tagged: list[dict[str, Any]]) -> dict[str, str]:
+    """One launch template per template key of the stack's boot images, as the stack makes
+    them: the image of the target's architecture, the EFA interfaces of its width."""
+    group = ec2.describe_security_groups(GroupNames=["default"])["SecurityGroups"][0]["GroupId"]
+    targets = frozenset(BootTarget.parse(image.target) for image in topology.BOOT_IMAGES)
+    templates = {}
+    for key in template_keys(load_bundled().instance_types(), targets):
+        data: dict[str, Any] = {
+            "ImageId": AMI_BY_ARCH[key.target.arch],
+            "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+            "TagSpecifications": tagged,
+        }
+        if key.efa is not None:
+            data["NetworkInterfaces"] = network_interfaces(key.efa, group)
+        templates[key.name] = ec2.create_launch_template(
+            LaunchTemplateName=f"gpufleet-node-{key.name}", LaunchTemplateData=data
+        )["LaunchTemplate"]["LaunchTemplateId"]
+    return templates
 
 
 def table_definition(table: topology.Table, name: str) -> dict[str, Any]:

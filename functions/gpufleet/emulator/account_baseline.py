@@ -1,8 +1,9 @@
 """What a real account holds before gpufleet's first job, and moto's does not.
 
-- The public SSM parameters of the GPU AMI and of the Powertools layer, as the stack resolves
-  them at deploy time: moto serves only a few `/aws/service/` trees, and refuses, as SSM does,
-  a PutParameter under `/aws`; the parameter is put in the backend, as AWS publishes it. And
+- The public SSM parameters of the node images (one per boot target) and of the Powertools
+  layer, as the stack resolves them at deploy time: moto serves only a few `/aws/service/`
+  trees, and refuses, as SSM does, a PutParameter under `/aws`; the parameter is put in the
+  backend, as AWS publishes it. And
   CDK's bootstrap version parameter, which `cdk bootstrap` leaves and every deploy checks.
 - Spot's service-linked role under its real name and path (moto's CreateServiceLinkedRole names
   it `AWSServiceRoleForspot`), as in an account that has launched spot before.
@@ -24,20 +25,17 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from botocore.awsrequest import AWSResponse
 
+from gpufleet import topology
 from gpufleet.domain.readiness import DEFAULT_ROUTE, SPOT_ROLE_NAME, VCPU_QUOTAS
 
 if TYPE_CHECKING:
     from gpufleet.emulator.account import Account
 
-# The stack's default (infra/config.py; tests/infrastructure/test_doctor_template.py compares).
-AMI_SSM_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-)
 AMI_PARAMETER_TYPE = "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
 # The Powertools layer's public parameter the functions' layer comes from (infra's default).
 POWERTOOLS_LAYER_PARAMETER = "/aws/service/powertools/python/x86_64/python3.12/latest"
@@ -140,9 +138,9 @@ def set_lambda_concurrency(account: Account, value: int) -> None:
     setattr(_lambda_backend(account.region), _CONCURRENCY_ATTRIBUTE, value)
 
 
-def populate(account: Account, ami_id: str) -> None:
+def populate(account: Account, ami_by_arch: Mapping[str, str]) -> None:
     """Create what the account holds before the first job (see the module's docstring)."""
-    _publish_ami_parameter(account, ami_id)
+    _publish_ami_parameters(account, ami_by_arch)
     account.client("ssm").put_parameter(
         Name=CDK_BOOTSTRAP_VERSION_PARAMETER, Value=CDK_BOOTSTRAP_VERSION, Type="String"
     )
@@ -151,8 +149,12 @@ def populate(account: Account, ami_id: str) -> None:
     _subscribe_an_operator(account)
 
 
-def _publish_ami_parameter(account: Account, ami_id: str) -> None:
-    _publish(account, AMI_SSM_PARAMETER, ami_id, "aws:ec2:image")
+def _publish_ami_parameters(account: Account, ami_by_arch: Mapping[str, str]) -> None:
+    """Each of the stack's image parameters (topology.BOOT_IMAGES), naming an image of its
+    target's architecture."""
+    for image in topology.BOOT_IMAGES:
+        arch = image.target.partition("-")[0]
+        _publish(account, image.ssm_parameter, ami_by_arch[arch], "aws:ec2:image")
     _publish(account, POWERTOOLS_LAYER_PARAMETER, POWERTOOLS_LAYER_ARN, "text")
 
 
@@ -228,7 +230,13 @@ def stack_parameters() -> dict[str, Any]:
     """The SSM-typed parameters of the deployed stack's template: the AMI, the Powertools
     layer and CDK's bootstrap version."""
     return {
-        "AmiParameter": {"Type": AMI_PARAMETER_TYPE, "Default": AMI_SSM_PARAMETER},
+        **{
+            f"AmiParameter{image.target}": {
+                "Type": AMI_PARAMETER_TYPE,
+                "Default": image.ssm_parameter,
+            }
+            for image in topology.BOOT_IMAGES
+        },
         "PowertoolsLayerParameter": {
             "Type": "AWS::SSM::Parameter::Value<String>",
             "Default": POWERTOOLS_LAYER_PARAMETER,

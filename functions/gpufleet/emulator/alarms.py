@@ -40,7 +40,7 @@ def breaching(values: Sequence[float], comparison: str, threshold: float, period
 
 class AlarmEvaluator(Ticker):
     def __init__(self, account: Account, every_seconds: float = 0.5) -> None:
-        super().__init__("alarm-evaluator", every_seconds)
+        super().__init__("alarm-evaluator", every_seconds, account.clock)
         self._cloudwatch = account.client("cloudwatch")
         self._events = account.client("events")
 

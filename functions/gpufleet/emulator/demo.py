@@ -14,6 +14,7 @@ from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.alarms import AlarmEvaluator
+from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.metrics import PublishedMetric, published_metrics
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, Behaviour, NodeScenario, NodeSimulator
@@ -51,7 +52,7 @@ class DemoScenario:
     submissions: list[Submission]
     nodes: NodeScenario
     spot_capacity_errors: frozenset[str] = frozenset()
-    timeout_seconds: float = 180.0
+    timeout_seconds: float = 180.0  # emulated seconds (`clock.PacedClock`)
     config: FleetConfig | None = None  # None: the repository's gpufleet.yaml
     # Jobs whose workflow is stopped once they run (StopExecution, as from the console): the
     # backstop ends them.
@@ -261,7 +262,12 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
         BUCKET_NAME,
         lambda name, capacity: capacity == "spot" and name in scenario.spot_capacity_errors,
     )
-    with injected(faults), embedded_account(config=scenario.config) as account:
+    # Emulated time: a loaded machine makes the demo slower, never another demo.
+    with (
+        injected(faults),
+        paced_clock() as clock,
+        embedded_account(config=scenario.config, clock=clock) as account,
+    ):
         with acting_as(EMULATOR):
             store = DynamoJobStore(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
@@ -282,9 +288,9 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                     say(f"submitted {submission.path.name} via {submission.via}")
             seen: dict[str, str] = {}
             running_since: dict[str, float] = {}
-            deadline = time.monotonic() + scenario.timeout_seconds
+            deadline = clock.now() + scenario.timeout_seconds
             jobs: list[Job] = []
-            while time.monotonic() < deadline:
+            while clock.now() < deadline:
                 observer.poll()
                 jobs = store.list_jobs()
                 for job in sorted(jobs, key=lambda j: j.created_at):
@@ -301,13 +307,13 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                         status = job.status.value + stage
                         say(f"{job.job_id} {job.spec.name:<16} {status}{where}{reason}")
                         if job.status.value == "RUNNING":
-                            running_since.setdefault(job.spec.name, time.monotonic())
+                            running_since.setdefault(job.spec.name, clock.now())
                             if job.spec.name in scenario.stop_workflows:
                                 _stop_workflow(account, job.job_id)
                                 say(f"{job.job_id} {job.spec.name:<16} workflow stopped")
                 for submission in list(held_back):
                     since = running_since.get(submission.after_running or "")
-                    if since is not None and time.monotonic() - since >= submission.delay_seconds:
+                    if since is not None and clock.now() - since >= submission.delay_seconds:
                         held_back.remove(submission)
                         _submit(account, submission)
                         say(f"submitted {submission.path.name} via {submission.via}")
@@ -317,7 +323,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
                     result.completed = _executions_finished(account)
                     if result.completed:
                         break
-                time.sleep(0.25)
+                clock.sleep(0.25)
             for rejection in observer.rejections:
                 say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
             scheduler.stop()

@@ -24,7 +24,16 @@ documents, so the code under test meets the answers a real account gives:
    (CreateCapacityReservation, DescribeCapacityReservations, and `hold` for the ones a config
    names).
 
-4. **TerminateInstances takes up to 1,000 ids** ("Constraints: Up to 1000 instance IDs"); moto
+4. **The image and the network interfaces must fit the instance type.** An AMI of another
+   architecture than the type's is `InvalidParameterValue` ("The architecture 'arm64' of the
+   specified instance type does not match the architecture 'x86_64' of the specified AMI");
+   an EFA interface (`efa`, `efa-only`) on a type without EFA, more EFA interfaces than the
+   type takes, or a `NetworkCardIndex` past its network cards are refused
+   (`InvalidParameterCombination`, `InvalidParameterValue`; EC2 User Guide, "Elastic Fabric
+   Adapter" and "Network cards"). What a type has is EC2's DescribeInstanceTypes as moto
+   bundles it, not gpufleet's catalog.
+
+5. **TerminateInstances takes up to 1,000 ids** ("Constraints: Up to 1000 instance IDs"); moto
    takes any number. More is refused, and nothing is terminated.
 
 CreateFleet reports what fails for an override in `Errors[]`, as an instant fleet reports a
@@ -197,7 +206,7 @@ class Ec2Rules:
                     data,
                     spot=spot,
                     group=override.get("Placement", {}).get("GroupName"),
-                )
+                ) or _instance_fault(backend, {**data, **override}, override.get("InstanceType"))
                 if fault is not None:
                     code, message = fault
                     errors.append(
@@ -224,7 +233,7 @@ class Ec2Rules:
             return _refusal("InvalidParameterValue", NO_SPOT_REQUEST_MESSAGE)
         fault = self._launch_fault(
             data, spot=market == "spot", group=merged.get("Placement", {}).get("GroupName")
-        )
+        ) or _instance_fault(backend, merged, merged.get("InstanceType"))
         if fault is not None:
             return _refusal(*fault)
         target = (
@@ -412,6 +421,60 @@ def _tags_only(request: Mapping[str, Any], taggable: frozenset[str], what: str) 
                 "InvalidParameterValue",
                 f"{what} can tag only {sorted(taggable)} at creation, "
                 f"not '{spec.get('ResourceType')}'.",
+            )
+    return None
+
+
+_EFA_INTERFACES = frozenset({"efa", "efa-only"})
+
+
+def _instance_fault(
+    backend: Any, launch: Mapping[str, Any], instance_type: str | None
+) -> tuple[str, str] | None:
+    """Why EC2 would not start `instance_type` from `launch` (a template's data, merged with a
+    RunInstances request): its image's architecture, its network interfaces (None: it would)."""
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    described = INSTANCE_TYPES.get(instance_type or "")
+    if described is None:
+        return None  # moto refuses unknown types itself
+    arches = described.get("ProcessorInfo", {}).get("SupportedArchitectures", [])
+    image_id = launch.get("ImageId")
+    if image_id:
+        images = backend.describe_images(ami_ids=[image_id])
+        image_arch = images[0].architecture if images else None
+        if image_arch and image_arch not in arches:
+            return (
+                "InvalidParameterValue",
+                f"The architecture '{arches[0] if arches else 'unknown'}' of the specified "
+                f"instance type does not match the architecture '{image_arch}' of the specified "
+                "AMI. Specify an instance type and an AMI that have matching architectures, and "
+                "try again.",
+            )
+    network = described.get("NetworkInfo", {})
+    interfaces = launch.get("NetworkInterfaces") or []
+    efa = [i for i in interfaces if i.get("InterfaceType") in _EFA_INTERFACES]
+    if efa and not network.get("EfaSupported"):
+        return (
+            "InvalidParameterCombination",
+            f"The specified instance type {instance_type} does not support Elastic Fabric "
+            "Adapter (EFA) interfaces.",
+        )
+    most = int(network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0))
+    if len(efa) > most:
+        return (
+            "InvalidParameterValue",
+            f"You can attach at most {most} EFA interfaces to a {instance_type} instance, "
+            f"not {len(efa)}.",
+        )
+    cards = int(network.get("MaximumNetworkCards", 1))
+    for interface in interfaces:
+        card = int(interface.get("NetworkCardIndex", 0))
+        if not 0 <= card < cards:
+            return (
+                "InvalidParameterValue",
+                f"Network card index {card} is out of range for instance type {instance_type}, "
+                f"which has {cards} network card{'s' if cards > 1 else ''}.",
             )
     return None
 

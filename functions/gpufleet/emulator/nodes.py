@@ -34,6 +34,7 @@ from gpufleet.agent.node import (
 )
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
+from gpufleet.emulator.clock import EmulatorClock
 from gpufleet.emulator.fake_docker import Docker, NodeHardware, install_node
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.errors import GpufleetError
@@ -184,9 +185,11 @@ class SimulatedRuntime:
         resumed: set[str],
         log: ContainerLog,
         flagged: Callable[[str], bool],
+        clock: EmulatorClock,
         output: Callable[[str], None] = lambda _line: None,
     ) -> None:
         self._ec2 = ec2
+        self._clock = clock
         self._flagged = flagged
         self._instance_id = instance_id
         self._scenario = scenario
@@ -201,22 +204,22 @@ class SimulatedRuntime:
             self._log.write(f"resuming from {manifest.checkpoint}")
         self._log.write(f"{manifest.image}: {' '.join(manifest.command)} on {manifest.gpus} GPU(s)")
         if behaviour.needs_gpu_memory_gib > self._gpu_memory_gib():
-            time.sleep(min(behaviour.duration_seconds, 0.5))
+            self._clock.sleep(min(behaviour.duration_seconds, 0.5))
             self._log.write("torch.OutOfMemoryError: CUDA out of memory")
             return RunOutcome(
                 exit_code=1, reason="torch.OutOfMemoryError: CUDA out of memory", oom=True
             )
-        started = time.monotonic()
+        started = self._clock.now()
         deadline = started + min(behaviour.duration_seconds, manifest.timeout_seconds)
         looked = started
-        while time.monotonic() < deadline or self._held(behaviour, manifest.job_id, started):
+        while self._clock.now() < deadline or self._held(behaviour, manifest.job_id, started):
             self._print_metrics(behaviour)
-            if stop.wait(0.1):
+            if self._clock.wait(stop, 0.1):
                 self._log.write("SIGTERM: checkpoint written, exiting")
                 return RunOutcome(exit_code=0, reason="checkpointed on request")
             # A DescribeInstances is much of a busy emulator's CPU: asked twice a second.
-            if time.monotonic() - looked >= _ALIVE_CHECK_SECONDS:
-                looked = time.monotonic()
+            if self._clock.now() - looked >= _ALIVE_CHECK_SECONDS:
+                looked = self._clock.now()
                 if not self._alive():
                     if not behaviour.warned:
                         raise NodeVanished(self._instance_id)  # gone with its machine
@@ -227,7 +230,7 @@ class SimulatedRuntime:
         return RunOutcome(exit_code=behaviour.exit_code)
 
     def _held(self, behaviour: Behaviour, job_id: str, started: float) -> bool:
-        if not behaviour.until_flagged or time.monotonic() > started + FLAG_WAIT_SECONDS:
+        if not behaviour.until_flagged or self._clock.now() > started + FLAG_WAIT_SECONDS:
             return False
         with acting_as(EMULATOR):
             return not self._flagged(job_id)
@@ -251,9 +254,10 @@ class SimulatedRuntime:
 class SimulatedGpus:
     """What nvidia-smi would say: the scenario's utilization and temperature for the job."""
 
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, clock: EmulatorClock) -> None:
         self._behaviour = behaviour
-        self._started = time.monotonic()
+        self._clock = clock
+        self._started = clock.now()
 
     def utilization_percent(self) -> float | None:
         return self._behaviour.gpu_utilization
@@ -263,7 +267,7 @@ class SimulatedGpus:
 
     def memory_used_mib(self) -> float | None:
         growth = self._behaviour.gpu_memory_growth_mib_per_second
-        return self._behaviour.gpu_memory_mib + growth * (time.monotonic() - self._started)
+        return self._behaviour.gpu_memory_mib + growth * (self._clock.now() - self._started)
 
 
 class _Discarded(io.StringIO):
@@ -310,6 +314,7 @@ class NodeSimulator:
     def __init__(self, account: Account, scenario: NodeScenario) -> None:
         self._account = account
         self._scenario = scenario
+        self._clock = account.clock
         self._ec2 = account.client("ec2")
         self._jobs = DynamoJobStore(
             account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
@@ -391,10 +396,10 @@ class NodeSimulator:
                     )
                     self._threads.append(thread)
                     thread.start()
-                self._stop.wait(0.1)
+                self._clock.wait(self._stop, 0.1)
 
     def _boot(self, instance_id: str) -> None:
-        time.sleep(self._scenario.boot_seconds)
+        self._clock.sleep(self._scenario.boot_seconds)
         with acting_as(NODE):
             identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
             if not self._claimed(identity):
@@ -423,6 +428,7 @@ class NodeSimulator:
                     self.resumed,
                     log,
                     flagged=self._flagged,
+                    clock=self._clock,
                     output=job_metrics.feed,
                 )
             agent = NodeAgent(
@@ -432,7 +438,7 @@ class NodeSimulator:
                 runtime=runtime,
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
-                gpu_probe=SimulatedGpus(behaviour),
+                gpu_probe=SimulatedGpus(behaviour, self._clock),
                 metrics=node,
                 metrics_seconds=self._scenario.metrics_seconds,
                 job_metrics=job_metrics,
@@ -440,6 +446,7 @@ class NodeSimulator:
                 finish_resend_seconds=self._scenario.finish_resend_seconds,
                 finish_resends=self._scenario.finish_resends,
                 going=self._gone[instance_id],
+                clock=self._clock,
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
@@ -485,7 +492,7 @@ class NodeSimulator:
         while TAG_JOB_ID not in identity.tags():
             if self._stop.is_set() or not self._alive(identity.instance_id()):
                 return False
-            self._stop.wait(0.2)
+            self._clock.wait(self._stop, 0.2)
         return True
 
     def _alive(self, instance_id: str) -> bool:
@@ -497,13 +504,12 @@ class NodeSimulator:
             if behaviour.interrupt_after_seconds is None or job_id in self.interrupted_jobs:
                 return
             self.interrupted_jobs.add(job_id)
-        timer = threading.Timer(
-            behaviour.interrupt_after_seconds,
-            self._interrupt,
-            args=(instance_id, behaviour.warned),
-        )
-        timer.daemon = True
-        timer.start()
+        threading.Thread(
+            target=self._interrupt,
+            args=(instance_id, behaviour.warned, behaviour.interrupt_after_seconds),
+            name=f"reclaim-{instance_id}",
+            daemon=True,
+        ).start()
 
     def _job_run(self, job_id: str) -> tuple[str, str | None]:
         """The job's name and the stage its manifest runs now (a node's runtime is chosen at
@@ -518,10 +524,11 @@ class NodeSimulator:
         stage = document.get("stage")
         return str(document.get("name", "")), None if stage is None else str(stage)
 
-    def _interrupt(self, instance_id: str, warned: bool) -> None:
-        """What EC2 does when it reclaims a spot instance: the warning event and IMDS notice,
-        two minutes later the termination and its state-change event (unwarned: only the
-        termination and its event)."""
+    def _interrupt(self, instance_id: str, warned: bool, after_seconds: float) -> None:
+        """What EC2 does when it reclaims a spot instance `after_seconds` into its run: the
+        warning event and IMDS notice, two minutes later the termination and its state-change
+        event (unwarned: only the termination and its event)."""
+        self._clock.sleep(after_seconds)
         with acting_as(EMULATOR):
             if warned:
                 self.notices[instance_id] = json.dumps({"action": "terminate"})
@@ -529,7 +536,7 @@ class NodeSimulator:
                     DETAIL_SPOT_WARNING,
                     {"instance-id": instance_id, "instance-action": "terminate"},
                 )
-                time.sleep(self._scenario.notice_seconds)
+                self._clock.sleep(self._scenario.notice_seconds)
             self._ec2.terminate_instances(InstanceIds=[instance_id])
             self._aws_event(
                 DETAIL_STATE_CHANGE, {"instance-id": instance_id, "state": "terminated"}

@@ -15,7 +15,7 @@ service models, see `sessions`); the AWS APIs themselves (the stack's resources,
 schedules, alarms). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
-The registry (`PATCHES`: 16 attributes, 14 of moto and 2 of Powertools), and why each cannot be
+The registry (`PATCHES`: 18 attributes, 16 of moto and 2 of Powertools), and why each cannot be
 avoided:
 
 - `LambdaFunction._invoke_lambda`: without Docker moto runs no function code. Every invocation
@@ -37,6 +37,10 @@ avoided:
   result was sent while its Lambda still ran (Launch handing back a launch that got no capacity)
   waits out a whole heartbeat period in moto, which makes the heartbeat endpoint after the
   result came; Step Functions takes such a result at once. The new endpoint is told of it.
+- `HeartbeatEndpoint.clear_and_wait`, `WaitFunction._wait_interval`: moto times a task's
+  `HeartbeatSeconds` and a `Wait` state with wall-clock waits, so a loaded machine that delivers
+  a heartbeat late fails a healthy node, and a launch's retry comes earlier, in emulated time,
+  than under no load. Both wait on the account's clock (`clock`), the one its nodes run on.
 - `json_path.parse`: moto's Step Functions interpreter parses each JSONPath at every read with a
   new parser: much of a busy account's CPU. Expressions are immutable: each is parsed once.
 - `BaseExecutionWorkerCommunication.terminated`, `Execution.stop`: moto never sends Step
@@ -77,6 +81,7 @@ import botocore.handlers
 from gpufleet.errors import GpufleetError
 
 if TYPE_CHECKING:
+    from gpufleet.emulator.clock import EmulatorClock
     from gpufleet.emulator.ec2_rules import Ec2Rules
 
 CONTROL_PLANE = "control-plane"
@@ -194,6 +199,18 @@ ATOMIC_WRITES = tuple(
     Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "conditional writes are atomic")
     for operation in ("put_item", "update_item", "delete_item", "transact_write_items")
 )
+HEARTBEAT_TIMEOUTS = Patch(
+    f"{_SFN}.asl.eval.callback.callback",
+    "HeartbeatEndpoint.clear_and_wait",
+    "a task's heartbeat timeout is counted on the emulator's clock (moto: the wall clock's)",
+    ("self",),
+)
+WAIT_STATES = Patch(
+    f"{_SFN}.asl.component.state.wait.wait_function.wait_function",
+    "WaitFunction._wait_interval",
+    "a Wait state waits its seconds on the emulator's clock (moto: the wall clock's)",
+    ("self", "env", "wait_seconds"),
+)
 EARLY_TASK_RESULT = Patch(
     f"{_SFN}.asl.eval.callback.callback",
     "CallbackEndpoint.setup_heartbeat_endpoint",
@@ -243,6 +260,8 @@ PATCHES: tuple[Patch, ...] = (
     S3_TO_LAMBDA,
     S3_RECORD_VERSION,
     *ATOMIC_WRITES,
+    HEARTBEAT_TIMEOUTS,
+    WAIT_STATES,
     EARLY_TASK_RESULT,
     JSON_PATHS_PARSED_ONCE,
     EXECUTION_ENDED,
@@ -474,9 +493,11 @@ class Installed:
                 self._undo.remove(entry)
 
 
-def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Installed:
+def install(
+    recorder: Recorder, write_log: Callable[[str, str], None], clock: EmulatorClock
+) -> Installed:
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
-    stores a handler's output."""
+    stores a handler's output; heartbeat timeouts are counted on `clock`."""
     from gpufleet.adapters.aws import runtime
     from gpufleet.emulator import account_baseline, cloudwatch_rules, executions, loopback
     from gpufleet.emulator.ec2_rules import Ec2Rules
@@ -490,6 +511,8 @@ def install(recorder: Recorder, write_log: Callable[[str, str], None]) -> Instal
         S3_TO_LAMBDA: lambda _original: _s3_invoke,
         S3_RECORD_VERSION: _with_version_ids,
         **{patch: functools.partial(_serialized, write_lock) for patch in ATOMIC_WRITES},
+        HEARTBEAT_TIMEOUTS: lambda _original: _heartbeat_wait_on(clock),
+        WAIT_STATES: lambda _original: _wait_state_on(clock),
         EARLY_TASK_RESULT: _told_of_an_earlier_result,
         JSON_PATHS_PARSED_ONCE: functools.lru_cache(maxsize=1024),
         EXECUTION_ENDED: executions.emit_on_end,
@@ -635,6 +658,33 @@ def _serialized(lock: threading.RLock, original: Callable[..., Any]) -> Callable
             return original(self, *args, **kwargs)
 
     return atomic
+
+
+def _heartbeat_wait_on(clock: EmulatorClock) -> Callable[[Any], bool]:
+    def clear_and_wait(self: Any) -> bool:
+        # moto's own body, with its wall-clock `Event.wait` on the account's clock.
+        with self._mutex:
+            if self._next_heartbeat_event.is_set():
+                self._next_heartbeat_event.clear()
+                return True
+        return clock.wait(self._next_heartbeat_event, self._heartbeat_seconds)
+
+    return clear_and_wait
+
+
+# How often a Wait state looks whether its execution was stopped meanwhile (moto pulses an
+# event then, which a wait on the clock can miss).
+_WAIT_STATE_LOOK_SECONDS = 0.5
+
+
+def _wait_state_on(clock: EmulatorClock) -> Callable[[Any, Any, int], None]:
+    def wait_interval(self: Any, env: Any, wait_seconds: int) -> None:  # noqa: ARG001 - a method
+        # moto waits out the seconds unless the execution ends meanwhile; so does this.
+        deadline = clock.now() + wait_seconds
+        while env.is_running() and (left := deadline - clock.now()) > 0:
+            clock.wait(env.program_state_event, min(left, _WAIT_STATE_LOOK_SECONDS))
+
+    return wait_interval
 
 
 def _told_of_an_earlier_result(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,7 +16,7 @@ from gpufleet.emulator.ticker import Ticker
 
 class ScheduleRunner(Ticker):
     def __init__(self, account: Account, period_seconds: float = 5.0) -> None:
-        super().__init__("scheduler", period_seconds)
+        super().__init__("scheduler", period_seconds, account.clock)
         self._account = account
 
     def tick(self) -> None:

@@ -187,6 +187,8 @@ class DispatcherService:
             admitted_at=now,
             borrowed=admission.borrowed,
             in_reserve=admission.in_reserve,
+            preemptions=job.preemptions,
+            expected_end=now + job.expected_seconds,
         )
         if not self._ports.queue.admit(entry, running, limits, waiting=waiting):
             return False

@@ -53,6 +53,7 @@ def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService)
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
     catalog = load_bundled()
+    bootable = settings.bootable
 
     def planner(
         spec: JobSpec,
@@ -72,6 +73,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
             expected=expected,
             unavailable=unavailable,
             free_reservations=free_reservations,
+            bootable=bootable,
         )
 
     policy = LifecyclePolicy(

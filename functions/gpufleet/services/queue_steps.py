@@ -113,9 +113,14 @@ class QueueSteps(LifecycleBase):
 
     def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
         """The queue's entry for the job the workflow describes. `plan` is the one Prepare or
-        Requeue made: its first choice is the cost estimate."""
+        Requeue made: its first choice is the cost estimate, its expected run time the one the
+        queue reserves by."""
         return QueueEntry(
-            job=replace(queued, estimated_cost_usd=self.estimate_usd(plan)),
+            job=replace(
+                queued,
+                estimated_cost_usd=self.estimate_usd(plan),
+                expected_seconds=plan.expected_seconds,
+            ),
             task_token=task_token,
             queued_at=self._now(),
         )

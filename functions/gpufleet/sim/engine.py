@@ -64,7 +64,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpufleet.adapters.local.memory import InMemoryCapacityMemory
@@ -632,6 +632,9 @@ class Engine:
             instances=job.nodes,
             enqueued_at=job.enqueued_at,
             preempted_for=preempted_for,
+            preemptions=job.preemptions,
+            # What the queue entry carries in the Lambdas: the estimate its plan ranks by.
+            expected_seconds=self._expected(job).seconds,
         )
         if never_admissible(queued, self.policy.queue) is not None:
             self._fail(job, "never admissible")  # intake refuses it
@@ -683,6 +686,8 @@ class Engine:
                 admitted_at=self.now,
                 borrowed=admission.borrowed,
                 in_reserve=admission.in_reserve,
+                preemptions=queued.preemptions,
+                expected_end=self.now + queued.expected_seconds,
             )
             job.version += 1
             if self.policy.static_pool is not None:
@@ -907,17 +912,7 @@ class Engine:
         running = self.running.get(job.job_id)
         if running is None or running.draining:
             return
-        self.running[job.job_id] = RunningJob(
-            job_id=running.job_id,
-            team=running.team,
-            priority=running.priority,
-            gpus=running.gpus,
-            instances=running.instances,
-            admitted_at=running.admitted_at,
-            borrowed=running.borrowed,
-            in_reserve=running.in_reserve,
-            draining_for=for_job_id or "",
-        )
+        self.running[job.job_id] = replace(running, draining_for=for_job_id or "")
         job.preempted_for = for_job_id
         job.drain_reason = PREEMPTED if for_job_id is not None else RECLAIMED
         self.result.preemptions += 1

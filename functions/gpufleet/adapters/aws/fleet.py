@@ -1,9 +1,12 @@
 """Launching and releasing a job's instances with EC2 CreateFleet (type `instant`).
 
-Multi-node jobs on instance types with EFA launch from a second launch template whose network
-interface is an EFA (CreateFleet overrides cannot name network interfaces). With a warm pool, a
-single-node launch that may use the pool's type and capacity type takes an idle warm instance
-instead of calling CreateFleet (`warm_pool.DynamoWarmPool` makes the claim exclusive).
+Each instance type launches from the launch template of its boot target (architecture and
+accelerator family) and, for a multi-node job on an EFA type, of its EFA width: one EFA per
+network card (`domain/boot.py`). CreateFleet overrides cannot name network interfaces, so a
+request has one launch template config per template, each with the overrides that launch from
+it. With a warm pool, a single-node launch that may use the pool's type and capacity type
+takes an idle warm instance instead of calling CreateFleet (`warm_pool.DynamoWarmPool` makes
+the claim exclusive).
 
 A launch is idempotent across retries of the same attempt: its ClientToken is the attempt's
 first one, so a Launch that died after CreateFleet asks again and gets (and keeps) the
@@ -17,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -25,7 +28,10 @@ from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.transactions import BACKOFF
 from gpufleet.adapters.aws.warm_pool import DynamoWarmPool
+from gpufleet.domain.boot import template_key
+from gpufleet.domain.catalog import InstanceType, load_bundled
 from gpufleet.domain.launch import (
+    NO_LAUNCH_TEMPLATE,
     NO_SUBNET_IN_ZONE,
     TOKENS_SPENT,
     CapacityType,
@@ -65,18 +71,18 @@ class Ec2Fleet:
     def __init__(
         self,
         client: Any,
-        launch_template_id: str,
+        launch_templates: Mapping[str, str],
         subnet_ids: list[str],
         *,
-        efa_launch_template_id: str = "",
-        efa_types: frozenset[str] = frozenset(),
+        instance_type_of: Callable[[str], InstanceType] | None = None,
         warm_pool: DynamoWarmPool | None = None,
     ) -> None:
+        """`launch_templates`: template id by template key (`boot.TemplateKey.name`);
+        `instance_type_of`: what a type is (the bundled catalog's, by default)."""
         self._client = client
-        self._launch_template_id = launch_template_id
+        self._launch_templates = dict(launch_templates)
         self._subnet_ids = subnet_ids
-        self._efa_launch_template_id = efa_launch_template_id
-        self._efa_types = efa_types if efa_launch_template_id else frozenset()
+        self._instance_type_of = instance_type_of or load_bundled().instance_type
         self._warm = warm_pool
 
     @cached_property
@@ -162,6 +168,8 @@ class Ec2Fleet:
         planned_zone: dict[tuple[str, str], str | None] = {}
         overrides: list[dict[str, Any]] = []
         for override in request.overrides:
+            if self._template_id(override.instance_type, request.nodes) is None:
+                continue  # selection never plans such a type; a stale plan may
             zones = [override.zone] if override.zone else self._zone_names
             for zone in zones:
                 subnet = self._subnet_by_zone.get(zone or "")
@@ -176,13 +184,7 @@ class Ec2Fleet:
                 override_entry["Placement"] = {"GroupName": group}
         if not overrides:
             return LaunchResult(
-                capacity_type=request.capacity_type,
-                errors=[
-                    LaunchError(
-                        code=NO_SUBNET_IN_ZONE,
-                        message="no configured subnet lies in a zone the offerings name",
-                    )
-                ],
+                capacity_type=request.capacity_type, errors=[self._unlaunchable(request)]
             )
         parameters = self._fleet_parameters(request, overrides)
         return self._first_live_launch(
@@ -274,11 +276,28 @@ class Ec2Fleet:
             }
         return parameters
 
-    def _template_id(self, instance_type: str, nodes: int) -> str:
-        """The EFA template for a multi-node job on a type with EFA; the plain one otherwise."""
-        if nodes > 1 and instance_type in self._efa_types:
-            return self._efa_launch_template_id
-        return self._launch_template_id
+    def _template_id(self, instance_type: str, nodes: int) -> str | None:
+        """The template `nodes` nodes of the type launch from; None: the deployment has none."""
+        key = template_key(self._instance_type_of(instance_type), nodes)
+        return None if key is None else self._launch_templates.get(key.name)
+
+    def _unlaunchable(self, request: LaunchRequest) -> LaunchError:
+        """Why no override of `request` could be asked of EC2."""
+        unbooted = sorted(
+            {
+                o.instance_type
+                for o in request.overrides
+                if self._template_id(o.instance_type, request.nodes) is None
+            }
+        )
+        if len(unbooted) == len({o.instance_type for o in request.overrides}):
+            return LaunchError(
+                code=NO_LAUNCH_TEMPLATE,
+                message=f"no launch template of this deployment boots {', '.join(unbooted)}",
+            )
+        return LaunchError(
+            code=NO_SUBNET_IN_ZONE, message="no configured subnet lies in a zone the offerings name"
+        )
 
     def _launch_template_configs(
         self, nodes: int, overrides: list[dict[str, Any]]
@@ -287,6 +306,8 @@ class Ec2Fleet:
         by_template: dict[str, list[dict[str, Any]]] = {}
         for override in overrides:
             template = self._template_id(override["InstanceType"], nodes)
+            if template is None:
+                raise RuntimeError(f"no launch template boots {override['InstanceType']}")
             by_template.setdefault(template, []).append(override)
         return [
             {
@@ -309,6 +330,10 @@ class Ec2Fleet:
                 ],
             )
         template = self._template_id(override.instance_type, request.nodes)
+        if template is None:
+            return LaunchResult(
+                capacity_type=request.capacity_type, errors=[self._unlaunchable(request)]
+            )
         return self._first_live_launch(
             request,
             held,

@@ -49,7 +49,7 @@ from gpufleet.domain.queueing import (
     RunningJob,
     Shape,
 )
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
 from gpufleet.errors import ConditionFailed
 from gpufleet.ports import (
     AdmissionLimits,
@@ -146,6 +146,7 @@ def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
         "enqueued_at": _n(job.enqueued_at),
         "preemptions": _n(job.preemptions),
         "estimated_cost_usd": _n(float(job.estimated_cost_usd)),
+        "expected_seconds": _n(float(job.expected_seconds)),
     }
     if job.preempted_for:
         item["preempted_for"] = _s(job.preempted_for)
@@ -171,6 +172,9 @@ def _queued_job(item: dict[str, Any]) -> QueuedJob:
         preempted_for=item.get("preempted_for", {}).get("S"),
         preemptions=int(item.get("preemptions", {}).get("N", "0")),
         estimated_cost_usd=float(item.get("estimated_cost_usd", {}).get("N", "0")),
+        expected_seconds=float(
+            item.get("expected_seconds", {}).get("N", str(DEFAULT_EXPECTED_SECONDS))
+        ),
     )
 
 
@@ -187,6 +191,8 @@ def _running(item: dict[str, Any]) -> RunningEntry:
         draining_for=item.get("draining_for", {}).get("S"),
         stop_at=float(item["stop_at"]["N"]) if "stop_at" in item else None,
         hourly_usd=float(item.get("hourly_usd", {}).get("N", "0")),
+        preemptions=int(item.get("preemptions", {}).get("N", "0")),
+        expected_end=float(item["expected_end"]["N"]) if "expected_end" in item else None,
     )
     return RunningEntry(
         job=job, task_token=item["task_token"]["S"], notified=item["notified"]["BOOL"]
@@ -509,6 +515,12 @@ class DynamoJobQueue:
                         "admitted_at": _n(job.admitted_at),
                         "borrowed": {"BOOL": job.borrowed},
                         "in_reserve": {"BOOL": job.in_reserve},
+                        "preemptions": _n(job.preemptions),
+                        **(
+                            {"expected_end": _n(job.expected_end)}
+                            if job.expected_end is not None
+                            else {}
+                        ),
                         "notified": {"BOOL": False},
                         "task_token": _s(entry.task_token),
                     },

@@ -19,7 +19,6 @@ from gpufleet.adapters.aws.objects import S3ObjectStore
 from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.aws.warm_pool import DynamoWarmPool
 from gpufleet.adapters.aws.workflow import StepFunctionsWorkflow
-from gpufleet.domain.catalog import load_bundled
 from gpufleet.ports import Ports
 from gpufleet.settings import Settings
 
@@ -94,10 +93,8 @@ def ec2_fleet(settings: Settings, clients: Clients) -> Ec2Fleet:
         warm_pool = DynamoWarmPool(clients("dynamodb"), settings.queue_table, pool, SystemClock())
     return Ec2Fleet(
         clients("ec2"),
-        settings.launch_template_id,
+        settings.launch_templates,
         settings.subnet_ids,
-        efa_launch_template_id=settings.efa_launch_template_id,
-        efa_types=frozenset(t.name for t in load_bundled().instance_types() if t.efa),
         warm_pool=warm_pool,
     )
 
