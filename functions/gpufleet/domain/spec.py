@@ -50,6 +50,7 @@ MAX_SPEC_BYTES = 256 * 1024
 MAX_ENV = 256
 # A run's wall-clock limit, and the longest expected duration a spec may state.
 MAX_RUN_SECONDS = 14 * 86400
+MAX_NODES = 64  # of one job
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # A number of seconds, or of minutes, hours or days (the JSON Schema states the same pattern).
@@ -351,8 +352,10 @@ class Elastic(_Strict):
     metric) add nodes, idle ones remove them; each change is a checkpoint and a resume on the
     new shape (docs/fleet.md, "Elastic jobs")."""
 
-    min_nodes: Count = Field(default=1, ge=1, le=64, description="Fewest nodes it scales in to")
-    max_nodes: Count = Field(ge=2, le=64, description="Most nodes it scales out to")
+    min_nodes: Count = Field(
+        default=1, ge=1, le=MAX_NODES, description="Fewest nodes it scales in to"
+    )
+    max_nodes: Count = Field(ge=2, le=MAX_NODES, description="Most nodes it scales out to")
 
     @model_validator(mode="after")
     def _a_range(self) -> Elastic:
@@ -375,7 +378,7 @@ class Resources(_Strict):
     )
     vcpus: Count = Field(default=1, ge=1, le=1024, description="Minimum vCPUs per node")
     memory_gib: Number = Field(default=1, gt=0, le=32768, description="Minimum RAM per node, GiB")
-    nodes: Count = Field(default=1, ge=1, le=64, description="Number of nodes")
+    nodes: Count = Field(default=1, ge=1, le=MAX_NODES, description="Number of nodes")
     arch: Architecture = Field(default=Architecture.X86_64, description="CPU architecture")
     elastic: Elastic | None = Field(
         default=None, description="Scale between min_nodes and max_nodes (nodes is the start)"
