@@ -7,8 +7,6 @@ from __future__ import annotations
 import ipaddress
 import re
 
-import pytest
-
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.demo import (
     DemoResult,
@@ -50,12 +48,6 @@ def test_two_nodes_meet_over_tcp_sum_their_ranks_and_a_cpu_job_runs_beside() -> 
     assert cpu["container_log"] == ["preprocessed on 1 CPU-only node"]
 
 
-@pytest.mark.xfail(
-    reason="since the paced clock (emulator/clock.py) the node loss, timed in emulated seconds, "
-    "may come after the run's real processes ended: the clock stands still while a thread waits "
-    "on a real process (DockerRuntime's wait, its output relay); see the h-node report",
-    strict=False,
-)
 def test_a_node_lost_mid_run_fails_the_run_for_both_and_it_is_retried_as_one() -> None:
     result = run_demo(distributed_node_loss_scenario())
     assert result.completed and result.instances_running == 0  # every instance released
