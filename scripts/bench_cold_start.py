@@ -109,8 +109,10 @@ def _builders(handler_module: str) -> list[str]:
 
 def _samples(argv: list[str], env: dict[str, str]) -> list[float]:
     # argv is this interpreter, a probe above and module names from the topology.
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout  # noqa: S603
-    return [float(x) for x in out.split()]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[3:])} failed:\n{done.stderr}")
+    return [float(x) for x in done.stdout.split()]
 
 
 @dataclass(frozen=True)
