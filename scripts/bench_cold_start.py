@@ -74,10 +74,7 @@ def _stack_environments() -> dict[str, dict[str, str]]:
         if resource["Type"] != "AWS::Lambda::Function" or properties.get("Handler") not in handlers:
             continue
         variables = properties.get("Environment", {}).get("Variables", {})
-        env = {
-            name: value if isinstance(value, str) else f"placeholder-{name.lower()}"
-            for name, value in variables.items()
-        }
+        env = {name: _placeholder(value, name) for name, value in variables.items()}
         env.update(
             AWS_REGION="us-east-1",
             AWS_DEFAULT_REGION="us-east-1",
@@ -86,6 +83,21 @@ def _stack_environments() -> dict[str, dict[str, str]]:
         )
         environments[properties["Handler"]] = env
     return environments
+
+
+def _placeholder(value: Any, name: str) -> str:
+    """A variable's value with its tokens made strings: a join stays a join (a variable such as
+    `KEY=id,KEY=id` keeps its form), a reference or attribute names what it refers to."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(_placeholder(part, name) for part in parts)
+    if isinstance(value, dict) and "Ref" in value:
+        return f"placeholder-{str(value['Ref']).lower()}"
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        return "placeholder-" + "-".join(str(part) for part in value["Fn::GetAtt"]).lower()
+    return f"placeholder-{name.lower()}"
 
 
 def _builders(handler_module: str) -> list[str]:
