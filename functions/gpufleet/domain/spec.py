@@ -642,6 +642,12 @@ class JobSpec(_Strict):
             raise ValueError("scale_on scales elastic jobs: give resources.elastic")
         return self
 
+    @property
+    def needs_instance_store(self) -> bool:
+        """Whether the job mounts the instance's NVMe instance-store disks (every stage does:
+        volumes are the job's): only types that have them can run it."""
+        return any(volume.kind is VolumeKind.INSTANCE_STORE for volume in self.volumes)
+
     def to_document(self) -> dict[str, Any]:
         """The canonical JSON-ready form, with the same field names a submitter writes."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
