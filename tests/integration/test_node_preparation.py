@@ -17,7 +17,9 @@ from gpufleet.agent.aws import AwsNodeSecrets, S3Manifests
 from gpufleet.agent.node import RunManifest
 from gpufleet.agent.prepare import SCRATCH_ARRAY as SCRATCH
 from gpufleet.agent.prepare import PreparationFailed, prepare
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
+from gpufleet.emulator.fake_docker import Docker, Refused
 from gpufleet.emulator.node_host import EmulatedHost
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.topology import JOB_LIFECYCLE, JOBS_TABLE, RUNS_PREFIX
@@ -25,6 +27,7 @@ from tests.helpers import jobs_from, wait_for
 from tests.unit.test_agent import fake_docker
 from tests.unit.test_prepare import RecordingRunner
 
+CATALOG = load_bundled()
 HF_TOKEN = "hf_value-that-must-stay-on-the-node"
 WANDB_KEY = "wandb-value-that-must-stay-on-the-node"
 SPEC = {
@@ -151,7 +154,8 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
     with acting_as(EMULATOR):
         efs = account.client("efs").create_file_system(CreationToken="data")["FileSystemId"]
         account.client("s3").create_bucket(Bucket="datasets-bucket")
-    host = EmulatedHost(account.client, tmp_path, instance_store_disks=2)
+    # p3dn.24xlarge: two NVMe instance-store disks, striped.
+    host = EmulatedHost(account.client, tmp_path, CATALOG.instance_type("p3dn.24xlarge"))
     document = json.loads(launched[1])
     document["secrets"] = {}
     document["volumes"] = [
@@ -186,7 +190,7 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
         run = RunManifest.from_json(json.dumps(document).encode())
         with pytest.raises(PreparationFailed, match=f"mounting {missing['kind']}"):
             prepare(run, host, secrets, PurePosixPath(tmp_path))
-    no_disks = EmulatedHost(account.client, tmp_path)
+    no_disks = EmulatedHost(account.client, tmp_path, CATALOG.instance_type("p3.2xlarge"))
     document["volumes"] = [{"kind": "instance_store", "id": "scratch", "mount": "/scratch"}]
     run = RunManifest.from_json(json.dumps(document).encode())
     with pytest.raises(PreparationFailed, match="no NVMe instance-store disks"):
@@ -196,8 +200,15 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
 def test_a_login_on_the_emulated_host_needs_the_password_on_stdin(
     account: Account, tmp_path: Path
 ) -> None:
-    host = EmulatedHost(account.client, tmp_path)
+    docker = Docker(tmp_path / "docker")
+    host = EmulatedHost(account.client, tmp_path, docker=docker)
     registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     argv = ["docker", "login", "--username", "AWS", "--password-stdin", registry]
     assert host(argv).returncode != 0 and host.logins == set()
+    with pytest.raises(Refused, match="no basic auth credentials"):
+        docker.pull(f"{registry}/train:1")
     assert host(argv, stdin="token").returncode == 0 and host.logins == {registry}
+    # The login lands in the node's docker, so its pull of a private image goes through.
+    assert docker.logged_in() == {registry}
+    docker.pull(f"{registry}/train:1")
+    assert "token" not in (tmp_path / "docker" / "config.json").read_text()
