@@ -122,3 +122,31 @@ def every_requeue_continues_as_new() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("gpufleet.services.queue_steps.requeue_budget", lambda _attempts: 0)
         yield
+
+
+def everything_stored(account: Any, job_id: str) -> str:
+    """Every table item, every object of the bucket, the job's workflow history and every log
+    event of the account, as one text."""
+    texts: list[str] = []
+    dynamodb = account.client("dynamodb")
+    for table in account.table_names.values():
+        for page in dynamodb.get_paginator("scan").paginate(TableName=table):
+            texts.append(json.dumps(page["Items"], default=str))
+    s3 = account.client("s3")
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=account.bucket):
+        for version in page.get("Versions", []):
+            body = s3.get_object(
+                Bucket=account.bucket, Key=version["Key"], VersionId=version["VersionId"]
+            )["Body"].read()
+            texts.append(body.decode("utf-8", "replace"))
+    sfn = account.client("stepfunctions")
+    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
+    for execution in sfn.list_executions(stateMachineArn=arn)["executions"]:
+        history = sfn.get_execution_history(executionArn=execution["executionArn"])
+        texts.append(json.dumps(history["events"], default=str))
+    logs = account.client("logs")
+    for group in logs.describe_log_groups()["logGroups"]:
+        events = logs.filter_log_events(logGroupName=group["logGroupName"]).get("events", [])
+        texts.append(json.dumps(events))
+    assert any(job_id in text for text in texts)  # the search does look where the job is
+    return "\n".join(texts)

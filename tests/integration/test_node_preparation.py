@@ -17,14 +17,17 @@ from gpufleet.agent.aws import AwsNodeSecrets, S3Manifests
 from gpufleet.agent.node import RunManifest
 from gpufleet.agent.prepare import SCRATCH_ARRAY as SCRATCH
 from gpufleet.agent.prepare import PreparationFailed, prepare
+from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
+from gpufleet.emulator.fake_docker import Docker, Refused
 from gpufleet.emulator.node_host import EmulatedHost
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
-from gpufleet.topology import JOB_LIFECYCLE, JOBS_TABLE, RUNS_PREFIX
-from tests.helpers import jobs_from, wait_for
+from gpufleet.topology import JOBS_TABLE, RUNS_PREFIX
+from tests.helpers import everything_stored, jobs_from, wait_for
 from tests.unit.test_agent import fake_docker
 from tests.unit.test_prepare import RecordingRunner
 
+CATALOG = load_bundled()
 HF_TOKEN = "hf_value-that-must-stay-on-the-node"
 WANDB_KEY = "wandb-value-that-must-stay-on-the-node"
 SPEC = {
@@ -103,40 +106,12 @@ def test_a_secret_the_account_does_not_hold_fails_the_run_naming_it(
         prepare(run, RecordingRunner(), AwsNodeSecrets(lambda s, **_: account.client(s)))
 
 
-def _everything_stored(account: Account, job_id: str) -> str:
-    """Every table item, every object of the bucket, the job's workflow history and every log
-    event of the account, as one text."""
-    texts: list[str] = []
-    dynamodb = account.client("dynamodb")
-    for table in account.table_names.values():
-        for page in dynamodb.get_paginator("scan").paginate(TableName=table):
-            texts.append(json.dumps(page["Items"], default=str))
-    s3 = account.client("s3")
-    for page in s3.get_paginator("list_object_versions").paginate(Bucket=account.bucket):
-        for version in page.get("Versions", []):
-            body = s3.get_object(
-                Bucket=account.bucket, Key=version["Key"], VersionId=version["VersionId"]
-            )["Body"].read()
-            texts.append(body.decode("utf-8", "replace"))
-    sfn = account.client("stepfunctions")
-    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
-    for execution in sfn.list_executions(stateMachineArn=arn)["executions"]:
-        history = sfn.get_execution_history(executionArn=execution["executionArn"])
-        texts.append(json.dumps(history["events"], default=str))
-    logs = account.client("logs")
-    for group in logs.describe_log_groups()["logGroups"]:
-        events = logs.filter_log_events(logGroupName=group["logGroupName"]).get("events", [])
-        texts.append(json.dumps(events))
-    assert any(job_id in text for text in texts)  # the search does look where the job is
-    return "\n".join(texts)
-
-
 def test_no_value_reaches_a_table_the_manifest_the_workflow_or_a_log(
     account: Account, launched: tuple[str, bytes], created: list[dict[str, Any]]
 ) -> None:
     job_id, raw = launched
     assert created  # the node has read the values and started the container
-    stored = _everything_stored(account, job_id)
+    stored = everything_stored(account, job_id)
     assert "secretsmanager:gpufleet/hf" in stored  # the references are kept ...
     assert HF_TOKEN not in stored and WANDB_KEY not in stored  # ... never the values
     assert HF_TOKEN not in raw.decode()
@@ -151,7 +126,8 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
     with acting_as(EMULATOR):
         efs = account.client("efs").create_file_system(CreationToken="data")["FileSystemId"]
         account.client("s3").create_bucket(Bucket="datasets-bucket")
-    host = EmulatedHost(account.client, tmp_path, instance_store_disks=2)
+    # p3dn.24xlarge: two NVMe instance-store disks, striped.
+    host = EmulatedHost(account.client, tmp_path, CATALOG.instance_type("p3dn.24xlarge"))
     document = json.loads(launched[1])
     document["secrets"] = {}
     document["volumes"] = [
@@ -186,7 +162,7 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
         run = RunManifest.from_json(json.dumps(document).encode())
         with pytest.raises(PreparationFailed, match=f"mounting {missing['kind']}"):
             prepare(run, host, secrets, PurePosixPath(tmp_path))
-    no_disks = EmulatedHost(account.client, tmp_path)
+    no_disks = EmulatedHost(account.client, tmp_path, CATALOG.instance_type("p3.2xlarge"))
     document["volumes"] = [{"kind": "instance_store", "id": "scratch", "mount": "/scratch"}]
     run = RunManifest.from_json(json.dumps(document).encode())
     with pytest.raises(PreparationFailed, match="no NVMe instance-store disks"):
@@ -196,8 +172,15 @@ def test_the_emulated_host_mounts_what_the_account_holds_and_refuses_the_rest(
 def test_a_login_on_the_emulated_host_needs_the_password_on_stdin(
     account: Account, tmp_path: Path
 ) -> None:
-    host = EmulatedHost(account.client, tmp_path)
+    docker = Docker(tmp_path / "docker")
+    host = EmulatedHost(account.client, tmp_path, docker=docker)
     registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     argv = ["docker", "login", "--username", "AWS", "--password-stdin", registry]
     assert host(argv).returncode != 0 and host.logins == set()
+    with pytest.raises(Refused, match="no basic auth credentials"):
+        docker.pull(f"{registry}/train:1")
     assert host(argv, stdin="token").returncode == 0 and host.logins == {registry}
+    # The login lands in the node's docker, so its pull of a private image goes through.
+    assert docker.logged_in() == {registry}
+    docker.pull(f"{registry}/train:1")
+    assert "token" not in (tmp_path / "docker" / "config.json").read_text()

@@ -116,9 +116,9 @@ def reported(job_id: str, instance: str, phase: str, exit_code: int | None = Non
     )
 
 
-def launched_two_nodes() -> tuple[Any, Any, str, list[str]]:
+def launched_two_nodes(body: bytes = TWO_NODES) -> tuple[Any, Any, str, list[str]]:
     ports = local_ports(FakeFleet())
-    job_id = submit(ports, body=TWO_NODES).job_id
+    job_id = submit(ports, body=body).job_id
     service = build_lifecycle(ports, SETTINGS)
     assert service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token="t") is None
     placement = ports.jobs.get(job_id).placement
@@ -134,6 +134,34 @@ def test_the_launch_writes_every_node_with_its_private_ip_into_the_manifest() ->
         {"instance_id": worker, "private_ip": placement.private_ips[worker]},
     ]
     assert (document["nodes"], document["gpus"], document["accelerator"]) == (2, 8, "nvidia")
+
+
+def launched_manifest(body: bytes) -> tuple[str, dict[str, str]]:
+    """The instance type a job launched on and the env of its run manifest."""
+    _, ports, job_id, _ = launched_two_nodes(body)
+    document = json.loads(cast(InMemoryObjects, ports.objects).objects[run_manifest_key(job_id)])
+    return ports.jobs.get(job_id).placement.instance_type, document["env"]
+
+
+H100_NODES = TWO_NODES.replace(b"gpu_memory_gib: 80", b"gpu_models: [H100]")
+
+
+def test_a_multi_node_job_on_efa_types_gets_the_efa_environment_and_its_own_env_wins() -> None:
+    tuned = H100_NODES + b"env: {NCCL_SOCKET_IFNAME: ens, SEED: '1'}\n"
+    instance_type, env = launched_manifest(tuned)
+    assert instance_type.startswith("p5")
+    assert env == {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_FORK_SAFE": "1",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "NCCL_SOCKET_IFNAME": "ens",  # the job's own value, not the default
+        "SEED": "1",
+    }
+
+
+def test_a_single_node_job_gets_no_efa_environment() -> None:
+    instance_type, env = launched_manifest(H100_NODES.replace(b"nodes: 2", b"nodes: 1"))
+    assert instance_type.startswith("p5") and env == {}
 
 
 def test_the_job_runs_once_every_node_started_and_the_main_nodes_exit_ends_the_run() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -57,6 +58,10 @@ class DemoScenario:
     # Jobs whose workflow is stopped once they run (StopExecution, as from the console): the
     # backstop ends them.
     stop_workflows: frozenset[str] = frozenset()
+    # Created in the account before the first submission: ECR repositories, and Secrets
+    # Manager secrets (name -> value, made up for each run so that no file holds one).
+    ecr_repositories: tuple[str, ...] = ()
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,6 +137,7 @@ def stages_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
 
 def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
     config = json.loads((folder / "scenario.json").read_text())
+    setup = config.get("setup", {})
     return DemoScenario(
         name=name,
         submissions=[
@@ -168,6 +174,8 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
         ),
         spot_capacity_errors=frozenset(config.get("spot_capacity_errors", [])),
         config=FleetConfig.model_validate(config["config"]) if "config" in config else None,
+        ecr_repositories=tuple(setup.get("ecr_repositories", [])),
+        secrets={name: secrets.token_urlsafe(24) for name in setup.get("secrets", [])},
     )
 
 
@@ -249,7 +257,23 @@ def _submit(account: Account, submission: Submission) -> None:
     )
 
 
-def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResult:
+def _set_up(account: Account, scenario: DemoScenario) -> None:
+    """What the scenario's jobs need the account to hold: their ECR repositories, secrets."""
+    ecr = account.client("ecr")
+    for repository in scenario.ecr_repositories:
+        ecr.create_repository(repositoryName=repository)
+    secretsmanager = account.client("secretsmanager")
+    for name, value in scenario.secrets.items():
+        secretsmanager.create_secret(Name=name, SecretString=value)
+
+
+def run_demo(
+    scenario: DemoScenario,
+    progress: TextIO | None = None,
+    before_teardown: Callable[[Account], None] | None = None,
+) -> DemoResult:
+    """Run `scenario` on a fresh embedded account; `before_teardown` looks at the account once
+    the demo has ended, before it goes."""
     started = time.monotonic()
 
     def say(text: str) -> None:
@@ -272,6 +296,7 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             store = DynamoJobStore(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
             )
+            _set_up(account, scenario)
             observer = RejectionObserver(account)
             nodes = NodeSimulator(account, scenario.nodes)
             nodes.start()
@@ -342,6 +367,8 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             result.instances_running = len(nodes.running_instances())
             result.state_transitions = _state_transitions(account)
             result.metrics = published_metrics(account)
+            if before_teardown is not None:
+                before_teardown(account)
         result.api_calls = dict(sorted(account.recorder.api_calls.items()))
         result.calls = list(account.recorder.calls)
         result.invocations = list(account.recorder.invocations)

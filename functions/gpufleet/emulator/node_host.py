@@ -5,8 +5,10 @@ A mount succeeds only for what the account holds, as on AWS: an EFS or FSx file 
 exists (moto's EFS and FSx), a bucket that exists (moto's S3); anything else fails with the
 exit status and message the real tool gives. Mount directories are real directories under the
 emulated host's root, so a container runtime can check that a `--volume` source exists. The
-instance store has the disks the scenario gives the node. A `docker login` is noted per
-registry (what a pull would need), its password read from stdin and never kept.
+instance store has the NVMe disks the instance type's catalog entry records. A `docker login`
+is noted per registry and, on a node whose containers really run, lands in that node's fake
+docker (as the real CLI writes its config.json, which the pull then needs); its password is
+read from stdin and never kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.agent.prepare import INSTANCE_STORE_MODEL, Completed
+from gpufleet.domain.catalog import InstanceType
+from gpufleet.emulator.fake_docker import Docker
 from gpufleet.emulator.patches import NODE, acting_as
 
 # mount(8) and mount-s3's status for a mount that failed.
@@ -27,12 +31,23 @@ USAGE = 2
 class EmulatedHost:
     """Runs the preparation's commands against the embedded account (as the node). Its mount
     directories lie under `root`, a local directory standing for the host's /mnt/gpufleet
-    (prepare's `host_root`): a path outside it is refused."""
+    (prepare's `host_root`): a path outside it is refused. `instance_type`: the instance's
+    catalog entry (None: no instance-store disks); `docker`: the node's docker, where a login
+    lands."""
 
-    def __init__(self, client: Any, root: Path, instance_store_disks: int = 0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        root: Path,
+        instance_type: InstanceType | None = None,
+        docker: Docker | None = None,
+    ) -> None:
         self._client = client  # (service) -> a boto3 client of the embedded account
         self.root = root
-        self._disks = [f"/dev/nvme{n + 1}n1" for n in range(instance_store_disks)]
+        self._docker = docker
+        disks = instance_type.instance_store_disks if instance_type is not None else 0
+        nvme = instance_type is not None and instance_type.has_nvme_instance_store
+        self._disks = [f"/dev/nvme{n + 1}n1" for n in range(disks if nvme else 0)]
         self.logins: set[str] = set()
         self.mounted: dict[str, str] = {}  # host directory -> what is mounted there
 
@@ -57,7 +72,11 @@ class EmulatedHost:
         if program == "docker" and args[:1] == ["login"] and "--password-stdin" in args:
             if not stdin:
                 return Completed(1, stderr="Error: Cannot perform an interactive login")
-            self.logins.add(args[-1])
+            registry = args[-1]
+            if self._docker is not None:
+                username = args[args.index("--username") + 1] if "--username" in args else ""
+                self._docker.login(registry, username, stdin)
+            self.logins.add(registry)
             return Completed(0, stdout="Login Succeeded\n")
         return Completed(127, stderr=f"{program}: command not found")
 

@@ -18,11 +18,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
-from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, S3Manifests
+from gpufleet.agent.aws import AwsNodeSecrets, CloudWatchMetrics, EventBridgeReporter, S3Manifests
 from gpufleet.agent.docker import NEURON_ACCELERATORS, DockerRuntime
 from gpufleet.agent.node import (
     JOB_METRIC_PREFIX,
@@ -32,10 +32,12 @@ from gpufleet.agent.node import (
     RunManifest,
     RunOutcome,
 )
+from gpufleet.agent.prepare import Prepared, prepare
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.clock import EmulatorClock
 from gpufleet.emulator.fake_docker import Docker, NodeHardware, install_node
+from gpufleet.emulator.node_host import EmulatedHost
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.errors import GpufleetError
 from gpufleet.topology import (
@@ -455,7 +457,9 @@ class NodeSimulator:
         self, instance_id: str, log: ContainerLog, job_metrics: JobMetrics
     ) -> DockerRuntime:
         """The agent's own runtime, on this node's fake docker: told what the instance type
-        has (its GPUs, its Neuron devices), the container's stdout to the job's log stream."""
+        has (its GPUs, its Neuron devices), the container's stdout to the job's log stream,
+        and the agent's own preparation (registry login, volumes, secrets) on the emulated
+        host, its AWS lookups made as the node."""
         with acting_as(EMULATOR):
             instance_type = load_bundled().instance_type(
                 _instance(self._ec2, instance_id)["InstanceType"]
@@ -468,7 +472,13 @@ class NodeSimulator:
         )
         root = self._docker_root / instance_id
         program = install_node(root, hardware)
-        self._dockers[instance_id] = Docker(root)
+        docker = self._dockers[instance_id] = Docker(root)
+        host = EmulatedHost(self._account.client, root / "host", instance_type, docker)
+        secrets = AwsNodeSecrets(lambda service, **_: self._account.client(service))
+
+        def preparation(manifest: RunManifest) -> Prepared:
+            with acting_as(NODE):
+                return prepare(manifest, host, secrets, PurePosixPath(host.root))
 
         def output(line: str) -> None:
             job_metrics.feed(line)
@@ -479,6 +489,7 @@ class NodeSimulator:
             grace_seconds=2,
             output=output,
             environment={**environment, "DOCKER_CONFIG": str(root)},
+            preparation=preparation,
             docker=str(program),
             journal=self._journal,
         )

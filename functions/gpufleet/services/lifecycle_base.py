@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpufleet.domain.boot import efa_environment
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.config import CostPolicy, DataSources, MetricPolicy, Reservation
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, estimate_duration, past_runs
@@ -192,18 +193,21 @@ def run_manifest(
     passed to a shell. Secrets by reference: their values are read on the node. Once the job
     holds its instances it names them, in rank order, with their private IPs (each node finds
     its rank by its own instance id), and what accelerator their type has (the catalog's: how
-    many Neuron devices the container gets)."""
+    many Neuron devices the container gets). A multi-node job on EFA types gets the
+    NCCL/libfabric environment of its EFAs; a name the job's own env sets keeps the job's
+    value (a user tuning NCCL or libfabric knows their job better than the default)."""
     spec = job.effective_spec
     stage_env = stage_environment(job, stage_data_root(data_bucket, job.job_id))
     placement = job.placement
     instance_type = instance_type_of(placement.instance_type) if placement else None
+    efa_env = efa_environment(instance_type, spec.resources.nodes) if instance_type else {}
     peers = ranked_peers(placement.instance_ids, placement.private_ips) if placement else []
     return {
         "job_id": job.job_id,
         "name": spec.name,
         "image": spec.image,
         "command": list(spec.command),
-        "env": {**spec.env, **stage_env},
+        "env": {**efa_env, **spec.env, **stage_env},
         "gpus": spec.resources.gpus,
         "nodes": spec.resources.nodes,
         "peers": [{"instance_id": p.instance_id, "private_ip": p.private_ip} for p in peers],
