@@ -139,14 +139,14 @@ class RunReports(LifecycleBase):
         node), however well its peers beat."""
         placement = job.placement
         if placement is not None and len(placement.instance_ids) > 1:
-            noted = self._note_beat(job, instance_id)
-            if noted is None or noted.placement is None:
+            job_now = self._note_beat(job, instance_id)
+            if job_now is None or job_now.placement is None:
                 return  # the run ended meanwhile
-            job = noted
+            job, placement = job_now, job_now.placement
             if silent_nodes(
-                job.placement.instance_ids,
+                placement.instance_ids,
                 job.node_beats,
-                job.placement.launched_at,
+                placement.launched_at,
                 self._now(),
                 heartbeat_timeout_seconds=self._policy.node_heartbeat_timeout_seconds,
                 boot_allowance_seconds=self._policy.boot_allowance_seconds,
