@@ -175,6 +175,39 @@ def test_a_node_that_goes_silent_is_taken_for_lost_and_released(
     assert jobs["steady"]["status"] == "SUCCEEDED"
 
 
+def test_a_silent_node_of_a_two_node_run_fails_the_run_for_both_though_its_peer_beats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node's agent stops reporting while its instance runs and the other node keeps
+    beating: the run's task heartbeat is withheld, the run fails for both nodes, and the job is
+    retried as one run on new instances (without the per-node rule the main node would have
+    finished the first run well, with the silent node unnoticed)."""
+    monkeypatch.setenv("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "2")
+    monkeypatch.setenv("GPUFLEET_BOOT_ALLOWANCE_SECONDS", "2")
+    (tmp_path / "pair.yaml").write_text(
+        "name: pair\nteam: t\nimage: img\ncommand: [x]\n"
+        "resources: {gpus: 1, nodes: 2}\nspot: never\nmax_retries: 1\n"
+    )
+    result = run_demo(
+        DemoScenario(
+            name="silent-node",
+            submissions=[Submission("s3", tmp_path / "pair.yaml")],
+            nodes=NodeScenario(
+                boot_seconds=0.2,
+                heartbeat_seconds=0.5,
+                behaviours={
+                    # Runs past the heartbeat timeout: only the silent node can end it early.
+                    "pair": Behaviour(duration_seconds=8.0, falls_silent_after_seconds=0.5)
+                },
+            ),
+            timeout_seconds=120,
+        )
+    )
+    assert result.completed and result.instances_running == 0
+    pair = by_name(result)["pair"]
+    assert (pair["status"], pair["retries"], pair["attempts"]) == ("SUCCEEDED", 1, 2)
+
+
 def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkpoint() -> None:
     """With every requeue past its execution's budget (docs/aws-fidelity.md F5): the preempted
     job's Requeue starts its next execution, which runs it to the end."""

@@ -1,5 +1,6 @@
 """Several nodes, one run: ranks, the containers' rendezvous environment, when the run is
-RUNNING and which node's end ends it (domain/rendezvous.py and the node reports that use it)."""
+RUNNING, which node's end ends it and which node is silent (domain/rendezvous.py and the node
+reports that use it)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,23 @@ from typing import Any, cast
 
 import pytest
 
-from gpufleet.adapters.local.memory import FakeFleet, InMemoryObjects, RecordingWorkflow
+from gpufleet.adapters.local.memory import (
+    FakeFleet,
+    InMemoryObjects,
+    ManualClock,
+    RecordingWorkflow,
+)
 from gpufleet.agent.docker import container_environment, device_options
 from gpufleet.agent.node import RunManifest
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.rendezvous import Peer, ends_run, node_environment, rank_of, ranked_peers
+from gpufleet.domain.rendezvous import (
+    Peer,
+    ends_run,
+    node_environment,
+    rank_of,
+    ranked_peers,
+    silent_nodes,
+)
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.services.lifecycle_base import run_manifest_key
 from gpufleet.services.run_reports import NodeReport
@@ -71,6 +84,33 @@ def test_the_main_nodes_end_ends_the_run_and_any_other_only_when_it_failed(
     instance: str, exit_code: int | None, ends: bool
 ) -> None:
     assert ends_run(["i-0b", "i-0a"], instance, exit_code) is ends
+
+
+def silent(beats: dict[str, float], now: float) -> list[str]:
+    """The silent nodes of a run of i-0a and i-0b launched at 0, a 60 s timeout, 100 s to boot."""
+    return silent_nodes(
+        ["i-0b", "i-0a"],
+        beats,
+        launched_at=0.0,
+        now=now,
+        heartbeat_timeout_seconds=60,
+        boot_allowance_seconds=100,
+    )
+
+
+def test_a_run_whose_nodes_all_beat_within_the_timeout_has_none_silent() -> None:
+    assert silent({"i-0a": 1000.0, "i-0b": 950.0}, now=1010.0) == []
+
+
+def test_a_node_whose_last_beat_is_older_than_the_timeout_is_silent() -> None:
+    assert silent({"i-0a": 1000.0, "i-0b": 900.0}, now=1000.0) == ["i-0b"]
+    assert silent({"i-0a": 900.0, "i-0b": 900.0}, now=961.0) == ["i-0a", "i-0b"]
+    assert silent({"i-0a": 900.0, "i-0b": 900.0}, now=960.0) == []  # exactly the timeout
+
+
+def test_a_node_never_heard_counts_from_the_launch_with_the_boot_allowance() -> None:
+    assert silent({"i-0a": 150.0}, now=160.0) == []  # i-0b may still be booting
+    assert silent({"i-0a": 159.0}, now=161.0) == ["i-0b"]  # past 60 + 100 s since the launch
 
 
 def manifest(**fields: Any) -> RunManifest:
@@ -188,3 +228,70 @@ def test_a_failed_worker_fails_the_run_of_every_node() -> None:
     released = service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 1}}))
     assert set(released["terminated"]) == {main, worker}  # retried as one run
     assert released["requeue"] is True
+
+
+def started_two_nodes() -> tuple[Any, Any, str, list[str]]:
+    service, ports, job_id, nodes = launched_two_nodes()
+    for node in nodes:
+        service.node_report(reported(job_id, node, "started"))
+    return service, ports, job_id, nodes
+
+
+def test_a_two_node_run_keeps_its_task_alive_while_both_nodes_beat() -> None:
+    service, ports, job_id, (main, worker) = started_two_nodes()
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    clock = cast(ManualClock, ports.clock)
+    for _ in range(5):
+        clock.advance(300)  # the agent's beat, well within the 900 s timeout
+        service.node_report(reported(job_id, main, "heartbeat"))
+        service.node_report(reported(job_id, worker, "heartbeat"))
+    assert workflow.heartbeats == ["t"] * 10
+    assert set(ports.jobs.get(job_id).node_beats) == {main, worker}
+
+
+def test_a_silent_worker_withholds_the_heartbeat_its_peer_sends_so_the_run_fails_as_one() -> None:
+    service, ports, job_id, (main, worker) = started_two_nodes()
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    clock = cast(ManualClock, ports.clock)
+    clock.advance(300)
+    service.node_report(reported(job_id, worker, "heartbeat"))  # its last word
+    service.node_report(reported(job_id, main, "heartbeat"))
+    assert workflow.heartbeats == ["t", "t"]
+    clock.advance(600)
+    service.node_report(reported(job_id, main, "heartbeat"))  # the worker: 600 s, still fresh
+    assert workflow.heartbeats == ["t"] * 3
+    clock.advance(301)
+    service.node_report(reported(job_id, main, "heartbeat"))  # the worker: 901 s silent
+    assert workflow.heartbeats == ["t"] * 3  # withheld: the task's heartbeat timeout ends it
+    # Step Functions reports the timeout; the release ends the run on both nodes, retried.
+    timed_out = {"error": {"Error": "States.HeartbeatTimeout", "Cause": "no heartbeat"}}
+    released = service.release(job_id, WorkflowState.model_validate(timed_out))
+    assert set(released["terminated"]) == {main, worker}
+    assert released["requeue"] is True
+
+
+def test_a_node_never_heard_withholds_the_heartbeat_once_past_its_boot_allowance() -> None:
+    service, ports, job_id, (main, _worker) = started_two_nodes()
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    clock = cast(ManualClock, ports.clock)
+    clock.advance(1700)  # within 900 s of timeout + 900 s to boot since the launch
+    service.node_report(reported(job_id, main, "heartbeat"))
+    assert workflow.heartbeats == ["t"]
+    clock.advance(101)
+    service.node_report(reported(job_id, main, "heartbeat"))
+    assert workflow.heartbeats == ["t"]
+
+
+def test_a_single_node_runs_heartbeat_writes_nothing() -> None:
+    ports = local_ports(FakeFleet())
+    job_id = submit(ports).job_id
+    service = build_lifecycle(ports, SETTINGS)
+    assert service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token="t") is None
+    (instance,) = ports.jobs.get(job_id).placement.instance_ids
+    report = {"job_id": job_id, "instance_id": instance}
+    service.node_report(NodeReport.model_validate(report | {"phase": "started"}))
+    version = ports.jobs.get(job_id).version
+    cast(ManualClock, ports.clock).advance(5000)
+    service.node_report(NodeReport.model_validate(report | {"phase": "heartbeat"}))
+    assert cast(RecordingWorkflow, ports.workflow).heartbeats == ["t"]
+    assert ports.jobs.get(job_id).version == version and ports.jobs.get(job_id).node_beats == {}

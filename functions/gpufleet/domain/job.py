@@ -187,6 +187,9 @@ class Job(BaseModel):
     run_result: dict[str, Any] | None = None
     # The nodes of the current run that reported their start: RUNNING once all have.
     started_instances: list[str] = Field(default_factory=list)
+    # A multi-node run's last heartbeat of each node (instance id -> epoch seconds): a node
+    # silent while its peers beat fails the run (`rendezvous.silent_nodes`).
+    node_beats: dict[str, float] = Field(default_factory=dict)
     # Checkpoint-and-requeue: why the current run was asked to stop (preempted, reclaimed,
     # interrupted), for whom, and what the job's earlier runs held and cost.
     drain_reason: str | None = None
@@ -351,6 +354,7 @@ class JobChanges(BaseModel):
     task_token: str | None = None
     run_result: dict[str, Any] | None = None
     started_instances: list[str] | None = None
+    node_beats: dict[str, float] | None = None
     drain_reason: str | None = None
     drain_requested_at: float | None = None
     preempted_for: str | None = None

@@ -72,3 +72,27 @@ def ends_run(instance_ids: Collection[str], instance_id: str, exit_code: int | N
     any other node's when it failed (an exit status other than 0, or none). A worker that ended
     well waits for the main node, whose exit ends the run (and the other containers with it)."""
     return rank_of(instance_ids, instance_id) == 0 or exit_code != 0
+
+
+def silent_nodes(
+    instance_ids: Collection[str],
+    beats: Mapping[str, float],
+    launched_at: float,
+    now: float,
+    *,
+    heartbeat_timeout_seconds: int,
+    boot_allowance_seconds: int,
+) -> list[str]:
+    """The run's nodes not heard from within the heartbeat timeout, in rank order: by their
+    last heartbeat, or, for one never heard, since the run's launch plus the boot allowance.
+    While one is silent the run's task heartbeat is withheld, so the run's one task token times
+    out even though the other nodes keep beating: the run ends as a lost node's, for all."""
+    return [
+        instance_id
+        for instance_id in sorted(instance_ids)
+        if (
+            now - beats[instance_id] > heartbeat_timeout_seconds
+            if instance_id in beats
+            else now - launched_at > heartbeat_timeout_seconds + boot_allowance_seconds
+        )
+    ]

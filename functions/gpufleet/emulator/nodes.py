@@ -68,6 +68,9 @@ class Behaviour:
     # False: that reclaim comes without warning or notice and takes the node with it, as a
     # hardware failure would: its agent reports nothing, only EC2's state change tells.
     warned: bool = True
+    # One node of the job's first run falls silent this long into it: its agent says nothing
+    # more (no heartbeat, no finish), while its instance keeps running and its peers beat.
+    falls_silent_after_seconds: float | None = None
     # Runs out of GPU memory on GPUs with less memory than this.
     needs_gpu_memory_gib: float = 0.0
     gpu_utilization: float = 90.0  # what its GPUs report while it runs
@@ -281,7 +284,8 @@ class _Discarded(io.StringIO):
 
 class _AsNode:
     """Calls made by the agent's own threads count as the node's, not the control plane's.
-    With `silent_once`: a node whose machine is gone says nothing more."""
+    With `silent_once`: a node whose machine is gone, or whose agent fell silent, says nothing
+    more."""
 
     def __init__(
         self,
@@ -328,6 +332,8 @@ class NodeSimulator:
         # instances spot reclaimed (each only once).
         self.notices: dict[str, str] = {}
         self.interrupted_jobs: set[str] = set()
+        # Jobs one of whose nodes fell silent (each only once).
+        self.silenced_jobs: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Per instance, set once it no longer runs: its agent stops waiting (it would be dead).
@@ -414,7 +420,7 @@ class NodeSimulator:
                 S3Manifests(self._account.client("s3"), self._account.bucket),
                 EventBridgeReporter(self._account.client("events"), self._account.bus),
                 CloudWatchMetrics(self._account.client("cloudwatch")),
-                silent_once=gone if behaviour.runs_command else None,
+                silent_once=gone if behaviour.runs_command else self._silence(job_id, behaviour),
             )
             self._schedule_interruption(instance_id, job_id, behaviour)
             job_metrics = JobMetrics()
@@ -521,6 +527,23 @@ class NodeSimulator:
             name=f"reclaim-{instance_id}",
             daemon=True,
         ).start()
+
+    def _silence(self, job_id: str, behaviour: Behaviour) -> threading.Event | None:
+        """What mutes this node's agent, for the first node of a job one of whose nodes falls
+        silent: set `falls_silent_after_seconds` from now (its boot), the instance left running."""
+        with self._lock:  # two instances of one job can boot at once
+            if behaviour.falls_silent_after_seconds is None or job_id in self.silenced_jobs:
+                return None
+            self.silenced_jobs.add(job_id)
+        muted = threading.Event()
+        after = behaviour.falls_silent_after_seconds
+
+        def fall_silent() -> None:
+            self._clock.sleep(after)
+            muted.set()
+
+        threading.Thread(target=fall_silent, name=f"silence-{job_id}", daemon=True).start()
+        return muted
 
     def _job_run(self, job_id: str) -> tuple[str, str | None]:
         """The job's name and the stage its manifest runs now (a node's runtime is chosen at

@@ -108,6 +108,8 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         metrics=settings.config.metrics,
         cost=settings.config.cost,
         root_volume_gib=settings.root_volume_gib,
+        node_heartbeat_timeout_seconds=settings.node_heartbeat_timeout_seconds,
+        boot_allowance_seconds=settings.boot_allowance_seconds,
         queue=settings.config.queue,
     )
     return LifecycleService(ports, planner, policy)

@@ -140,6 +140,7 @@ class LaunchSteps(LifecycleBase):
                 changes = self._admitted_changes(job, admission) | JobChanges(
                     placement=placement,
                     started_instances=[],
+                    node_beats={},
                     attempts=job.attempts + 1,
                     ondemand_fallback=fell_back,
                     task_token=task_token,

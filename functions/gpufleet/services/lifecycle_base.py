@@ -65,6 +65,10 @@ class LifecyclePolicy:
     data_sources: DataSources = field(default_factory=DataSources)
     # The admission policy: a job no state of the fleet could ever admit is refused at intake.
     queue: QueuePolicy = field(default_factory=QueuePolicy)
+    # How long a node of a multi-node run may be silent (and, never heard, how long it may
+    # boot first) before its run is taken for lost: the plan's heartbeat timeout, per node.
+    node_heartbeat_timeout_seconds: int = 900
+    boot_allowance_seconds: int = 900
 
 
 class JobAlreadyEnded(Conflict):

@@ -19,7 +19,7 @@ from gpufleet.domain.job import (
     JobStatus,
 )
 from gpufleet.domain.launch import CapacityType
-from gpufleet.domain.rendezvous import all_started, ends_run
+from gpufleet.domain.rendezvous import all_started, ends_run, silent_nodes
 from gpufleet.domain.settlement import INTERRUPTED
 from gpufleet.domain.spec import MAX_NODES
 from gpufleet.errors import TransientError
@@ -30,9 +30,9 @@ from gpufleet.services.workflow_state import WorkflowState
 # n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
 # is not even one DynamoDB can store (38 digits at most).
 MAX_EXIT_CODE = 255
-# A node's start is recorded in a write conditioned on the job's version: this many tries when
-# other nodes' starts win the race.
-START_WRITE_TRIES = 8
+# A node's start, and a multi-node run's heartbeat, is recorded in a write conditioned on the
+# job's version: this many tries when other nodes' writes win the race.
+NODE_WRITE_TRIES = 8
 
 
 class NodeReport(BaseModel):
@@ -56,11 +56,12 @@ class NodeReport(BaseModel):
     nodes: int = Field(default=1, ge=1, le=MAX_NODES)
 
 
-class StartNotRecorded(TransientError):
-    """Other writes kept winning over a node's start: the report is delivered again."""
+class NodeReportNotRecorded(TransientError):
+    """Other writes kept winning over a node's start or heartbeat: the report is delivered
+    again."""
 
-    def __init__(self, job_id: str, instance_id: str) -> None:
-        super().__init__(f"the start of {instance_id} (job {job_id}) lost every write race")
+    def __init__(self, job_id: str, instance_id: str, phase: str) -> None:
+        super().__init__(f"the {phase} of {instance_id} (job {job_id}) lost every write race")
 
 
 class RunReports(LifecycleBase):
@@ -90,8 +91,7 @@ class RunReports(LifecycleBase):
         if report.phase == "started":
             self._node_started(job, report.instance_id)
         elif report.phase == "heartbeat":
-            if job.task_token is not None:
-                self._ports.workflow.heartbeat(job.task_token)
+            self._node_beat(job, report.instance_id)
         elif ends_run(job.placement.instance_ids, report.instance_id, report.exit_code):
             self._node_finished(job, report)
         # else a worker node that ended well: the main node's exit ends the run
@@ -101,7 +101,7 @@ class RunReports(LifecycleBase):
         """Note the node's start; the job is RUNNING once every node of its run has started.
         Nodes start together: each write is conditioned on the job as it was read, and one
         that lost the race reads the job again."""
-        for _ in range(START_WRITE_TRIES):
+        for _ in range(NODE_WRITE_TRIES):
             placement = job.placement
             if (
                 job.status.terminal
@@ -130,7 +130,56 @@ class RunReports(LifecycleBase):
             if moved.status is not job.status:
                 self._status_changed(moved, job.status)
             return
-        raise StartNotRecorded(job.job_id, instance_id)
+        raise NodeReportNotRecorded(job.job_id, instance_id, "start")
+
+    def _node_beat(self, job: Job, instance_id: str) -> None:
+        """A node's heartbeat keeps the run's task alive. A multi-node run's beats are noted per
+        node, and the task's heartbeat is sent only while none of its nodes is silent: a node
+        whose agent died fails the run for all of them (the task times out, as for a lost
+        node), however well its peers beat."""
+        placement = job.placement
+        if placement is not None and len(placement.instance_ids) > 1:
+            job_now = self._note_beat(job, instance_id)
+            if job_now is None or job_now.placement is None:
+                return  # the run ended meanwhile
+            job, placement = job_now, job_now.placement
+            if silent_nodes(
+                placement.instance_ids,
+                job.node_beats,
+                placement.launched_at,
+                self._now(),
+                heartbeat_timeout_seconds=self._policy.node_heartbeat_timeout_seconds,
+                boot_allowance_seconds=self._policy.boot_allowance_seconds,
+            ):
+                return
+        if job.task_token is not None:
+            self._ports.workflow.heartbeat(job.task_token)
+
+    def _note_beat(self, job: Job, instance_id: str) -> Job | None:
+        """Note the node's heartbeat on the job (None: the run ended meanwhile). The nodes beat
+        at the same time: each write is conditioned on the job as it was read, so that no beat
+        overwrites another's."""
+        for _ in range(NODE_WRITE_TRIES):
+            if (
+                job.status.terminal
+                or job.placement is None
+                or instance_id not in job.placement.instance_ids
+            ):
+                return None
+            beats = {**job.node_beats, instance_id: self._now()}
+            try:
+                return self._ports.jobs.transition(
+                    job.job_id,
+                    job.status,
+                    self._now(),
+                    JobChanges(node_beats=beats),
+                    sources=[job.status],
+                    holding=instance_id,
+                    version=job.version,
+                )
+            except IllegalTransition as exc:
+                job = exc.job if exc.job is not None else self._ports.jobs.get(job.job_id)
+        raise NodeReportNotRecorded(job.job_id, instance_id, "heartbeat")
 
     def _report_in_one_write(self, report: NodeReport) -> Job | None:
         """The usual report, a start of a launching job or the finish of a running one, in the
