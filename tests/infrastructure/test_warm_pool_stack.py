@@ -47,8 +47,10 @@ def _statements(doc: dict[str, Any], function: topology.Function) -> list[dict[s
     statements: list[dict[str, Any]] = []
     for resource in doc["Resources"].values():
         # CDK moves what exceeds a role's inline policy size into managed OverflowPolicies.
-        policy = resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
-        if policy and {"Ref": role} in resource["Properties"].get("Roles", []):
+        if (
+            resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
+            and {"Ref": role} in resource["Properties"].get("Roles", [])
+        ):
             statements += resource["Properties"]["PolicyDocument"]["Statement"]
     return statements
 
