@@ -46,10 +46,9 @@ def _statements(doc: dict[str, Any], function: topology.Function) -> list[dict[s
     role = doc["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]
     statements: list[dict[str, Any]] = []
     for resource in doc["Resources"].values():
-        # CDK moves what exceeds a role's inline policy size into managed OverflowPolicies.
         if (
-            resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy")
-            and {"Ref": role} in resource["Properties"].get("Roles", [])
+            resource["Type"] == "AWS::IAM::Policy"
+            and {"Ref": role} in resource["Properties"]["Roles"]
         ):
             statements += resource["Properties"]["PolicyDocument"]["Statement"]
     return statements
