@@ -8,7 +8,9 @@ Reads the third-party snapshots in `../shared/data` (or `--data DIR`):
 - prices/skypilot-catalog-aws-p-family/aws_p_family_vms_by_az.csv: per-AZ prices of the P family;
 - prices/cpu-instances/cpu_spot_by_az_skypilot_rows.csv: per-AZ prices of CPU-only types;
 - spot-advisor/aws-spot-advisor-2024-02-28/spot-advisor-data.json: interruption buckets where the
-  2025 crawl has none (and for every CPU type).
+  2025 crawl has none (and for every CPU type);
+- moto 5.2.5's moto/ec2/resources/instance_types.json.gz (EC2 DescribeInstanceTypes): the
+  instance-store disks of every type it has.
 
 The output is deterministic: same inputs, same bytes (no wall clock; `generated` is the newest
 source date). Every place where we overrule a source is listed in the document's `corrections`.
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import sys
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from gpufleet.domain.catalog_refresh import (
     SCHEMA_VERSION,
     SPEC_CORRECTIONS,
     dumps,
+    instance_storage,
 )
 from gpufleet.domain.catalog_refresh import STD_AZ_ID as _STD_AZ_ID
 from gpufleet.domain.catalog_refresh import STD_REGION as _STD_REGION
@@ -187,6 +192,50 @@ NETWORK_CARDS: dict[str, tuple[int, int]] = {
 }
 
 
+# Instance-store disks come from EC2 DescribeInstanceTypes (`InstanceStorageInfo`) as moto bundles
+# it (moto/ec2/resources/instance_types.json.gz, a snapshot of the AWS API; read 2026-12-02 from
+# moto 5.2.5, the version the project pins). The types that snapshot lacks (older generations,
+# g4ad, p6e-gb200) take vantage's `storage` record (devices, size per device, nvme_ssd).
+MOTO_VERSION = "5.2.5"
+MOTO_INSTANCE_TYPES = "moto/ec2/resources/instance_types.json.gz"
+STORAGE_SOURCE: dict[str, Any] = {
+    "file": f"moto {MOTO_VERSION}: {MOTO_INSTANCE_TYPES}",
+    "origin": "EC2 DescribeInstanceTypes InstanceStorageInfo (Disks, TotalSizeInGB, "
+    "NvmeSupport), the snapshot of the AWS API moto bundles",
+    "date": None,
+    "date_note": f"the snapshot moto {MOTO_VERSION} ships; read 2026-12-02",
+    "used_for": "instance-store disks, total GB and NVMe (vantage `storage` for the types the "
+    "snapshot lacks)",
+}
+
+
+def _moto_instance_types() -> dict[str, dict[str, Any]]:
+    version = metadata.version("moto")
+    if version != MOTO_VERSION:
+        raise SystemExit(f"moto {version} installed; the catalog reads moto {MOTO_VERSION}")
+    packed = resources.files("moto").joinpath(MOTO_INSTANCE_TYPES.removeprefix("moto/"))
+    types: dict[str, dict[str, Any]] = json.loads(gzip.decompress(packed.read_bytes()))
+    return types
+
+
+def _storage_from_api(info: dict[str, Any]) -> dict[str, Any]:
+    return instance_storage(info.get("InstanceStorageInfo"))
+
+
+def _storage_from_vantage(record: dict[str, Any]) -> dict[str, Any]:
+    storage = record.get("storage")
+    if not storage:
+        return instance_storage(None)
+    if storage.get("size_unit") != "GB":
+        raise SystemExit(f"{record['instance_type']}: storage size in {storage.get('size_unit')}")
+    devices = int(storage["devices"])
+    return {
+        "instance_store_disks": devices,
+        "instance_store_gb": devices * int(storage["size"]),
+        "instance_store_nvme": bool(storage.get("nvme_ssd")),
+    }
+
+
 def _network(name: str, efa: bool) -> dict[str, int]:
     cards, efa_interfaces = NETWORK_CARDS.get(name, (1, 1))
     if not efa and name in NETWORK_CARDS:
@@ -322,6 +371,18 @@ def build(data: Path) -> dict[str, Any]:
             raise SystemExit(f"{name} is both a GPU and a CPU type")
         types[name] = entry
 
+    api = _moto_instance_types()
+    vantage_records = {rec["instance_type"]: rec for rec in raw}
+    storage_from_vantage = []
+    for name, entry in types.items():
+        if name in api:
+            entry.update(_storage_from_api(api[name]))
+        elif name in vantage_records:
+            entry.update(_storage_from_vantage(vantage_records[name]))
+            storage_from_vantage.append(name)
+        else:
+            raise SystemExit(f"{name}: no source states its instance storage")
+
     # (type, region, zone) -> [on_demand, spot, bucket]
     offerings: dict[tuple[str, str, str | None], list[Any]] = {}
     dropped_local: set[str] = set()
@@ -405,6 +466,18 @@ def build(data: Path) -> dict[str, Any]:
     corrections.append(
         {
             "instance_type": "*",
+            "fields": {
+                field: [None, "EC2 DescribeInstanceTypes"]
+                for field in ("instance_store_disks", "instance_store_gb", "instance_store_nvme")
+            },
+            "reason": "no price source has the instance store: InstanceStorageInfo from EC2 "
+            f"DescribeInstanceTypes as moto {MOTO_VERSION} bundles it; vantage's storage record "
+            "for the types that snapshot lacks: " + ", ".join(sorted(storage_from_vantage)),
+        }
+    )
+    corrections.append(
+        {
+            "instance_type": "*",
             "fields": {"efa": [None, "AWS EFA list"]},
             "reason": "no source has EFA support; set from the AWS EC2 User Guide list of "
             "EFA-supported accelerated instance types (p5.4xlarge conservatively false; CPU "
@@ -440,7 +513,7 @@ def build(data: Path) -> dict[str, Any]:
         "generated": max(dates),
         "generated_note": "the newest source date, not the build time, so rebuilds are "
         "byte-identical; rebuild with scripts/build_catalog.py",
-        "sources": sources,
+        "sources": [*sources, STORAGE_SOURCE],
         "interruption_buckets": BUCKET_LABELS,
         "corrections": corrections,
         "instance_types": [types[k] for k in sorted(types)],

@@ -76,10 +76,12 @@ class JobStore(Protocol):
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
+        version: int | None = None,
     ) -> Job:
         """Move to `target` if the current status allows it (is one of `sources`, when given),
-        and, with `holding`, if the job's placement holds that instance, applying `changes` in
-        the same conditional write. Raise IllegalTransition when it does not, carrying the job
+        with `holding`, if the job's placement holds that instance, and with `version`, if the
+        job was not written since it was at that version, applying `changes` in the same
+        conditional write. Raise IllegalTransition when it does not, carrying the job
         as it is (or JobNotFound)."""
         ...
 

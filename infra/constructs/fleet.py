@@ -29,7 +29,7 @@ from constructs import Construct
 from gpufleet import topology
 from gpufleet.domain.boot import BootTarget, EfaWidth, network_interfaces, template_keys
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.domain.config import FleetConfig
+from gpufleet.domain.config import DataSources, FleetConfig
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
 from infra.constructs.logs import retention
@@ -107,6 +107,12 @@ class Fleet(Construct):
         )
         self._grant_instance_role(config, bus, bucket, agent_code)
         grant_node_access(self, self.instance_role, self.security_group, fleet_config)
+        if NEEDS_UBUNTU_ARCHIVE & set(volume_tools_for(fleet_config.data)):
+            self.security_group.add_egress_rule(
+                ec2.Peer.any_ipv4(),
+                ec2.Port.tcp(80),
+                "Ubuntu package archive (HTTP; apt checks its signatures): EFS and S3 mount tools",
+            )
 
         user_data = ec2.UserData.for_linux()
         user_data.add_commands(
@@ -118,6 +124,7 @@ class Fleet(Construct):
                 code_bucket=agent_code.s3_bucket_name,
                 code_key=agent_code.s3_object_key,
                 pip_packages=config.agent_pip_packages,
+                data=fleet_config.data,
             )
         )
         profile = iam.InstanceProfile(self, "InstanceProfile", role=self.instance_role)
@@ -378,8 +385,10 @@ def _agent_bootstrap(
     code_bucket: str,
     code_key: str,
     pip_packages: str,
+    data: DataSources,
 ) -> list[str]:
-    """A fixed boot script: install the agent and start it as a systemd service.
+    """A fixed boot script: install the agent and the volume tools the deployment's data
+    sources need, and start the agent as a systemd service.
 
     Every interpolated value is a property of the deployment, none comes from a job. The agent
     needs boto3 only: the AMI's python3 is used as it is when it has boto3, else a virtualenv
@@ -411,6 +420,7 @@ def _agent_bootstrap(
         "else apt-get update -q && apt-get install -y -q docker.io; fi",
         "  systemctl enable --now docker",
         "fi",
+        *_volume_tools(data),
         f"{python} - <<'PY'",
         "import boto3, zipfile",
         f"boto3.client('s3', region_name='{region}').download_file("
@@ -433,6 +443,112 @@ def _agent_bootstrap(
         "systemctl enable --now gpufleet-agent.service",
         *_cloudwatch_agent_gpu_metrics(),
     ]
+
+
+# The tools the agent runs to mount volumes (agent/prepare.py, docs/data.md), installed at boot
+# where the image lacks them, for the volume kinds the deployment can mount: the instance store
+# always (it needs no configuration), the others only when gpufleet.yaml configures one. Each is
+# best effort: a tool that does not install fails only the runs that mount that kind of volume,
+# naming the volume, instead of keeping the agent from starting. The same script serves every
+# image, so each step picks its OS family at run time: dnf on Amazon Linux 2023 (the CPU image),
+# apt on the Ubuntu Deep Learning AMIs.
+EFS_UTILS_TAG = "v2.3.0"  # aws/efs-utils: Ubuntu has no package, it is built from its source
+MOUNTPOINT_RELEASES = "https://s3.amazonaws.com/mountpoint-s3-release/latest"
+FSX_UBUNTU_KEY = (
+    "https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc"
+)
+FSX_UBUNTU_REPO = "https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu"
+FSX_UBUNTU_KEYRING = "/usr/share/keyrings/fsx-ubuntu-public-key.gpg"
+FSX_UBUNTU_SOURCES = "/etc/apt/sources.list.d/fsxlustreclientrepo.list"
+_APT = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q"
+# A failed index fetch (a mirror out of reach) must not stop the install from the rest.
+_APT_UPDATE = "(apt-get update -q || true)"
+
+# tool -> (what shows the image has it, dnf steps, apt steps); the steps of one OS family run in
+# order, each only when the one before it succeeded.
+_VOLUME_TOOLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "mdadm": (
+        "command -v mdadm >/dev/null",
+        ("dnf install -y -q mdadm",),
+        (_APT_UPDATE, f"{_APT} mdadm"),
+    ),
+    "amazon-efs-utils": (
+        "[ -x /sbin/mount.efs ]",
+        ("dnf install -y -q amazon-efs-utils",),
+        (
+            _APT_UPDATE,
+            f"{_APT} git binutils rustc cargo pkg-config libssl-dev gettext",
+            "rm -rf /tmp/efs-utils",
+            f"git clone --quiet --depth 1 --branch {EFS_UTILS_TAG} "
+            "https://github.com/aws/efs-utils /tmp/efs-utils",
+            "(cd /tmp/efs-utils && ./build-deb.sh)",
+            f"{_APT} /tmp/efs-utils/build/amazon-efs-utils*deb",
+        ),
+    ),
+    "mount-s3": (
+        "command -v mount-s3 >/dev/null",
+        # In the AL2023 repository since 2023.9.20251110; AWS's own package before that.
+        (
+            "{ dnf install -y -q mount-s3 || "
+            f'dnf install -y -q "{MOUNTPOINT_RELEASES}/${{arch}}/mount-s3.rpm"; }}',
+        ),
+        (
+            f'curl -fsSL -o /tmp/mount-s3.deb "{MOUNTPOINT_RELEASES}/${{arch}}/mount-s3.deb"',
+            _APT_UPDATE,
+            f"{_APT} /tmp/mount-s3.deb",
+        ),
+    ),
+    "lustre-client": (
+        "modinfo lustre >/dev/null 2>&1",
+        ("dnf install -y -q lustre-client",),
+        (
+            ". /etc/os-release",
+            f"curl -fsSL {FSX_UBUNTU_KEY} | gpg --dearmor > {FSX_UBUNTU_KEYRING}",
+            f'echo "deb [signed-by={FSX_UBUNTU_KEYRING}] {FSX_UBUNTU_REPO} '
+            f'${{VERSION_CODENAME}} main" > {FSX_UBUNTU_SOURCES}',
+            # Only the FSx repository's index (HTTPS): the modules come from there.
+            f"apt-get update -q -o Dir::Etc::sourcelist={FSX_UBUNTU_SOURCES} "
+            "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0",
+            f'{_APT} "lustre-client-modules-$(uname -r)"',
+        ),
+    ),
+}
+
+# Volume tools whose Ubuntu install takes packages from the distribution's archive, which EC2's
+# Ubuntu mirrors serve over HTTP only (apt checks the archive's signatures).
+NEEDS_UBUNTU_ARCHIVE = frozenset({"amazon-efs-utils", "mount-s3"})
+
+
+def volume_tools_for(data: DataSources) -> list[str]:
+    """The volume tools a node needs for what the deployment's jobs can mount."""
+    wanted = {
+        "mdadm": True,  # instance-store scratch: any spec may ask for it
+        "amazon-efs-utils": bool(data.efs),
+        "mount-s3": bool(data.s3),
+        "lustre-client": bool(data.fsx_lustre),
+    }
+    return [tool for tool in _VOLUME_TOOLS if wanted[tool]]
+
+
+def _steps(steps: tuple[str, ...], indent: str) -> list[str]:
+    # Joined with &&: `set -e` does not apply in a subshell whose status `||` tests.
+    return [f"{indent}{step}{' &&' if i < len(steps) - 1 else ''}" for i, step in enumerate(steps)]
+
+
+def _volume_tools(data: DataSources) -> list[str]:
+    lines = ['case "$(uname -m)" in aarch64) arch=arm64 ;; *) arch=x86_64 ;; esac']
+    for tool in volume_tools_for(data):
+        present, dnf, apt = _VOLUME_TOOLS[tool]
+        lines += [
+            f"if ! {present}; then (",
+            "  if command -v dnf >/dev/null; then",
+            *_steps(dnf, "    "),
+            "  else",
+            *_steps(apt, "    "),
+            "  fi",
+            f") || echo 'gpufleet: {tool} did not install; runs mounting its volumes fail' >&2; fi",
+        ]
+    return lines
 
 
 CWAGENT_HOME = "/opt/aws/amazon-cloudwatch-agent"

@@ -39,6 +39,16 @@ POWERTOOLS_LAYER_PARAMETER = (
     f"/aws/service/powertools/python/{ARCHITECTURE.name}/{RUNTIME.name}/latest"
 )
 
+# CDK moves what a role's policy holds past 10,000 characters of its estimate into customer
+# managed policies (OverflowPolicyN): more for the deployer to be allowed (iam:CreatePolicy,
+# AttachRolePolicy...), and statements moved between policies by an update are missing for a
+# moment (aws/aws-cdk#35611). It counts an ARN known only at deploy time as 150 characters; the
+# ARNs these roles name resolve to at most ~120 (a table's index or a log group of this stack in
+# aws-cn's longest region) and most to about 70 (Launch's 16 launch templates, images, subnets).
+# Resolved so, the largest policy (Launch's, with a warm pool) is about 8,000 characters of
+# IAM's 10,240 per role; with this estimate it stays inline.
+ARN_SIZE_ESTIMATE = 120
+
 MANAGED_TAG_CONDITION = {f"aws:RequestTag/{topology.TAG_MANAGED}": "true"}
 MANAGED_RESOURCE_CONDITION = {f"aws:ResourceTag/{topology.TAG_MANAGED}": "true"}
 
@@ -241,6 +251,7 @@ class Functions(Construct):
         alerts: Notifications,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.node.set_context("@aws-cdk/aws-iam.arnSizeEstimate", ARN_SIZE_ESTIMATE)
         missing = {f.construct_id for f in topology.FUNCTIONS} - set(PERMISSIONS)
         if missing:
             raise ValueError(f"no PERMISSIONS written for functions {sorted(missing)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,15 @@ class Synth:
             statements += _listify(inline["PolicyDocument"]["Statement"])
         return statements
 
+    def overflow_policies_of_role(self, role_id: str) -> list[str]:
+        """The managed policies CDK split off the role's inline policy (its estimate passed
+        10,000 characters): logical ids."""
+        return [
+            logical_id
+            for logical_id, policy in self.of_type("AWS::IAM::ManagedPolicy").items()
+            if {"Ref": role_id} in policy["Properties"].get("Roles", [])
+        ]
+
     def all_statements(self) -> Iterator[tuple[str, dict[str, Any]]]:
         for logical_id, resource in self.resources.items():
             if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
@@ -145,10 +154,8 @@ def _render(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-@pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    app, stack = build_app(outdir=str(outdir))
+def _synthesize(outdir: Path, context: dict[str, Any] | None = None) -> Synth:
+    app, stack = build_app(context=context, outdir=str(outdir))
     app.synth()
     template_path = outdir / f"{STACK_NAME}.template.json"
     doc = json.loads(template_path.read_text(encoding="utf-8"))
@@ -160,3 +167,22 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
         doc=doc,
         template=Template.from_json(doc),
     )
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    return _synthesize(tmp_path_factory.mktemp("cdk.out"))
+
+
+@pytest.fixture(scope="session")
+def synth_with_config(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Synth]:
+    """Synthesize the app for gpufleet.yaml followed by `extra` (YAML: a warm pool, ...)."""
+
+    def synthesize(extra: str) -> Synth:
+        folder = tmp_path_factory.mktemp("config")
+        config = folder / "gpufleet.yaml"
+        base = (ROOT / "gpufleet.yaml").read_text(encoding="utf-8")
+        config.write_text(base + extra, encoding="utf-8")
+        return _synthesize(folder / "cdk.out", {"config_file": str(config)})
+
+    return synthesize

@@ -108,7 +108,57 @@ def test_configured_file_systems_buckets_and_secrets_are_granted_and_nothing_mor
     assert "repository/team/trainer" in pulls and "repository/*" not in pulls
     # FSx for Lustre takes no IAM to mount: its client ports; EFS its NFS port.
     assert not any("fsx:" in _text(s["Action"]) for s in statements.values())
-    assert _egress_ports(doc) == {(443, 443), (988, 988), (1018, 1023), (2049, 2049)}
+    # Port 80: the Ubuntu archive, for the EFS and S3 mount tools' packages (below).
+    assert _egress_ports(doc) == {(80, 80), (443, 443), (988, 988), (1018, 1023), (2049, 2049)}
+
+
+def _user_data_scripts(doc: dict[str, Any]) -> list[str]:
+    """Every launch template's user data, its literal parts (the deployment's refs left out)."""
+    return [
+        "".join(
+            part
+            for part in resource["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"][
+                "Fn::Join"
+            ][1]
+            if isinstance(part, str)
+        )
+        for resource in doc["Resources"].values()
+        if resource["Type"] == "AWS::EC2::LaunchTemplate"
+    ]
+
+
+def _installs(script: str) -> dict[str, bool]:
+    return {
+        "mdadm": "apt-get install -y -q mdadm" in script,
+        "efs": "dnf install -y -q amazon-efs-utils" in script and "./build-deb.sh" in script,
+        "s3": "mountpoint-s3-release/latest/${arch}/mount-s3.deb" in script,
+        "lustre": "dnf install -y -q lustre-client" in script
+        and '"lustre-client-modules-$(uname -r)"' in script,
+    }
+
+
+def test_the_boot_script_installs_the_volume_tools_the_configured_data_sources_need(
+    synth: Synth, configured: tuple[Any, dict[str, Any]]
+) -> None:
+    _, doc = configured
+    scripts = _user_data_scripts(doc)
+    assert len(scripts) > 1 and len(set(scripts)) == 1  # one script for every image
+    assert _installs(scripts[0]) == {"mdadm": True, "efs": True, "s3": True, "lustre": True}
+    # Only where the image lacks the tool, and before the agent starts (its first run mounts).
+    script = scripts[0]
+    assert "if ! [ -x /sbin/mount.efs ]; then" in script
+    assert "if ! modinfo lustre >/dev/null 2>&1; then" in script
+    assert script.index("mount-s3.deb") < script.index("systemctl enable --now gpufleet-agent")
+    # EC2 takes at most 16 KB of user data before base64; the deployment's names (left out
+    # here) add a few hundred bytes.
+    assert len(script.encode()) < 12 * 1024
+    # Nothing from gpufleet.yaml's data section reaches the script: no id, bucket or DNS name.
+    for configured_value in (FSX, EFS_WRITABLE, "datasets-bucket", "abcdefgh"):
+        assert configured_value not in script
+    # Without a data section only mdadm (instance-store scratch needs no configuration).
+    [plain] = set(_user_data_scripts(synth.doc))
+    assert _installs(plain) == {"mdadm": True, "efs": False, "s3": False, "lustre": False}
+    assert "mount-s3" not in plain and "efs-utils" not in plain and "lustre" not in plain
 
 
 def test_cdk_nag_has_no_unacknowledged_findings_with_data_sources(

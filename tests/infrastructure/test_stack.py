@@ -184,6 +184,7 @@ def test_each_function_has_its_own_role(synth: Synth) -> None:
     assert len(set(roles)) == len(roles)
     for role in roles:
         assert synth.props(role).get("ManagedPolicyArns", []) == []
+        assert synth.overflow_policies_of_role(role) == []
 
 
 # -- intake: bucket, bus, rules ------------------------------------------------------------------

@@ -156,6 +156,18 @@ def test_accelerators_from_describe_instance_types(refreshed: Catalog) -> None:
     assert refreshed.instance_type("g6f.large").gpus == 0
 
 
+def test_instance_store_from_describe_instance_types(refreshed: Catalog) -> None:
+    p4d = refreshed.instance_type("p4d.24xlarge")
+    assert (p4d.instance_store_disks, p4d.instance_store_gb, p4d.instance_store_nvme) == (
+        8,
+        8000,
+        True,
+    )
+    assert refreshed.instance_type("g5.xlarge").has_nvme_instance_store
+    assert not refreshed.instance_type("g5g.xlarge").has_nvme_instance_store
+    assert not refreshed.instance_type("c5.xlarge").has_nvme_instance_store
+
+
 def test_prices_come_from_the_responses(refreshed: Catalog) -> None:
     on_demand = {
         o.instance_type.name: o.hourly_usd

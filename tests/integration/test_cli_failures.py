@@ -13,12 +13,16 @@ from tests.unit.test_cli_contract import NEEDS_TARGET, json_error, no_target, ru
 
 __all__ = ["no_target"]  # the fixture, used by name
 
+# What a stack's LAUNCH_TEMPLATES output looks like (topology.launch_templates_value).
+DEPLOYED_TEMPLATES = topology.launch_templates_value({"x86_64-nvidia": "lt-0123456789abcdef0"})
+
 
 def test_a_missing_region_missing_credentials_and_an_unreachable_endpoint_are_exit_2(
     no_target: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for name in topology.COMMON_ENV:
         monkeypatch.setenv(name, "gpufleet-test")
+    monkeypatch.setenv(topology.ENV_LAUNCH_TEMPLATES, DEPLOYED_TEMPLATES)
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
     # `--endpoint-url` below is exported for the command's process (this one): put back after.
@@ -39,6 +43,18 @@ def test_a_missing_region_missing_credentials_and_an_unreachable_endpoint_are_ex
     error = json_error(err)
     assert (code, error["error"]) == (2, "Unreachable")
     assert error["details"]["endpoint_url"].startswith(f"http://127.0.0.1:{port}")
+
+
+def test_deployment_variables_no_deployment_writes_are_exit_2_before_any_call(
+    no_target: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in topology.COMMON_ENV:
+        monkeypatch.setenv(name, "gpufleet-test")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    code, out, err = run(capsys, ["status", "j-0", *NEEDS_TARGET, "--json"])
+    error = json_error(err)
+    assert (code, out, error["error"]) == (2, "", "NoTarget")
+    assert f"{topology.ENV_LAUNCH_TEMPLATES} must be KEY=lt-" in error["message"]
 
 
 def test_the_emulator_refuses_a_taken_port_at_once(

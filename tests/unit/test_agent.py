@@ -39,6 +39,7 @@ from gpufleet.agent.node import (
     RunOutcome,
     parse_job_metric_line,
 )
+from gpufleet.domain.rendezvous import Peer, node_environment
 from gpufleet.topology import (
     DETAIL_NODE_FINISHED,
     DETAIL_NODE_HEARTBEAT,
@@ -683,14 +684,16 @@ def test_the_jobs_env_reaches_only_the_container_through_a_private_file(tmp_path
     calls = docker.calls()
     assert [call["argv"][1] for call in calls] == ["create", "start", "rm"]
     [create] = [call for call in calls if call["argv"][1] == "create"]
-    expected = {**JOB_ENV, "GPUFLEET_RESUME_FROM": "s3://ckpt/j/"}
+    solo = node_environment([Peer("", "127.0.0.1")], rank=0, gpus_per_node=1)
+    jobs_own = {**JOB_ENV, "GPUFLEET_RESUME_FROM": "s3://ckpt/j/"}
+    expected = {**jobs_own, **solo}
     assert create["env_file"] == "".join(f"{k}={v}\n" for k, v in sorted(expected.items()))
     assert (create["env_file_mode"], create["env_dir_mode"]) == (0o600, 0o700)
     assert not Path(create["env_file_path"]).parent.exists()  # removed once created
     for call in calls:
         # No value of the job's on any command line ...
         assert not [
-            arg for arg in call["argv"] for value in expected.values() if value and value in arg
+            arg for arg in call["argv"] for value in jobs_own.values() if value and value in arg
         ]
         # ... and the CLI's environment is the allowlist, from the agent's, nothing of the job's.
         assert call["env"] == docker_cli_environment(docker.environment)

@@ -131,6 +131,28 @@ def test_known_specs(catalog: Catalog) -> None:
     assert catalog.instance_type("c7g.large").arch == "arm64"
 
 
+@pytest.mark.parametrize(
+    ("name", "disks", "gb", "nvme"),
+    [
+        ("p4d.24xlarge", 8, 8000, True),  # DescribeInstanceTypes, as moto 5.2.5 bundles it
+        ("p5.48xlarge", 8, 30400, True),
+        ("g5.xlarge", 1, 250, True),
+        ("trn2.48xlarge", 4, 7600, True),  # vantage has no storage record; the API has
+        ("g4ad.16xlarge", 2, 2400, True),  # not in moto's snapshot: vantage's storage record
+        ("p3.2xlarge", 0, 0, False),  # EBS only
+        ("c5.xlarge", 0, 0, False),
+    ],
+)
+def test_instance_store_disks(catalog: Catalog, name: str, disks: int, gb: int, nvme: bool) -> None:
+    it = catalog.instance_type(name)
+    assert (it.instance_store_disks, it.instance_store_gb, it.instance_store_nvme) == (
+        disks,
+        gb,
+        nvme,
+    )
+    assert it.has_nvme_instance_store is nvme
+
+
 def test_source_errors_are_corrected(catalog: Catalog) -> None:
     for name in ("trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"):
         assert catalog.instance_type(name).accelerator == "trainium"
@@ -241,6 +263,11 @@ def test_from_document_builds_offerings() -> None:
         (lambda d: d["instance_types"].append(dict(d["instance_types"][0])), "twice"),
         (lambda d: d["offerings"].append(dict(d["offerings"][0])), "twice"),
         (lambda d: d.pop("offerings"), "missing 'offerings'"),
+        (lambda d: d["instance_types"][0].update(instance_store_disks=2), "disagree"),
+        (
+            lambda d: d["instance_types"][0].update(instance_store_nvme=True),
+            "NVMe instance store without disks",
+        ),
     ],
 )
 def test_from_document_rejects_malformed(mutate: Any, message: str) -> None:

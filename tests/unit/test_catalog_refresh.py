@@ -155,7 +155,63 @@ def test_instance_types_come_from_the_api_sections() -> None:
         "efa": False,
         "network_cards": 1,
         "efa_interfaces": 0,
+        "instance_store_disks": 0,
+        "instance_store_gb": 0,
+        "instance_store_nvme": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("storage", "disks", "gb", "nvme"),
+    [
+        # p4d.24xlarge as DescribeInstanceTypes states it: 8 NVMe SSDs of 1000 GB.
+        (
+            {
+                "Disks": [{"Count": 8, "SizeInGB": 1000, "Type": "ssd"}],
+                "EncryptionSupport": "required",
+                "NvmeSupport": "required",
+                "TotalSizeInGB": 8000,
+            },
+            8,
+            8000,
+            True,
+        ),
+        # An older SSD instance store that is not NVMe (the agent cannot find it as scratch).
+        (
+            {
+                "Disks": [{"Count": 2, "SizeInGB": 120, "Type": "ssd"}],
+                "NvmeSupport": "unsupported",
+                "TotalSizeInGB": 240,
+            },
+            2,
+            240,
+            False,
+        ),
+        (None, 0, 0, False),  # EBS only: no InstanceStorageInfo
+    ],
+)
+def test_instance_store_comes_from_instance_storage_info(
+    storage: dict[str, Any] | None, disks: int, gb: int, nvme: bool
+) -> None:
+    info = (
+        itype("p4d.24xlarge")
+        if storage is None
+        else {
+            **itype("p4d.24xlarge"),
+            "InstanceStorageSupported": True,
+            "InstanceStorageInfo": storage,
+        }
+    )
+    row, _ = parse_instance_type(info)
+    assert row is not None
+    assert (row["instance_store_disks"], row["instance_store_gb"]) == (disks, gb)
+    assert row["instance_store_nvme"] is nvme
+    assert (
+        Catalog.from_document({"instance_types": [row], "offerings": []})
+        .instance_type("p4d.24xlarge")
+        .has_nvme_instance_store
+        is nvme
+    )
 
 
 def test_network_cards_and_efa_interfaces_come_from_network_info() -> None:

@@ -288,3 +288,22 @@ def test_plan_ranks_capacity_types_as_the_launch_plan_orders_them(
     assert ranked[0]["capacity_type"] == first.capacity_type.value
     assert ranked[0]["instance_type"] == first.overrides[0].instance_type
     assert first.capacity_type is (CapacityType.SPOT if checkpoint else CapacityType.ON_DEMAND)
+
+
+def test_a_spec_mounting_the_instance_store_is_planned_as_intake_plans_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One V100: p3.2xlarge (EBS only) is the cheapest, p3dn.24xlarge has NVMe disks.
+    body = (
+        "name: t\nteam: a\nimage: img:1\ncommand: [python]\n"
+        "resources: {gpus: 1, gpu_models: [V100]}\nspot: never\n"
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(body)
+    assert run([str(spec), "--json"]) == 0
+    plain = {o["instance_type"] for o in json.loads(capsys.readouterr().out)["offerings"]}
+    spec.write_text(body + "volumes: [{instance_store: scratch, mount: /scratch}]\n")
+    assert run([str(spec), "--json"]) == 0
+    scratch = {o["instance_type"] for o in json.loads(capsys.readouterr().out)["offerings"]}
+    assert "p3.2xlarge" in plain
+    assert scratch == {"p3dn.24xlarge"}

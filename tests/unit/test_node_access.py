@@ -3,10 +3,11 @@ they name what the deployment's nodes cannot reach, carried to the run manifest 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from gpufleet.adapters.local.memory import RecordingWorkflow
 from gpufleet.domain.config import DataBucket, DataSources, Efs, FleetConfig, FsxLustre
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.node_access import access_problems, ecr_image, manifest_access, registry_of
@@ -264,3 +265,40 @@ def test_an_accepted_job_is_stored_and_run_with_references_only() -> None:
     manifest = run_manifest(job, "bucket", DATA)
     assert manifest["secrets"] == secrets and manifest["env"] == {}
     assert manifest["volumes"][0]["dns_name"] == f"{FSX}.fsx.us-east-1.amazonaws.com"
+
+
+SCRATCH = [{"instance_store": "scratch", "mount": "/scratch"}]
+
+
+def test_intake_fails_a_scratch_job_no_type_with_nvme_instance_store_can_run() -> None:
+    ports = local_ports()
+    intake = intake_for(ports, make_settings(config=CONFIG))
+    # The catalog's CPU-only families (c5, m6i, c7g, ...) are all EBS-only.
+    cpu = _spec(volumes=SCRATCH, resources={"gpus": 0, "vcpus": 4})
+    outcome = intake.submit_document(cpu, "delivery-3", "event:3")
+    job = ports.jobs.get(outcome.job_id or "")
+    assert job.status is JobStatus.FAILED
+    assert job.failure_reason is not None
+    assert "instance_store volume" in job.failure_reason
+    assert "no matching instance type in us-east-1 has NVMe instance-store disks" in (
+        job.failure_reason
+    )
+    # The same job without the scratch volume is queued.
+    plain = intake.submit_document(_spec(resources={"gpus": 0, "vcpus": 4}), "delivery-4", "e:4")
+    assert ports.jobs.get(plain.job_id or "").status is JobStatus.QUEUED
+
+
+def test_a_scratch_job_is_planned_only_on_types_with_nvme_instance_store() -> None:
+    ports = local_ports()
+    intake = intake_for(ports, make_settings(config=CONFIG))
+    v100 = {"gpus": 1, "gpu_models": ["V100"]}  # p3.2xlarge is EBS-only, p3dn has NVMe disks
+    for delivery, volumes in (("delivery-5", []), ("delivery-6", SCRATCH)):
+        outcome = intake.submit_document(_spec(volumes=volumes, resources=v100), delivery, "e")
+        assert ports.jobs.get(outcome.job_id or "").status is JobStatus.QUEUED
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    planned = [
+        {o["instance_type"] for step in state["plan"]["steps"] for o in step["overrides"]}
+        for state in (workflow.inputs[name] for name in workflow.started)
+    ]
+    assert "p3.2xlarge" in planned[0]
+    assert planned[1] == {"p3dn.24xlarge"}

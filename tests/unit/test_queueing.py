@@ -223,6 +223,54 @@ def test_borrowers_and_lower_classes_never_preempt_entitled_work() -> None:
     assert low.preemptions == []
 
 
+def test_higher_class_work_borrows_any_free_gpu_not_only_idle_quota() -> None:
+    # Both teams hold their quotas: nlp's quota is not idle, so normal work of vision may not
+    # borrow the 2 free GPUs; high work may (it is what starts within minutes).
+    held = [running("n0", team="nlp", gpus=8), running("v0", priority=Priority.HIGH, gpus=8)]
+    normal = decide([queued("v-normal", gpus=2)], held, [], NOW, POLICY)
+    assert normal.admitted == [] and normal.waiting["v-normal"] is WaitReason.QUOTA
+    urgent = decide([queued("v-high", priority=Priority.HIGH, gpus=2)], held, [], NOW, POLICY)
+    assert ids(urgent.admitted) == ["v-high"] and urgent.admitted[0].borrowed
+    # Still within its team's borrowing limit (4): 6 GPUs more would be 2 too many.
+    roomy = POLICY.model_copy(update={"max_gpus": 40})
+    big = decide([queued("v-high", priority=Priority.HIGH, gpus=6)], held, [], NOW, roomy)
+    assert big.admitted == [] and big.waiting["v-high"] is WaitReason.QUOTA
+
+
+def test_no_job_preempts_work_of_a_higher_class_even_a_borrower() -> None:
+    # nlp's high job borrows 4 of vision's GPUs; vision's entitled normal job waits for it to
+    # end rather than reclaim them: it never stops more urgent work.
+    held = [
+        running("n-own", team="nlp", gpus=8),
+        running("n-high", team="nlp", priority=Priority.HIGH, gpus=4, borrowed=True),
+        running("v0", gpus=6),
+    ]
+    decision = decide([queued("v1", gpus=2)], held, [], NOW, POLICY)
+    assert decision.preemptions == [] and decision.waiting["v1"] is not WaitReason.PREEMPTING
+    # A borrower of its own class, past reclaim_after_seconds, is reclaimed as before.
+    same = [replace(r, priority=Priority.NORMAL) if r.job_id == "n-high" else r for r in held]
+    again = decide([queued("v1", gpus=2)], same, [], NOW, POLICY)
+    assert [p.victim_id for p in again.preemptions] == ["n-high"]
+
+
+def test_same_class_reclaim_waits_reclaim_after_seconds_priority_only_min_runtime() -> None:
+    # A borrower of nlp that has run 30 minutes: past min_runtime_seconds (10 minutes), short
+    # of reclaim_after_seconds (an hour).
+    held = [
+        running("n-own", team="nlp", gpus=8),
+        running("n-borrow", team="nlp", gpus=4, borrowed=True, age=HOUR / 2),
+        running("v0", gpus=6),
+    ]
+    reclaim = decide([queued("v1", gpus=2)], held, [], NOW, POLICY)
+    assert reclaim.preemptions == [] and reclaim.waiting["v1"] is not WaitReason.PREEMPTING
+    # Work of a higher class preempts it at once: priority needs only the minimum runtime.
+    urgent = decide([queued("v-high", priority=Priority.HIGH, gpus=2)], held, [], NOW, POLICY)
+    assert [p.victim_id for p in urgent.preemptions] == ["n-borrow"]
+    # Once it has run an hour, the entitled normal job reclaims its quota.
+    later = decide([queued("v1", gpus=2)], held, [], NOW + HOUR / 2, POLICY)
+    assert [p.victim_id for p in later.preemptions] == ["n-borrow"]
+
+
 jobs_strategy = st.lists(
     st.tuples(
         st.sampled_from(["vision", "nlp", "guest"]),
@@ -397,7 +445,9 @@ def test_a_job_preempted_before_may_preempt_where_one_of_its_shape_may_not() -> 
         RunningJob("v1", "vision", Priority.NORMAL, 8, 1, at_night - HOUR),
         RunningJob("n1", "nlp", Priority.NORMAL, 4, 4, at_night - HOUR),
         RunningJob("n2", "nlp", Priority.NORMAL, 2, 2, at_night - HOUR),
-        RunningJob("g1", "guest", Priority.NORMAL, 2, 2, at_night - HOUR, borrowed=True),
+        # Of the preemptors' own class (no job preempts a higher one), run an hour: past
+        # reclaim_after_seconds.
+        RunningJob("g1", "guest", Priority.LOW, 2, 2, at_night - HOUR, borrowed=True),
     ]
     fresh = QueuedJob("fresh", "vision", Priority.LOW, 2, 2, at_night - 2 * HOUR)
     again = QueuedJob("again", "vision", Priority.LOW, 2, 2, at_night - HOUR, preemptions=1)

@@ -35,8 +35,10 @@ def norm(name: str) -> str:
     return "".join(name.lower().replace("nvidia", "").split())
 
 
-def naive_feasible(it: InstanceType, r: Resources) -> bool:
+def naive_feasible(it: InstanceType, r: Resources, instance_store: bool = False) -> bool:
     """An independent, spelled-out statement of the feasibility rules."""
+    if instance_store and not (it.instance_store_nvme and it.instance_store_disks >= 1):
+        return False
     if r.gpus == 0:
         hardware = it.accelerator == "none"
     else:
@@ -62,6 +64,7 @@ def brute_force(
     hours: float,
     checkpoint: float | None,
     unavailable: frozenset[str],
+    instance_store: bool = False,
     catalog: Catalog = CATALOG,
 ) -> list[tuple[float, Offering]]:
     allowed = {"auto": {"spot", "on-demand"}, "required": {"spot"}, "never": {"on-demand"}}
@@ -69,7 +72,7 @@ def brute_force(
     for o in catalog.offerings(region):
         if o.capacity_type not in allowed[policy.value]:
             continue
-        if o.key in unavailable or not naive_feasible(o.instance_type, r):
+        if o.key in unavailable or not naive_feasible(o.instance_type, r, instance_store):
             continue
         out.append((expected_cost(o, r.nodes, hours, checkpoint), o))
     return sorted(out, key=lambda x: x[0])
@@ -93,10 +96,13 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
         arch=draw(st.sampled_from(["x86_64", "x86_64", "x86_64", "arm64"])),
     )
     region = draw(st.sampled_from(["us-east-1", "us-east-1", "us-west-2", *CATALOG.regions()]))
+    instance_store = draw(st.sampled_from([False, False, False, True]))
     offerings = CATALOG.offerings(region)
     keys = [o.key for o in offerings]
     # Mark some offerings of the feasible set unavailable, sometimes all of them.
-    feasible = sorted({o.key for o in offerings if naive_feasible(o.instance_type, resources)})
+    feasible = sorted(
+        {o.key for o in offerings if naive_feasible(o.instance_type, resources, instance_store)}
+    )
     hit_feasible: bool = draw(st.booleans())
     if feasible and hit_feasible:
         unavailable = frozenset(draw(st.lists(st.sampled_from(feasible), max_size=6)))
@@ -111,6 +117,7 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
         "hours": draw(st.sampled_from([0.25, 1.0, 8.0, 72.0, 500.0])),
         "checkpoint": draw(st.sampled_from([None, 0.5, 2.0])),
         "unavailable": unavailable,
+        "instance_store": instance_store,
     }
 
 
@@ -118,8 +125,9 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
 @given(requests())
 def test_choice_is_feasible_available_and_cheapest(req: dict[str, Any]) -> None:
     r: Resources = req["resources"]
+    store = req["instance_store"]
     expected = brute_force(
-        r, req["policy"], req["region"], req["hours"], req["checkpoint"], req["unavailable"]
+        r, req["policy"], req["region"], req["hours"], req["checkpoint"], req["unavailable"], store
     )
 
     def run() -> Selection:
@@ -132,6 +140,7 @@ def test_choice_is_feasible_available_and_cheapest(req: dict[str, Any]) -> None:
             checkpoint_interval_hours=req["checkpoint"],
             unavailable=req["unavailable"],
             limit=5,
+            needs_instance_store=store,
         )
 
     if not expected:
@@ -146,7 +155,7 @@ def test_choice_is_feasible_available_and_cheapest(req: dict[str, Any]) -> None:
     assert 1 <= len(sel.ranked) <= 5
     assert sel.feasible_count == len(expected)
     best = sel.best
-    assert naive_feasible(best.offering.instance_type, r)
+    assert naive_feasible(best.offering.instance_type, r, store)
     assert best.offering.key not in req["unavailable"]
     assert best.offering.region == req["region"]
     assert math.isclose(best.expected_cost_usd, expected[0][0], rel_tol=1e-12)
@@ -154,7 +163,7 @@ def test_choice_is_feasible_available_and_cheapest(req: dict[str, Any]) -> None:
     assert costs == sorted(costs)
     for x, (cost, _) in zip(sel.ranked, expected, strict=False):
         assert math.isclose(x.expected_cost_usd, cost, rel_tol=1e-12)
-        assert naive_feasible(x.offering.instance_type, r)
+        assert naive_feasible(x.offering.instance_type, r, store)
         assert x.offering.key not in req["unavailable"]
         assert x.nodes == r.nodes
         if req["policy"] is SpotPolicy.NEVER:
@@ -241,6 +250,42 @@ def test_multi_node_needs_efa_and_multiplies_cost() -> None:
     assert four.best.nodes == 4
     if four.best.offering.key == one.offering.key:
         assert math.isclose(four.best.expected_cost_usd, 4 * one.expected_cost_usd)
+
+
+def test_an_instance_store_job_only_gets_types_with_nvme_instance_store_disks() -> None:
+    # One V100: p3.2xlarge (EBS only) is the cheapest fit; with scratch only p3dn (2 NVMe disks).
+    v100 = Resources(gpus=1, gpu_models=["V100"])
+    plain = select(v100, "never", CATALOG, "us-east-1", limit=100)
+    assert plain.best.instance_type.name == "p3.2xlarge"
+    scratch = select(v100, "never", CATALOG, "us-east-1", limit=100, needs_instance_store=True)
+    assert {x.instance_type.name for x in scratch} == {"p3dn.24xlarge"}
+    p3dn = scratch.best.instance_type
+    assert (p3dn.instance_store_disks, p3dn.instance_store_gb, p3dn.instance_store_nvme) == (
+        2,
+        1800,
+        True,
+    )
+    assert is_feasible(p3dn, v100, needs_instance_store=True)
+    assert not is_feasible(plain.best.instance_type, v100, needs_instance_store=True)
+    assert is_feasible(plain.best.instance_type, v100)
+
+
+@pytest.mark.parametrize(
+    ("resources", "named"),
+    [
+        (Resources(gpus=0, vcpus=4), "c5."),  # the catalog's CPU families are all EBS-only
+        (Resources(gpus=1, gpu_models=["K80"]), "p2."),
+    ],
+)
+def test_no_type_with_instance_store_is_refused_naming_why(
+    resources: Resources, named: str
+) -> None:
+    select(resources, "auto", CATALOG, "us-east-1")  # fits without the instance store
+    with pytest.raises(NoFeasibleOffering) as info:
+        select(resources, "auto", CATALOG, "us-east-1", needs_instance_store=True)
+    assert info.value.constraint == "instance_store"
+    assert "NVMe instance-store disks" in str(info.value)
+    assert named in str(info.value)
 
 
 def test_unavailable_offerings_are_skipped() -> None:

@@ -529,7 +529,9 @@ class StageRuntime:
         return RunOutcome(exit_code=self.exit_code)
 
 
-def agent_for(objects: Objects, runtime: StageRuntime, reports: Reports) -> NodeAgent:
+def agent_for(
+    objects: Objects, runtime: StageRuntime | WorkerRuntime, reports: Reports
+) -> NodeAgent:
     return NodeAgent(
         Identity(),
         objects,
@@ -578,3 +580,28 @@ def test_the_agent_does_not_wait_after_a_failed_stage() -> None:
     runtime = StageRuntime(objects, exit_code=1)
     assert agent_for(objects, runtime, reports).run().exit_code == 1
     assert runtime.ran == [["python", "train"]]
+
+
+@dataclass
+class WorkerRuntime:
+    """A worker node of a multi-node stage: its `train` runs until it is stopped, and the main
+    node's end moves the job to `evaluate` meanwhile (what the release step writes)."""
+
+    objects: Objects
+    ran: list[list[str]] = field(default_factory=list)
+
+    def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+        self.ran.append(manifest.command)
+        if manifest.stage != "train":
+            return RunOutcome(exit_code=0)
+        self.objects.put(run_manifest_key(JOB_ID), stage_manifest("evaluate", False))
+        self.objects.put(control_key(JOB_ID), {"action": CONTROL_RUN_STAGE, "stage": "evaluate"})
+        assert stop.wait(5), "the worker was never told to stop"
+        return RunOutcome(exit_code=143, reason="checkpointed on request")  # died of SIGTERM
+
+
+def test_a_worker_still_running_when_the_job_moves_on_stops_and_runs_the_next_stage() -> None:
+    objects, reports = staged_objects(), Reports()
+    runtime = WorkerRuntime(objects)
+    assert agent_for(objects, runtime, reports).run().exit_code == 0
+    assert runtime.ran == [["python", "train"], ["python", "evaluate"]]

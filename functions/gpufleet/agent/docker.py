@@ -1,7 +1,8 @@
-"""The real container runtime on the instance: `docker create` then `docker start`, with every
-GPU, no shell. The docker CLI gets an allowlist of the agent's environment and nothing of the
-job's; the job's env reaches only the container, through a file only root can read, removed as
-soon as the container exists (never a command line: `ps` shows those to every user).
+"""The real container runtime on the instance: `docker create` then `docker start`, with the
+instance's accelerators (every GPU, the Neuron devices, none on a CPU-only type), no shell.
+The docker CLI gets an allowlist of the agent's environment and nothing of the job's; the
+job's env reaches only the container, through a file only root can read, removed as soon as
+the container exists (never a command line: `ps` shows those to every user).
 
 The container's stdout passes through the agent line by line (on to the agent's own stdout, the
 journal), so that the lines the job prints for gpufleet (`GPUFLEET_METRIC ...`) reach `output`.
@@ -28,6 +29,7 @@ from typing import IO, Any
 
 from gpufleet.agent.node import RunManifest, RunOutcome
 from gpufleet.agent.prepare import PreparationFailed, Prepared
+from gpufleet.domain.rendezvous import Peer, node_environment
 from gpufleet.topology import agent_log_stream
 
 RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
@@ -69,13 +71,37 @@ def docker_cli_environment(agent: Mapping[str, str]) -> dict[str, str]:
     return {name: agent[name] for name in DOCKER_CLI_VARIABLES if name in agent}
 
 
+# Where a single node's rendezvous listens before the control plane has named the run's nodes
+# (a single-node run does not wait for it): the node itself.
+_SOLO = Peer(instance_id="", private_ip="127.0.0.1")
+
+
 def container_environment(manifest: RunManifest) -> dict[str, str]:
-    """What the job's container gets: the job's env, and where to resume from."""
+    """What the job's container gets: the job's env, where to resume from, and how to meet the
+    run's other nodes (`domain/rendezvous.py`; these names are gpufleet's, not the job's)."""
     env = dict(manifest.env)
     if manifest.resume and manifest.checkpoint:
         # The job resumes from its checkpoint: its code reads where from the environment.
         env[RESUME_VARIABLE] = manifest.checkpoint
+    peers = manifest.peers or (_SOLO,)
+    env.update(node_environment(peers, manifest.rank, manifest.gpus, manifest.port))
     return env
+
+
+NEURON_ACCELERATORS = frozenset({"trainium", "inferentia"})
+
+
+def device_options(manifest: RunManifest) -> list[str]:
+    """What gives the container the instance's accelerators: every NVIDIA GPU (`--gpus all`),
+    each Neuron device of a Trainium or Inferentia instance (`--device /dev/neuronN`, as the
+    Neuron containers take them), nothing for a CPU-only run (docker refuses `--gpus` where
+    there is no NVIDIA runtime)."""
+    if manifest.accelerator in NEURON_ACCELERATORS:
+        devices = range(manifest.accelerator_devices)
+        return [option for n in devices for option in ("--device", f"/dev/neuron{n}")]
+    if manifest.accelerator == "nvidia" and manifest.gpus > 0:
+        return ["--gpus", "all"]
+    return []
 
 
 # A name docker's env file takes as one: without '=', whitespace or anything else.
@@ -146,13 +172,15 @@ def create_argv(
     env_file: Path,
     logs: ContainerLogs | None = None,
     volume_args: Sequence[str] = (),
+    docker: str = "docker",
 ) -> list[str]:
-    """The argv for `docker create`: with every GPU, on the host network, the job's env read
-    from `env_file` (no value is ever on a command line: `ps` shows command lines), the
-    volumes the node prepared (`volume_args`), the image and the command as one argv element
-    each, after `--`."""
+    """The argv for `docker create`: with the instance's accelerators, on the host network
+    (the run's nodes reach each other at their private IPs), the job's env read from
+    `env_file` (no value is ever on a command line: `ps` shows command lines), the volumes the
+    node prepared (`volume_args`), the image and the command as one argv element each, after
+    `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
-    argv = ["docker", "create", "--name", container_name(manifest), "--gpus", "all"]
+    argv = [docker, "create", "--name", container_name(manifest), *device_options(manifest)]
     argv += ["--network", "host", "--ipc", "host"]
     if logs is not None:
         argv += logs.options(manifest.job_id)
@@ -160,18 +188,20 @@ def create_argv(
     return argv
 
 
-def start_argv(manifest: RunManifest) -> list[str]:
+def start_argv(manifest: RunManifest, docker: str = "docker") -> list[str]:
     """The argv that runs the created container, attached: its stdout comes to the agent, and
     the CLI exits with the container's exit status."""
-    return ["docker", "start", "--attach", container_name(manifest)]
+    return [docker, "start", "--attach", container_name(manifest)]
 
 
-def relay(stream: IO[str], output: Callable[[str], None]) -> None:
-    """Copy the container's stdout to ours and hand each line to `output`, until it closes."""
+def relay(stream: IO[str], output: Callable[[str], None], journal: IO[str] | None = None) -> None:
+    """Copy the container's stdout to the journal (ours when not given) and hand each line to
+    `output`, until it closes."""
+    journal = journal or sys.stdout
     for line in stream:
-        sys.stdout.write(line)
+        journal.write(line)
         output(line)
-    sys.stdout.flush()
+    journal.flush()
 
 
 # How often a wait for docker looks at the stop event and the deadline.
@@ -182,7 +212,9 @@ class DockerRuntime:
     """Runs a manifest's container: `docker create` with the job's env in a private file,
     removed once the container exists, then `docker start --attach`. Every docker CLI call
     gets only DOCKER_CLI_VARIABLES of the agent's environment (`environment`, default: the
-    agent's own)."""
+    agent's own). `docker` is the CLI it runs (found on that PATH unless a path): any program
+    that takes docker's arguments, such as the embedded account's `emulator/fake_docker.py`.
+    `journal`: where the container's stdout is copied (the agent's stdout when not given)."""
 
     def __init__(
         self,
@@ -191,9 +223,13 @@ class DockerRuntime:
         logs: ContainerLogs | None = None,
         environment: Mapping[str, str] | None = None,
         preparation: Callable[[RunManifest], Prepared] | None = None,
+        docker: str = "docker",
+        journal: IO[str] | None = None,
     ) -> None:
         """`preparation` logs in, mounts the volumes and reads the secrets before the container
         is created (agent/prepare.py); without one, a run that needs any of them fails."""
+        self._docker_cli = docker
+        self._journal = journal
         self._grace_seconds = grace_seconds
         self._output = output
         self._logs = logs
@@ -219,13 +255,18 @@ class DockerRuntime:
             return not_created
         try:
             process = self._popen(
-                start_argv(manifest), stdout=subprocess.PIPE, text=True, errors="replace"
+                start_argv(manifest, self._docker_cli),
+                stdout=subprocess.PIPE,
+                text=True,
+                errors="replace",
             )
         except OSError as exc:
             self._remove(manifest)
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
         assert process.stdout is not None
-        relaying = threading.Thread(target=relay, args=(process.stdout, self._output), daemon=True)
+        relaying = threading.Thread(
+            target=relay, args=(process.stdout, self._output, self._journal), daemon=True
+        )
         relaying.start()
         try:
             return self._supervise(manifest, process, stop, deadline)
@@ -244,7 +285,8 @@ class DockerRuntime:
         exists, else how the run ended."""
         try:
             process = self._popen(
-                create_argv(manifest, env_file, self._logs, volume_args), stdout=subprocess.DEVNULL
+                create_argv(manifest, env_file, self._logs, volume_args, self._docker_cli),
+                stdout=subprocess.DEVNULL,
             )
         except OSError as exc:
             return RunOutcome(exit_code=None, reason=f"could not start docker: {exc}")
@@ -302,7 +344,7 @@ class DockerRuntime:
     def _docker(self, *args: str) -> subprocess.CompletedProcess[str]:
         """A docker CLI call with a fixed argv, its output captured."""
         return subprocess.run(  # noqa: S603 - argv list, no shell
-            ["docker", *args],  # noqa: S607 - found on the CLI's PATH
+            [self._docker_cli, *args],
             env=self._cli_env,
             capture_output=True,
             text=True,

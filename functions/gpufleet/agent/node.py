@@ -2,7 +2,8 @@
 
 It learns which job it serves from the instance's tags (a warm-pool instance waits until a
 launch claims it and tags it with its job), fetches the job's run manifest, reports that it
-started, runs the container with every GPU, and reports how it ended. User input (argv and
+started, runs the container with the instance's accelerators (every GPU, or its Neuron
+devices) and its rank among the run's nodes, and reports how it ended. User input (argv and
 environment) goes to the container runtime as a list and an environment mapping; nothing is
 ever passed through a shell.
 
@@ -32,11 +33,12 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
 from gpufleet.agent.prepare import RegistryLogin, VolumeMount
+from gpufleet.domain.rendezvous import MASTER_PORT, Peer
 from gpufleet.topology import (
     AGENT_METRICS,
     AGENT_SOURCE,
@@ -59,12 +61,21 @@ class RunManifest:
     image: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    gpus: int = 1
+    gpus: int = 1  # per node
     timeout_seconds: int = 86400
     checkpoint: str | None = None
     resume: bool = False
     stage: str | None = None  # of a multi-stage job
     await_next_stage: bool = False  # the next stage may run on this instance
+    nodes: int = 1
+    # The run's nodes in rank order, once the control plane knows them (after the launch).
+    peers: tuple[Peer, ...] = ()
+    port: int = MASTER_PORT
+    # The instance type's accelerator ("nvidia", "trainium", "inferentia", "none", ...) and how
+    # many devices of it the instance has.
+    accelerator: str = "nvidia"
+    accelerator_devices: int = 0
+    rank: int = 0  # this node's: see `on_node`
     # Prepared on the node before the container starts (agent/prepare.py): secrets by
     # reference (environment name -> where its value is read), never by value.
     volumes: tuple[VolumeMount, ...] = ()
@@ -74,22 +85,40 @@ class RunManifest:
     @classmethod
     def from_json(cls, raw: bytes) -> RunManifest:
         document = json.loads(raw)
+        gpus = int(document.get("gpus", 1))
         return cls(
             job_id=str(document["job_id"]),
             name=str(document.get("name", "")),
             image=str(document["image"]),
             command=[str(arg) for arg in document["command"]],
             env={str(k): str(v) for k, v in document.get("env", {}).items()},
-            gpus=int(document.get("gpus", 1)),
+            gpus=gpus,
             timeout_seconds=int(document.get("timeout_seconds", 86400)),
             checkpoint=document.get("checkpoint"),
             resume=bool(document.get("resume", False)),
             stage=None if document.get("stage") is None else str(document["stage"]),
             await_next_stage=bool(document.get("await_next_stage", False)),
+            nodes=int(document.get("nodes", 1)),
+            peers=tuple(
+                Peer(str(peer["instance_id"]), str(peer["private_ip"]))
+                for peer in document.get("peers", [])
+            ),
+            port=int(document.get("port", MASTER_PORT)),
+            accelerator=str(document.get("accelerator", "nvidia" if gpus else "none")),
+            accelerator_devices=int(document.get("accelerator_devices", gpus)),
             volumes=tuple(VolumeMount.from_document(v) for v in document.get("volumes", [])),
             secrets={str(k): str(v) for k, v in document.get("secrets", {}).items()},
             registry_login=RegistryLogin.from_document(document.get("registry_login")),
         )
+
+    def on_node(self, instance_id: str) -> RunManifest | None:
+        """The manifest as the node `instance_id` runs it, with its rank; None while the
+        manifest of a run of several nodes does not name this one yet (it is written again
+        once the launch knows the instances)."""
+        ranked = [peer.instance_id for peer in self.peers]
+        if instance_id in ranked:
+            return replace(self, rank=ranked.index(instance_id))
+        return self if self.nodes == 1 else None
 
 
 @dataclass(frozen=True)
@@ -295,7 +324,10 @@ class NodeAgent:
         while True:
             finish = self._run_at_most_once(manifest, base)
             outcome = _outcome_of(finish)
-            may_continue = outcome.exit_code == 0 and manifest.await_next_stage
+            # A stage that ended well, or that the main node ended for all (this one was stopped
+            # because the job moved to its next stage): the next stage may run here.
+            ended_well = outcome.exit_code == 0 or bool(finish.get(_MOVED_ON))
+            may_continue = ended_well and manifest.await_next_stage
             following = self._after_run(manifest, finish, may_continue)
             if following is None:
                 return outcome
@@ -315,10 +347,14 @@ class NodeAgent:
                 problem = f"could not read the run manifest: {exc}"
                 continue
             try:
-                return RunManifest.from_json(raw)
+                manifest = RunManifest.from_json(raw)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # invalid: for good
                 problem = f"the run manifest is not valid: {exc!r}"
                 break
+            on_node = manifest.on_node(base["instance_id"])
+            if on_node is not None:
+                return on_node
+            problem = "the run manifest does not name this node among the run's nodes"
         outcome = RunOutcome(exit_code=None, reason=problem)
         ledger_key = manifest_key(job_id)
         if self._ledger.finish_report(ledger_key) is None:
@@ -387,7 +423,7 @@ class NodeAgent:
                 raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
                 manifest = RunManifest.from_json(raw)
                 if manifest.stage == stage:
-                    return manifest
+                    return manifest.on_node(self._identity.instance_id())
         except Exception:  # noqa: S110 - no instruction yet (or unreadable): look again
             pass
         return None
@@ -401,12 +437,13 @@ class NodeAgent:
         # Noted once its start is told (a start that could not be is no run: a restart runs it).
         self._ledger.note_started(key)
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
+        moved_on = threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
             threading.Thread(target=self._publish_metrics, args=(job_id, finished), daemon=True),
             threading.Thread(
                 target=self._watch_control,
-                args=(job_id, finished, stop, interrupted),
+                args=(job_id, manifest.stage, finished, stop, interrupted, moved_on),
                 daemon=True,
             ),
         ]
@@ -419,6 +456,8 @@ class NodeAgent:
             for helper in helpers:
                 helper.join()
         finish = _detail(base, "finished", outcome, interrupted.is_set())
+        if moved_on.is_set():
+            finish[_MOVED_ON] = True
         self._ledger.note_finished(key, finish)
         self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
         return finish
@@ -465,14 +504,17 @@ class NodeAgent:
     def _watch_control(
         self,
         job_id: str,
+        stage: str | None,
         finished: threading.Event,
         stop: threading.Event,
         interrupted: threading.Event,
+        moved_on: threading.Event,
     ) -> None:
         """The control plane asks a node to checkpoint and stop (preemption, spot interruption)
         by writing runs/<job>/control.json; the node has no inbound connection to be told. The
         node also watches the metadata service for its own spot interruption notice, in case
-        the control plane's event comes late."""
+        the control plane's event comes late. A node of several whose run the main node ended
+        (the control plane moved the job to its next stage here) stops its container too."""
         while not self._clock.wait(finished, self._control_poll_seconds):
             try:
                 if self._identity.interruption_notice():
@@ -485,7 +527,9 @@ class NodeAgent:
                 document = json.loads(self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/control.json"))
             except Exception:  # noqa: S112 - no instruction yet (or unreadable): look again
                 continue
-            if document.get("action") == "checkpoint":
+            if document.get("action") == CONTROL_RUN_STAGE and document.get("stage") != stage:
+                moved_on.set()
+            if document.get("action") == "checkpoint" or moved_on.is_set():
                 stop.set()
                 return
 
@@ -501,9 +545,17 @@ class NodeAgent:
         return detail
 
 
-def _base_of(manifest: RunManifest, job_base: dict[str, str]) -> dict[str, str]:
-    """What every report of a run names: the job and instance, and the stage it ran."""
-    return {**job_base, "stage": manifest.stage} if manifest.stage else job_base
+def _base_of(manifest: RunManifest, job_base: dict[str, Any]) -> dict[str, Any]:
+    """What every report of a run names: the job and instance, the stage it ran, and how many
+    nodes the run has (the control plane then reads which node this is)."""
+    base = {**job_base, "stage": manifest.stage} if manifest.stage else dict(job_base)
+    if manifest.nodes > 1:
+        base["nodes"] = manifest.nodes
+    return base
+
+
+# A finish report's mark of a run stopped because the job moved to its next stage.
+_MOVED_ON = "stopped_for_next_stage"
 
 
 def _detail(

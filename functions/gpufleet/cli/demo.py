@@ -13,7 +13,16 @@ def register(commands: Any) -> None:
         "demo", help="run sample jobs end to end on an embedded (moto) AWS account"
     )
     parser.add_argument(
-        "--scenario", choices=("basic", "preemption", "spot", "stages"), default="basic"
+        "--scenario",
+        choices=(
+            "basic",
+            "preemption",
+            "spot",
+            "stages",
+            "distributed",
+            "distributed-node-loss",
+        ),
+        default="basic",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (progress goes to stderr)"

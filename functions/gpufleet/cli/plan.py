@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoint_seconds = round(args.checkpoint_hours * 3600) if args.checkpoint_hours else None
     if args.limit < 1:
         raise invalid("--limit must be >= 1")
+    needs_instance_store = False
     if args.file:
         if flags:
             raise invalid(
@@ -181,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
             # As intake reads it: the template's resources, the spec's fields laid over them.
             spec = apply_template(spec, read_fleet_config(args.config).templates)
         resources = spec.resources
+        needs_instance_store = spec.needs_instance_store
         if not args.spot:
             spot = spec.spot
         if args.hours is None:
@@ -217,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         expected=estimate,
         checkpoint_interval_seconds=checkpoint_seconds,
         limit=args.limit,
+        needs_instance_store=needs_instance_store,
     )
     prices = prices_as_of(catalog)
     if args.json:

@@ -176,4 +176,11 @@ class Connection:
 
 def connect(args: argparse.Namespace) -> Connection:
     env = _environment(args)
-    return Connection(Settings.from_env(env), env.get(topology.ENV_AGENT_LOG_GROUP) or None)
+    try:
+        settings = Settings.from_env(env)
+    except ValueError as exc:  # a variable set by hand that no deployment writes
+        raise TargetError(
+            f"not a gpufleet's variables: {exc} (give --stack NAME, or export what "
+            "`gpufleet emulator` or the stack's outputs say)"
+        ) from None
+    return Connection(settings, env.get(topology.ENV_AGENT_LOG_GROUP) or None)

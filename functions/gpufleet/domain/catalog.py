@@ -63,6 +63,12 @@ class InstanceType:
     # EfaInfo.MaximumEfaInterfaces.
     network_cards: int = 1
     efa_interfaces: int = 0
+    # Instance-store disks, their total size (GB, as AWS states it) and whether they are NVMe:
+    # DescribeInstanceTypes' InstanceStorageInfo. A spec's `instance_store` volume needs NVMe
+    # disks (what the agent stripes and mounts); 0 / 0 / False for EBS-only types.
+    instance_store_disks: int = 0
+    instance_store_gb: int = 0
+    instance_store_nvme: bool = False
     # Share of one physical GPU for fractional-GPU types (g6f, gr6f); None otherwise.
     gpu_fraction: float | None = None
     model_key: str = field(default="", compare=False, repr=False)
@@ -78,6 +84,11 @@ class InstanceType:
     @property
     def is_cpu_only(self) -> bool:
         return self.accelerator == "none"
+
+    @property
+    def has_nvme_instance_store(self) -> bool:
+        """Whether the type has the NVMe instance-store disks an `instance_store` volume needs."""
+        return self.instance_store_nvme and self.instance_store_disks > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +159,9 @@ def _instance_type(row: Mapping[str, Any]) -> InstanceType:
             efa=bool(_req(row, "efa", where)),
             network_cards=int(row.get("network_cards", 1)),
             efa_interfaces=int(row.get("efa_interfaces", 0)),
+            instance_store_disks=int(row.get("instance_store_disks", 0)),
+            instance_store_gb=int(row.get("instance_store_gb", 0)),
+            instance_store_nvme=bool(row.get("instance_store_nvme", False)),
             gpu_fraction=None if fraction is None else float(fraction),
         )
     except (TypeError, ValueError) as exc:
@@ -157,6 +171,10 @@ def _instance_type(row: Mapping[str, Any]) -> InstanceType:
     efa_fits = 1 <= it.efa_interfaces <= it.network_cards if it.efa else it.efa_interfaces == 0
     if it.network_cards < 1 or not efa_fits:
         raise CatalogError(f"{where}: its EFA interfaces do not fit its network cards")
+    if it.instance_store_disks < 0 or (it.instance_store_disks > 0) != (it.instance_store_gb > 0):
+        raise CatalogError(f"{where}: instance-store disks and size disagree")
+    if it.instance_store_nvme and not it.instance_store_disks:
+        raise CatalogError(f"{where}: NVMe instance store without disks")
     if it.is_cpu_only and it.gpus:
         raise CatalogError(f"{where}: CPU-only type with GPUs")
     return it

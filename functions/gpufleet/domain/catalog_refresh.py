@@ -4,7 +4,7 @@ The adapter (`gpufleet.adapters.aws.catalog_source`) reads, per region:
 
 - ec2 DescribeInstanceTypes: specs (`GpuInfo`, `NeuronInfo`, `InferenceAcceleratorInfo`,
   `VCpuInfo`, `MemoryInfo`, `ProcessorInfo`, `NetworkInfo.EfaSupported`,
-  `MaximumNetworkCards`, `EfaInfo.MaximumEfaInterfaces`);
+  `MaximumNetworkCards`, `EfaInfo.MaximumEfaInterfaces`, `InstanceStorageInfo`);
 - ec2 DescribeAvailabilityZones: zone name -> zone ID (the catalog records AZ IDs, which are the
   same in every account; spot price history names zones by this account's names);
 - ec2 DescribeSpotPriceHistory (`Linux/UNIX`): the latest spot price per (type, zone);
@@ -212,6 +212,15 @@ def _network(network: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def instance_storage(storage: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Instance-store disks, total GB and NVMe, as InstanceStorageInfo states them (absent for
+    EBS-only types). NvmeSupport `supported` or `required` is NVMe; `unsupported` is not."""
+    disks = sum(int(d.get("Count", 0)) for d in (storage or {}).get("Disks") or [])
+    total = int((storage or {}).get("TotalSizeInGB") or 0) if disks else 0
+    nvme = disks > 0 and (storage or {}).get("NvmeSupport") in ("supported", "required")
+    return {"instance_store_disks": disks, "instance_store_gb": total, "instance_store_nvme": nvme}
+
+
 def parse_instance_type(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """One DescribeInstanceTypes entry as a catalog row, as the API states it.
 
@@ -236,6 +245,7 @@ def parse_instance_type(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None,
         "memory_gib": memory,
         "arch": arch,
         **_network(info.get("NetworkInfo") or {}),
+        **instance_storage(info.get("InstanceStorageInfo")),
     }
     devices = _devices(info)
     if not devices:

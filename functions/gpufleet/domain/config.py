@@ -13,7 +13,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpufleet.domain.queueing import QueuePolicy
@@ -259,6 +258,10 @@ class ConfigFileError(RefusedInput, ValueError):
 
 
 def config_from_yaml(text: str) -> FleetConfig:
+    # Only the CLI and synth read the YAML file; the functions get it as JSON (config_from_env)
+    # and so do without PyYAML.
+    import yaml
+
     try:
         document: Any = yaml.safe_load(text) or {}
         return FleetConfig.model_validate(document)

@@ -124,6 +124,9 @@ class Placement(BaseModel):
     launched_at: float = Field(description="Epoch seconds")
     storage_gib: float = Field(default=0, ge=0, description="EBS volume of each node")
     storage_usd_per_gib_month: float = Field(default=0, ge=0)
+    # Instance id -> private IP, as EC2 assigned them: how the nodes of a run find each other
+    # (`domain/rendezvous.py`).
+    private_ips: dict[str, str] = Field(default_factory=dict)
 
     @property
     def fleet_hourly_usd(self) -> float:
@@ -182,6 +185,8 @@ class Job(BaseModel):
     # arrived before the token was parked (the two race; whichever lands second completes).
     task_token: str | None = None
     run_result: dict[str, Any] | None = None
+    # The nodes of the current run that reported their start: RUNNING once all have.
+    started_instances: list[str] = Field(default_factory=list)
     # Checkpoint-and-requeue: why the current run was asked to stop (preempted, reclaimed,
     # interrupted), for whom, and what the job's earlier runs held and cost.
     drain_reason: str | None = None
@@ -345,6 +350,7 @@ class JobChanges(BaseModel):
     attempts: int | None = None
     task_token: str | None = None
     run_result: dict[str, Any] | None = None
+    started_instances: list[str] | None = None
     drain_reason: str | None = None
     drain_requested_at: float | None = None
     preempted_for: str | None = None

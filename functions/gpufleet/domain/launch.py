@@ -165,6 +165,8 @@ class LaunchResult(BaseModel):
     availability_zone: str | None = None
     capacity_type: CapacityType
     errors: list[LaunchError] = Field(default_factory=list)
+    # Instance id -> private IP of each launched instance (DescribeInstances).
+    private_ips: dict[str, str] = Field(default_factory=dict)
 
     @property
     def launched(self) -> bool:

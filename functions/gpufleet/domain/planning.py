@@ -120,12 +120,13 @@ def rank_offerings(
     unavailable: frozenset[str] = frozenset(),
     limit: int = 50,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
+    needs_instance_store: bool = False,
 ) -> Selection:
     """The feasible offerings for `resources` under `spot`, cheapest expected cost to finish
     first: the price for the `expected` run time plus the rework a spot interruption costs,
     the work since the last checkpoint (the job's `checkpoint_interval`; none: the whole run),
-    at the bucket's hazard or the job's `observed_hazard` when higher.
-    Raises NoFeasibleOffering."""
+    at the bucket's hazard or the job's `observed_hazard` when higher; only types with NVMe
+    instance-store disks when the job `needs_instance_store`. Raises NoFeasibleOffering."""
     interval = checkpoint_interval_seconds
     return select(
         resources,
@@ -138,6 +139,7 @@ def rank_offerings(
         unavailable=unavailable,
         limit=limit,
         bootable=bootable,
+        needs_instance_store=needs_instance_store,
     )
 
 
@@ -201,6 +203,7 @@ def plan_launch(
                 observed_hazard=observed_hazard,
                 unavailable=unavailable,
                 bootable=bootable,
+                needs_instance_store=spec.needs_instance_store,
             )
         except NoFeasibleOffering as exc:
             last_refusal = exc
@@ -261,7 +264,9 @@ def reserved_step(
         if (
             free >= spec.resources.nodes
             and key not in unavailable
-            and is_feasible(instance, spec.resources)
+            and is_feasible(
+                instance, spec.resources, needs_instance_store=spec.needs_instance_store
+            )
             and boots(instance, bootable)
         ):
             fitting.append(reservation)

@@ -18,7 +18,8 @@ higher class, so no stream of smaller work of its class or below delays it; docs
 derives the bound on a job's wait.
 
 Entitlement. A team may hold its quota (`gpus`) plus any booking active now, and may borrow up
-to `borrow` GPUs more while other teams leave their quota idle. Jobs admitted on borrowed
+to `borrow` GPUs more while other teams leave their quota idle (work above normal: any GPU
+free now). Jobs admitted on borrowed
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
 critical work, or for the classes a time window opens it to.
 
@@ -28,7 +29,8 @@ could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait
 that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
-when it is critical). Victims are borrowers of other teams, or lower-class jobs of its own team
+when it is critical). Victims are borrowers of other teams of its class or below (of its own
+class only once they have run `reclaim_after_seconds`), or lower-class jobs of its own team
 (any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
 stopped `max_preemptions_per_job` times already. They are chosen
 borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
@@ -110,6 +112,12 @@ class QueuePolicy(BaseModel):
         default=3,
         ge=0,
         description="times a job may be stopped to make room; after that it is no victim",
+    )
+    reclaim_after_seconds: int = Field(
+        default=3600,
+        ge=0,
+        description="how long a job on GPUs borrowed from another team's quota runs before "
+        "work of its own class may reclaim them (a higher class needs min_runtime_seconds)",
     )
     preemption_grace_seconds: int = Field(default=120, ge=0)
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
@@ -472,7 +480,7 @@ class _Pass:
         if (
             may_borrow
             and over <= policy.quota(job.team).borrow
-            and over <= self.idle_quota_of_others(job.team)
+            and (_borrows_any_free_gpu(job.priority) or over <= self.idle_quota_of_others(job.team))
         ):
             return None, True, in_reserve
         # The reserve is shared, outside the teams' quotas: urgent work may run in it even
@@ -625,6 +633,13 @@ def _victim_order(job: RunningJob) -> tuple[bool, int, float]:
     return (not job.borrowed, CLASS_RANK[job.priority], -job.admitted_at)
 
 
+def _borrows_any_free_gpu(priority: Priority) -> bool:
+    """Work above normal may borrow any GPU free now (within its team's `borrow`), not only
+    quota the other teams leave idle: priority means it starts within minutes, and no lower
+    class takes it back (`_may_preempt`), so the owners of that quota wait for its end."""
+    return CLASS_RANK[priority] > CLASS_RANK[Priority.NORMAL]
+
+
 def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: QueuePolicy) -> bool:
     if victim.draining or now - victim.admitted_at < policy.min_runtime_seconds:
         return False
@@ -637,7 +652,11 @@ def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: Q
         return lower
     if victim.team == preemptor.team:
         return lower
-    return victim.borrowed
+    if not victim.borrowed or CLASS_RANK[victim.priority] > CLASS_RANK[preemptor.priority]:
+        return False  # only borrowed GPUs are reclaimed, and never from more urgent work
+    # Reclaiming quota from work of the same class trades one job for another: the borrower
+    # first runs `reclaim_after_seconds`, so that most borrowers end on their own instead.
+    return lower or now - victim.admitted_at >= policy.reclaim_after_seconds
 
 
 def _fits_without(

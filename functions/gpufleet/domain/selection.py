@@ -12,6 +12,8 @@ Feasibility (per node; every node of a job gets the same instance type):
   never chosen for GPU jobs.
 - CPU jobs (`gpus == 0`): CPU-only types only (accelerator "none").
 - vCPUs >= `vcpus`, RAM >= `memory_gib`, same `arch`; EFA when `nodes > 1`.
+- NVMe instance-store disks when the job mounts the instance store (`needs_instance_store`,
+  a spec's `volumes: [{instance_store: scratch, ...}]`).
 - Spot policy: never -> on-demand offerings only; required -> spot only; auto -> both.
 - Offerings whose key (`capacity-type:instance-type:zone`, zone = region when unknown) is in
   `unavailable` are skipped.
@@ -206,12 +208,17 @@ def _accelerator_ok(it: InstanceType, models: frozenset[str], want_gpus: bool) -
     return it.accelerator == "nvidia"
 
 
-def is_feasible(it: InstanceType, resources: Resources) -> bool:
-    """Whether one node of `resources` fits on `it` (hardware only, not price or capacity)."""
-    return _feasible(it, resources, _model_keys(resources))
+def is_feasible(
+    it: InstanceType, resources: Resources, *, needs_instance_store: bool = False
+) -> bool:
+    """Whether one node of `resources` fits on `it` (hardware only, not price or capacity);
+    with `needs_instance_store`, only a type with NVMe instance-store disks does."""
+    return _feasible(it, resources, _model_keys(resources), needs_instance_store)
 
 
-def _feasible(it: InstanceType, r: Resources, models: frozenset[str]) -> bool:
+def _feasible(
+    it: InstanceType, r: Resources, models: frozenset[str], needs_instance_store: bool
+) -> bool:
     return (
         _accelerator_ok(it, models, r.gpus > 0)
         and it.gpus >= r.gpus
@@ -220,6 +227,7 @@ def _feasible(it: InstanceType, r: Resources, models: frozenset[str]) -> bool:
         and it.memory_gib >= r.memory_gib
         and it.arch == r.arch.value
         and (r.nodes == 1 or it.efa)
+        and (not needs_instance_store or it.has_nvme_instance_store)
     )
 
 
@@ -256,10 +264,12 @@ def select(
     unavailable: frozenset[str] = frozenset(),
     limit: int = 10,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
+    needs_instance_store: bool = False,
 ) -> Selection:
     """Rank the feasible offerings in `region`, cheapest expected cost to finish first.
     `observed` is the job's `observed_hazard`: spot offerings are ranked at it where it is
-    above their bucket's.
+    above their bucket's. `needs_instance_store`: the job mounts the instance store
+    (`JobSpec.needs_instance_store`); a type without NVMe instance-store disks is never ranked.
 
     `bootable`: what the deployment's launch templates boot (Settings.bootable); a type none
     of them boots is never ranked.
@@ -298,7 +308,7 @@ def select(
     candidates: list[tuple[float, int, int, int, str, str, int]] = []
     pool: list[tuple[Offering, float]] = []
     for it, offerings in groups:
-        if not _feasible(it, resources, models) or not boots(it, bootable):
+        if not _feasible(it, resources, models, needs_instance_store) or not boots(it, bootable):
             continue
         extra = it.gpus - want
         for o in offerings:
@@ -329,6 +339,7 @@ def select(
             unavailable,
             catalog,
             bootable,
+            needs_instance_store,
         )
     best = heapq.nsmallest(limit, candidates)
     ranked = tuple(
@@ -398,6 +409,7 @@ def _explain(
     unavailable: frozenset[str],
     catalog: Catalog,
     bootable: frozenset[BootTarget],
+    needs_instance_store: bool,
 ) -> NoFeasibleOffering:
     """Apply the constraints one at a time and report the first that empties the set."""
     pool = list(groups)
@@ -485,6 +497,17 @@ def _explain(
                 f"a {r.nodes}-node job needs EFA, and no matching instance type {where} has it "
                 f"(matching without EFA: {names})",
                 "efa",
+            )
+        pool = kept
+    if needs_instance_store:
+        kept = [g for g in pool if g[0].has_nvme_instance_store]
+        if not kept:
+            names = ", ".join(sorted(g[0].name for g in pool)[:6])
+            return fail(
+                f"the job mounts the instance store (an instance_store volume), and no matching "
+                f"instance type {where} has NVMe instance-store disks (matching without them: "
+                f"{names})",
+                "instance_store",
             )
         pool = kept
     kept = [g for g in pool if boots(g[0], bootable)]

@@ -325,6 +325,7 @@ def requeue_changes(job: Job, now: float) -> JobChanges:
         released_at=None,
         task_token=None,
         run_result=None,
+        started_instances=[],
         drain_reason=None,
         drain_requested_at=None,
     )
@@ -505,9 +506,19 @@ def _next_stage_here(
         | spent_until(job, now).as_prior()
         | next_stage_changes(job)
         | JobChanges(
-            # The next stage's share of the instances starts now.
-            placement=placement.model_copy(update={"instance_ids": keep, "launched_at": now}),
+            # The next stage's share of the instances starts now (and only theirs: the peers
+            # of its run are the instances it keeps).
+            placement=placement.model_copy(
+                update={
+                    "instance_ids": keep,
+                    "launched_at": now,
+                    "private_ips": {
+                        i: placement.private_ips[i] for i in keep if i in placement.private_ips
+                    },
+                }
+            ),
             run_result=None,
+            started_instances=[],
             task_token=None,
             failure_reason=None,
         )

@@ -21,7 +21,6 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -50,6 +49,7 @@ MAX_SPEC_BYTES = 256 * 1024
 MAX_ENV = 256
 # A run's wall-clock limit, and the longest expected duration a spec may state.
 MAX_RUN_SECONDS = 14 * 86400
+MAX_NODES = 64  # of one job
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # A number of seconds, or of minutes, hours or days (the JSON Schema states the same pattern).
@@ -351,8 +351,10 @@ class Elastic(_Strict):
     metric) add nodes, idle ones remove them; each change is a checkpoint and a resume on the
     new shape (docs/fleet.md, "Elastic jobs")."""
 
-    min_nodes: Count = Field(default=1, ge=1, le=64, description="Fewest nodes it scales in to")
-    max_nodes: Count = Field(ge=2, le=64, description="Most nodes it scales out to")
+    min_nodes: Count = Field(
+        default=1, ge=1, le=MAX_NODES, description="Fewest nodes it scales in to"
+    )
+    max_nodes: Count = Field(ge=2, le=MAX_NODES, description="Most nodes it scales out to")
 
     @model_validator(mode="after")
     def _a_range(self) -> Elastic:
@@ -375,7 +377,7 @@ class Resources(_Strict):
     )
     vcpus: Count = Field(default=1, ge=1, le=1024, description="Minimum vCPUs per node")
     memory_gib: Number = Field(default=1, gt=0, le=32768, description="Minimum RAM per node, GiB")
-    nodes: Count = Field(default=1, ge=1, le=64, description="Number of nodes")
+    nodes: Count = Field(default=1, ge=1, le=MAX_NODES, description="Number of nodes")
     arch: Architecture = Field(default=Architecture.X86_64, description="CPU architecture")
     elastic: Elastic | None = Field(
         default=None, description="Scale between min_nodes and max_nodes (nodes is the start)"
@@ -640,6 +642,12 @@ class JobSpec(_Strict):
             raise ValueError("scale_on scales elastic jobs: give resources.elastic")
         return self
 
+    @property
+    def needs_instance_store(self) -> bool:
+        """Whether the job mounts the instance's NVMe instance-store disks (every stage does:
+        volumes are the job's): only types that have them can run it."""
+        return any(volume.kind is VolumeKind.INSTANCE_STORE for volume in self.volumes)
+
     def to_document(self) -> dict[str, Any]:
         """The canonical JSON-ready form, with the same field names a submitter writes."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -755,86 +763,6 @@ def _largest_field(spec: JobSpec) -> FieldError:
     return FieldError(field=largest, message=f"{sizes[largest]} bytes as stored")
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """YAML read as a notation of JSON (the module doc): what it cannot say, or says otherwise
-    than JSON would (`yes`, `010`, `1:30`, `.inf`, dates, `!!binary`, sets, `<<` merges,
-    duplicate keys), is a string or an error, never a silent conversion."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        # No aliases, so a 'billion laughs' document cannot expand.
-        if self.check_event(yaml.AliasEvent):
-            raise SpecError("YAML aliases are not allowed in a job spec")
-        return super().compose_node(parent, index)
-
-    def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        for key_node, _ in node.value:
-            if key_node.tag in (_YAML_TAG + "merge", _YAML_TAG + "value"):
-                raise _not_json(key_node, "a YAML merge key")
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                raise _not_json(key_node, "a mapping key that is not a string")
-            if key in seen:
-                raise _not_json(key_node, f"the key {key!r} twice in one mapping")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_YAML_TAG = "tag:yaml.org,2002:"
-_JSON_INT = r"-?(?:0|[1-9][0-9]*)"
-_JSON_FLOAT = _JSON_INT + r"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-
-
-def _not_json(node: yaml.Node, what: str) -> yaml.constructor.ConstructorError:
-    return yaml.constructor.ConstructorError(
-        None, None, f"{what} is not allowed in a job spec", node.start_mark
-    )
-
-
-def _scalar(pattern: str, convert: Any, what: str) -> Any:
-    compiled = re.compile(pattern)
-
-    def construct(loader: _SpecLoader, node: yaml.ScalarNode) -> object:
-        value = loader.construct_scalar(node)
-        if not isinstance(value, str) or not compiled.fullmatch(value):
-            raise _not_json(node, what)
-        return convert(value)
-
-    return construct
-
-
-def _refused(what: str) -> Any:
-    def construct(_loader: _SpecLoader, node: yaml.Node) -> object:
-        raise _not_json(node, what)
-
-    return construct
-
-
-# Plain scalars resolve as JSON's literals would; anything else plain is a string.
-_SpecLoader.yaml_implicit_resolvers = {}
-for _tag, _pattern, _first in [
-    ("bool", r"^(?:true|false)$", "tf"),
-    ("null", r"^(?:null|~|)$", ["n", "~", ""]),
-    ("int", f"^{_JSON_INT}$", "-0123456789"),
-    ("float", f"^{_JSON_INT}(?:\\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)$", "-0123456789"),
-]:
-    _SpecLoader.add_implicit_resolver(_YAML_TAG + _tag, re.compile(_pattern), list(_first))
-# Explicit tags: only the JSON types, written as JSON writes them.
-_SpecLoader.add_constructor(
-    _YAML_TAG + "bool",
-    _scalar(r"true|false", lambda v: v == "true", "a boolean other than true/false"),
-)
-_SpecLoader.add_constructor(_YAML_TAG + "int", _scalar(_JSON_INT, int, "a non-decimal integer"))
-_SpecLoader.add_constructor(
-    _YAML_TAG + "float", _scalar(_JSON_FLOAT, float, "a number JSON cannot write")
-)
-for _tag in ("timestamp", "binary", "set", "omap", "pairs"):
-    _SpecLoader.add_constructor(_YAML_TAG + _tag, _refused(f"a YAML {_tag}"))
-
-
 def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for key, value in pairs:
@@ -857,15 +785,11 @@ def format_for(key: str) -> SpecFormat:
     return "json" if key.endswith(".json") else "auto"
 
 
-def _syntax_error(exc: Exception) -> str:
-    """What is wrong with a document, in one line: the problem and where (YAML's own message
-    spans lines and quotes the document)."""
+def syntax_error(exc: Exception) -> str:
+    """What is wrong with a document, in one line: JSON's problem and where, or the first line
+    of any other parser's message (spec_yaml words YAML's own)."""
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
-        where = exc.problem_mark or exc.context_mark
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-        return f"{' '.join(exc.problem.split())}{at}"
     lines = str(exc).splitlines()
     return lines[0] if lines else type(exc).__name__
 
@@ -887,7 +811,11 @@ def _load(text: str, fmt: SpecFormat) -> object:
             return _json(text)
         except json.JSONDecodeError:
             pass
-    return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - SafeLoader subclass
+    # The YAML reader (and PyYAML) is imported by the first YAML document: JSON specs, and the
+    # functions that never read a spec, do without it.
+    from gpufleet.domain.spec_yaml import load_yaml
+
+    return load_yaml(text)
 
 
 def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
@@ -905,9 +833,9 @@ def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
         document = _load(text, fmt)
     except SpecError:
         raise
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
         kind = "JSON" if fmt == "json" else "YAML/JSON"
-        raise SpecError(f"the spec is not valid {kind}: {_syntax_error(exc)}") from None
+        raise SpecError(f"the spec is not valid {kind}: {syntax_error(exc)}") from None
     return spec_from_mapping(document)
 
 

@@ -13,7 +13,6 @@ import io
 import json
 import logging
 import os
-import sys
 import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -211,12 +210,10 @@ def _stop_executions(account: Account) -> None:
 
 def _forget_cold_starts() -> None:
     """Services are cached per cold start; a new account is a new cold start. The handler
-    modules are imported again too: what their decorators built at import (the idempotency
-    layer and its boto3 client) belongs to the account they were first imported in."""
+    modules keep nothing of an account: what holds a client (the ports, the idempotency layer)
+    is built by the first event, and forgotten here."""
     from gpufleet.handlers import common
 
-    for name in [n for n in sys.modules if n.startswith(f"{common.__package__}.on_")]:
-        del sys.modules[name]
     for cached in (
         common.settings,
         common.ports,

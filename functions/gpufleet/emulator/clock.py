@@ -6,7 +6,9 @@ the chaos runs). `PacedClock` (`gpufleet demo`, and so every test that runs a de
 clock that stands still while anything the account started is working: a node sending its
 heartbeat, a Lambda function running, Step Functions stepping an execution, a thread starting.
 It moves on, never faster than the wall clock, only while each of those threads waits: on this
-clock, or blocked in `threading` (an event, a lock's condition, a join) for another thread.
+clock, blocked in `threading` (an event, a lock's condition, a join) for another thread, or on a
+real process outside the account (in `subprocess`, or the agent relaying a container's output:
+a node's container is a real process, whose time is the world's, not the account's).
 
 So what happens is decided by emulated seconds, not by how fast a loaded machine runs the
 threads: a node that heartbeats every 0.5 emulated seconds is never taken for silent by a
@@ -23,12 +25,16 @@ meanwhile, never faster than real time), and the timestamps AWS and the control 
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Protocol
+
+from gpufleet.agent.docker import relay
 
 _LOG = logging.getLogger(__name__)
 
@@ -148,9 +154,24 @@ class PacedClock:
             if ident in self._unwatched:
                 continue
             frame = frames.get(ident or 0)
-            if frame is None or frame.f_code.co_filename != threading.__file__:
+            if frame is None or not _waits_outside_the_account(frame):
                 working.append(thread.name)
         return working
+
+
+def _waits_outside_the_account(frame: FrameType) -> bool:
+    """Whether the thread whose innermost frame this is waits for another thread (in
+    `threading`) or for a real process: anywhere inside `subprocess` (waiting for a child, or
+    reading its pipes), or in the agent's relay of a container's output (blocked reading it;
+    a line it hands on runs in deeper frames, which count as working)."""
+    if frame.f_code.co_filename == threading.__file__ or frame.f_code is relay.__code__:
+        return True
+    outer: FrameType | None = frame
+    while outer is not None:
+        if outer.f_code.co_filename == subprocess.__file__:
+            return True
+        outer = outer.f_back
+    return False
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.metrics import PublishedMetric, published_metrics
-from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
+from gpufleet.emulator.nodes import AGENT_LOG_GROUP, Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, ApiCall, Invocation, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
 from gpufleet.services.reports import job_detail
@@ -27,6 +27,7 @@ from gpufleet.topology import (
     INTAKE_PREFIX,
     JOB_LIFECYCLE,
     JOBS_TABLE,
+    agent_log_stream_prefix,
     execution_arn,
 )
 
@@ -146,9 +147,11 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
             boot_seconds=float(config["boot_seconds"]),
             behaviours={
                 job: Behaviour(
-                    float(b["duration_seconds"]),
-                    int(b["exit_code"]),
+                    float(b.get("duration_seconds", 3.0)),
+                    int(b.get("exit_code", 0)),
                     interrupt_after_seconds=b.get("interrupt_after_seconds"),
+                    warned=bool(b.get("warned", True)),
+                    runs_command=bool(b.get("runs_command", False)),
                     needs_gpu_memory_gib=float(b.get("needs_gpu_memory_gib", 0.0)),
                     gpu_utilization=float(b.get("gpu_utilization", 90.0)),
                     gpu_memory_growth_mib_per_second=float(
@@ -168,11 +171,25 @@ def _scenario_from_folder(folder: Path, name: str) -> DemoScenario:
     )
 
 
+def distributed_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A two-node job whose command really runs on both nodes and meets over TCP (rank
+    sum), and a CPU-only job beside it, both through the agent's docker runtime."""
+    return _scenario_from_folder(events_dir / "scenarios" / "distributed", "distributed")
+
+
+def distributed_node_loss_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """The two-node job with one node lost mid-run: retried as a whole."""
+    folder = events_dir / "scenarios" / "distributed-node-loss"
+    return _scenario_from_folder(folder, "distributed-node-loss")
+
+
 SCENARIOS = {
     "basic": basic_scenario,
     "preemption": preemption_scenario,
     "spot": spot_scenario,
     "stages": stages_scenario,
+    "distributed": distributed_scenario,
+    "distributed-node-loss": distributed_node_loss_scenario,
 }
 
 
@@ -314,6 +331,11 @@ def run_demo(scenario: DemoScenario, progress: TextIO | None = None) -> DemoResu
             nodes.stop()
             result.jobs = [
                 _job_entry(job, job.job_id in nodes.resumed)
+                | (
+                    {"container_log": _container_log(account, job.job_id)}
+                    if scenario.nodes.runs_commands(job.spec.name)
+                    else {}
+                )
                 for job in sorted(jobs, key=lambda j: j.spec.name)
             ]
             result.rejected = len(observer.rejections)
@@ -336,6 +358,22 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
     }
+
+
+def _container_log(account: Account, job_id: str) -> list[str]:
+    """What the job's containers printed, every run and node, as its log streams hold it."""
+    logs = account.client("logs")
+    streams = logs.describe_log_streams(
+        logGroupName=AGENT_LOG_GROUP, logStreamNamePrefix=agent_log_stream_prefix(job_id)
+    )["logStreams"]
+    events = [
+        event
+        for stream in streams
+        for event in logs.get_log_events(
+            logGroupName=AGENT_LOG_GROUP, logStreamName=stream["logStreamName"]
+        )["events"]
+    ]
+    return [event["message"] for event in sorted(events, key=lambda e: e["timestamp"])]
 
 
 def _stop_workflow(account: Account, job_id: str) -> None:

@@ -1,23 +1,41 @@
-"""Simulated instances: each one gpufleet launches in the embedded account runs the real node
-agent, with a container runtime that only pretends to train (duration and exit code come from
-the scenario)."""
+"""Emulated instances: each one gpufleet launches in the embedded account runs the real node
+agent. A job whose behaviour `runs_command` gets the agent's real `DockerRuntime`, calling the
+fake docker CLI (`fake_docker`), which runs the container's command as a local process with
+what the agent asked for, and refuses what the instance type could not do; each node's private
+IP is a loopback address of its own (`loopback`), so the run's nodes meet over TCP as on EC2.
+Every other job's container only pretends to train (`SimulatedRuntime`: duration and exit code
+come from the scenario)."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.agent.aws import CloudWatchMetrics, EventBridgeReporter, S3Manifests
-from gpufleet.agent.node import JOB_METRIC_PREFIX, JobMetrics, NodeAgent, RunManifest, RunOutcome
+from gpufleet.agent.docker import NEURON_ACCELERATORS, DockerRuntime
+from gpufleet.agent.node import (
+    JOB_METRIC_PREFIX,
+    ContainerRuntime,
+    JobMetrics,
+    NodeAgent,
+    RunManifest,
+    RunOutcome,
+)
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.clock import EmulatorClock
+from gpufleet.emulator.fake_docker import Docker, NodeHardware, install_node
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
 from gpufleet.errors import GpufleetError
 from gpufleet.topology import (
@@ -61,6 +79,9 @@ class Behaviour:
     # (idle GPUs, a leak, too few samples/s) lasts until an alarm has acted on it, as it
     # would for hours on a real node, however slowly a loaded machine runs the emulator.
     until_flagged: bool = False
+    # The container's command really runs (through the agent's DockerRuntime and the fake
+    # docker): its duration and exit code are the command's own, not the fields above.
+    runs_command: bool = False
 
 
 # How long a run held `until_flagged` waits at most before it ends unflagged.
@@ -84,6 +105,14 @@ class NodeScenario:
     # instance lives (every 2 minutes on EC2; the emulator's minutes are seconds).
     finish_resend_seconds: float = 10.0
     finish_resends: int = 10
+
+    def runs_commands(self, job_name: str) -> bool:
+        """Whether the job's containers, or one of its stages', really run their command."""
+        return any(
+            behaviour.runs_command
+            for key, behaviour in self.behaviours.items()
+            if key == job_name or key.startswith(f"{job_name}/")
+        )
 
     def behaviour(self, job_name: str, stage: str | None = None) -> Behaviour:
         if stage is not None and f"{job_name}/{stage}" in self.behaviours:
@@ -241,15 +270,28 @@ class SimulatedGpus:
         return self._behaviour.gpu_memory_mib + growth * (self._clock.now() - self._started)
 
 
+class _Discarded(io.StringIO):
+    """A text stream that keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
 class _AsNode:
-    """Calls made by the agent's own threads count as the node's, not the control plane's."""
+    """Calls made by the agent's own threads count as the node's, not the control plane's.
+    With `silent_once`: a node whose machine is gone says nothing more."""
 
     def __init__(
-        self, manifests: S3Manifests, reporter: EventBridgeReporter, metrics: CloudWatchMetrics
+        self,
+        manifests: S3Manifests,
+        reporter: EventBridgeReporter,
+        metrics: CloudWatchMetrics,
+        silent_once: threading.Event | None = None,
     ) -> None:
         self._manifests = manifests
         self._reporter = reporter
         self._metrics = metrics
+        self._silent_once = silent_once
 
     def put(self, job_id: str, name: str, value: float, unit: str) -> None:
         with acting_as(NODE):
@@ -260,6 +302,8 @@ class _AsNode:
             return self._manifests.fetch(key)
 
     def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
+        if self._silent_once is not None and self._silent_once.is_set():
+            return
         with acting_as(NODE):
             self._reporter.report(source, detail_type, detail)
 
@@ -286,6 +330,12 @@ class NodeSimulator:
         self._stop = threading.Event()
         # Per instance, set once it no longer runs: its agent stops waiting (it would be dead).
         self._gone: dict[str, threading.Event] = {}
+        # Per instance whose containers really run: its docker (killed with the machine).
+        self._dockers: dict[str, Docker] = {}
+        self._docker_root = Path(tempfile.mkdtemp(prefix="gpufleet-nodes-"))
+        # The nodes' journal (a real node's agent copies its container's stdout there): not
+        # this process's stdout, which `gpufleet demo --json` keeps for its JSON.
+        self._journal = _Discarded()
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, name="node-watcher", daemon=True)
 
@@ -303,9 +353,12 @@ class NodeSimulator:
         self._stop.set()
         for gone in list(self._gone.values()):
             gone.set()
+        for docker in list(self._dockers.values()):
+            docker.kill_all()
         self._watcher.join(timeout=5)
         for thread in self._threads:
             thread.join(timeout=5)
+        shutil.rmtree(self._docker_root, ignore_errors=True)
 
     def running_instances(self) -> list[str]:
         with acting_as(EMULATOR):
@@ -327,8 +380,11 @@ class NodeSimulator:
                 instances = self._managed_instances()
                 running = {i["InstanceId"] for i in instances if i["State"]["Name"] == "running"}
                 for instance_id, gone in list(self._gone.items()):
-                    if instance_id not in running:
+                    if instance_id not in running and not gone.is_set():
                         gone.set()
+                        docker = self._dockers.get(instance_id)
+                        if docker is not None:
+                            docker.kill_all()  # its containers end with the machine
                 for instance in instances:
                     instance_id = instance["InstanceId"]
                     if instance_id in self._seen or instance_id not in running:
@@ -345,33 +401,41 @@ class NodeSimulator:
     def _boot(self, instance_id: str) -> None:
         self._clock.sleep(self._scenario.boot_seconds)
         with acting_as(NODE):
-            node = _AsNode(
-                S3Manifests(self._account.client("s3"), self._account.bucket),
-                EventBridgeReporter(self._account.client("events"), self._account.bus),
-                CloudWatchMetrics(self._account.client("cloudwatch")),
-            )
             identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
             if not self._claimed(identity):
                 return  # a warm instance released before any launch took it
             job_id = identity.tags().get(TAG_JOB_ID, "")
             with acting_as(EMULATOR):
-                behaviour = self._scenario.behaviour(self._job_name(job_id))
+                behaviour = self._scenario.behaviour(*self._job_run(job_id))
+            gone = self._gone[instance_id]
+            node = _AsNode(
+                S3Manifests(self._account.client("s3"), self._account.bucket),
+                EventBridgeReporter(self._account.client("events"), self._account.bus),
+                CloudWatchMetrics(self._account.client("cloudwatch")),
+                silent_once=gone if behaviour.runs_command else None,
+            )
             self._schedule_interruption(instance_id, job_id, behaviour)
             job_metrics = JobMetrics()
-            agent = NodeAgent(
-                identity=identity,
-                manifests=node,
-                reporter=node,
-                runtime=SimulatedRuntime(
+            log = ContainerLog(self._account.client("logs"), job_id, instance_id)
+            runtime: ContainerRuntime
+            if behaviour.runs_command:
+                runtime = self._docker_runtime(instance_id, log, job_metrics)
+            else:
+                runtime = SimulatedRuntime(
                     self._ec2,
                     instance_id,
                     self._scenario,
                     self.resumed,
-                    ContainerLog(self._account.client("logs"), job_id, instance_id),
+                    log,
                     flagged=self._flagged,
                     clock=self._clock,
                     output=job_metrics.feed,
-                ),
+                )
+            agent = NodeAgent(
+                identity=identity,
+                manifests=node,
+                reporter=node,
+                runtime=runtime,
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
                 gpu_probe=SimulatedGpus(behaviour, self._clock),
@@ -386,6 +450,38 @@ class NodeSimulator:
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
+
+    def _docker_runtime(
+        self, instance_id: str, log: ContainerLog, job_metrics: JobMetrics
+    ) -> DockerRuntime:
+        """The agent's own runtime, on this node's fake docker: told what the instance type
+        has (its GPUs, its Neuron devices), the container's stdout to the job's log stream."""
+        with acting_as(EMULATOR):
+            instance_type = load_bundled().instance_type(
+                _instance(self._ec2, instance_id)["InstanceType"]
+            )
+        neuron = instance_type.accelerator in NEURON_ACCELERATORS
+        hardware = NodeHardware(
+            instance_type=instance_type.name,
+            gpus=instance_type.gpus if instance_type.accelerator == "nvidia" else 0,
+            devices=tuple(f"/dev/neuron{n}" for n in range(instance_type.gpus if neuron else 0)),
+        )
+        root = self._docker_root / instance_id
+        program = install_node(root, hardware)
+        self._dockers[instance_id] = Docker(root)
+
+        def output(line: str) -> None:
+            job_metrics.feed(line)
+            log.write(line.rstrip("\n"))
+
+        environment = {"PATH": os.environ.get("PATH", ""), "HOME": str(root)}
+        return DockerRuntime(
+            grace_seconds=2,
+            output=output,
+            environment={**environment, "DOCKER_CONFIG": str(root)},
+            docker=str(program),
+            journal=self._journal,
+        )
 
     def _flagged(self, job_id: str) -> bool:
         return bool(self._jobs.get(job_id).flags)
@@ -415,14 +511,18 @@ class NodeSimulator:
             daemon=True,
         ).start()
 
-    def _job_name(self, job_id: str) -> str:
+    def _job_run(self, job_id: str) -> tuple[str, str | None]:
+        """The job's name and the stage its manifest runs now (a node's runtime is chosen at
+        its boot, for the stage it boots for)."""
         try:
             raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
                 f"{RUNS_PREFIX}{job_id}/run.json"
             )
         except Exception:  # no manifest: an instance no job launched; default behaviour
-            return ""
-        return str(json.loads(raw).get("name", ""))
+            return "", None
+        document = json.loads(raw)
+        stage = document.get("stage")
+        return str(document.get("name", "")), None if stage is None else str(stage)
 
     def _interrupt(self, instance_id: str, warned: bool, after_seconds: float) -> None:
         """What EC2 does when it reclaims a spot instance `after_seconds` into its run: the

@@ -15,7 +15,7 @@ sessions (`runtime.use_sessions`: sessions that share one loader of the service 
 schedules, alarms). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
-The registry (`PATCHES`: 17 attributes, 15 of moto and 2 of Powertools), and why each cannot be
+The registry (`PATCHES`: 18 attributes, 16 of moto and 2 of Powertools), and why each cannot be
 avoided:
 
 - `LambdaFunction._invoke_lambda`: without Docker moto runs no function code. Every invocation
@@ -48,6 +48,9 @@ avoided:
   waits on returns (see `executions`).
 - `ServiceQuotasBackend.get_service_quota`: moto's Service Quotas knows VPC quotas only; EC2's
   vCPU quotas are answered from the backend, for HTTP callers too (see `account_baseline`).
+- `Subnet.get_available_subnet_ip`: EC2 gives an instance an address of its subnet, and no API
+  of a launch chooses it; the emulator's nodes are local processes that meet their peers at
+  those addresses, so each instance gets a loopback address of its own (see `loopback`).
 - `print` in Powertools' metrics modules: EMF metrics are printed. The print writes to the
   invocation's log, whatever `sys.stdout` is at the time (test harnesses swap it).
 
@@ -237,6 +240,12 @@ EC2_VCPU_QUOTAS = Patch(
     "EC2's vCPU quotas are answered (moto knows VPC quotas only)",
     ("self", "service_code", "quota_code"),
 )
+LOOPBACK_PRIVATE_IPS = Patch(
+    "moto.ec2.models.subnets",
+    "Subnet.get_available_subnet_ip",
+    "each instance's private IP is a loopback address of its own (the nodes are local processes)",
+    ("self", "instance"),
+)
 EMF_PRINTS = tuple(
     Patch(module, "print", "EMF metrics go to the invocation's log", shadows_builtin=True)
     for module in (
@@ -258,6 +267,7 @@ PATCHES: tuple[Patch, ...] = (
     EXECUTION_ENDED,
     EXECUTION_STOPPED,
     EC2_VCPU_QUOTAS,
+    LOOPBACK_PRIVATE_IPS,
     *EMF_PRINTS,
 )
 
@@ -489,7 +499,13 @@ def install(
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
     stores a handler's output; heartbeat timeouts are counted on `clock`."""
     from gpufleet.adapters.aws import runtime
-    from gpufleet.emulator import account_baseline, cloudwatch_rules, executions, pricing
+    from gpufleet.emulator import (
+        account_baseline,
+        cloudwatch_rules,
+        executions,
+        loopback,
+        pricing,
+    )
     from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.placement_groups import PlacementGroups
     from gpufleet.emulator.sessions import SessionsSharingModels
@@ -508,6 +524,7 @@ def install(
         EXECUTION_ENDED: executions.emit_on_end,
         EXECUTION_STOPPED: executions.end_at_once,
         EC2_VCPU_QUOTAS: account_baseline.answer_ec2_vcpu_quotas,
+        LOOPBACK_PRIVATE_IPS: loopback.loopback_subnet_ips,
         **{patch: lambda _none: _routed_print for patch in EMF_PRINTS},
     }
     groups = PlacementGroups()

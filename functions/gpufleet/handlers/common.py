@@ -7,20 +7,21 @@ the builders, not here: a function imports the code it runs and no other handler
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.idempotency import (
     DynamoDBPersistenceLayer,
     IdempotencyConfig,
+    idempotent_function,
 )
 
 from gpufleet import telemetry
-from gpufleet.settings import Settings
 
 if TYPE_CHECKING:
     from gpufleet.ports import Ports
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
     from gpufleet.services.reconciler import ReconcilerService
+    from gpufleet.settings import Settings
 
 logger = Logger(service=telemetry.SERVICE)
 # Only the AWS SDK's calls are traced: patching every library X-Ray supports imports them all
@@ -61,6 +63,10 @@ def count_submission(accepted: bool) -> None:
 
 @cache
 def settings() -> Settings:
+    # Imported here, as the services are: the settings bring the fleet config's models, which
+    # a handler needs once its first event reads them, not to be imported.
+    from gpufleet.settings import Settings
+
     return Settings.from_env(os.environ)
 
 
@@ -121,3 +127,25 @@ def idempotency_store() -> DynamoDBPersistenceLayer:
 
 # A delivery is remembered for a day: S3 and EventBridge redeliver within minutes to hours.
 IDEMPOTENCY = IdempotencyConfig(event_key_jmespath="delivery_key", expires_after_seconds=86400)
+
+Answer = Callable[..., dict[str, Any]]
+
+
+def once_per_delivery(submit: Answer) -> Answer:
+    """`submit(delivery=...)` runs once per delivery key (IDEMPOTENCY); a repeated delivery gets
+    the first one's answer. The persistence layer, and its DynamoDB client, is built by the
+    first delivery, not when the handler module is imported (a decorator built at import would
+    build it at every cold start, before the handler runs). The records are keyed by `submit`'s
+    own module and name."""
+
+    @functools.wraps(submit)
+    def guarded(*, delivery: Any) -> dict[str, Any]:
+        idempotent = idempotent_function(
+            data_keyword_argument="delivery",
+            persistence_store=idempotency_store(),
+            config=IDEMPOTENCY,
+        )
+        answer: dict[str, Any] = idempotent(submit)(delivery=delivery)
+        return answer
+
+    return guarded

@@ -4,6 +4,8 @@ repeated step reports none) and the launch failures, by category."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -11,7 +13,9 @@ from gpufleet import telemetry
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
 from gpufleet.handlers.models import LaunchTask
-from gpufleet.services.launch_steps import Launched
+
+if TYPE_CHECKING:
+    from gpufleet.services.launch_steps import Launched
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.idempotency import idempotent_function
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -12,10 +11,10 @@ from gpufleet.domain.job import s3_delivery_key
 from gpufleet.handlers.common import (
     IDEMPOTENCY,
     count_submission,
-    idempotency_store,
     intake,
     logger,
     metrics,
+    once_per_delivery,
     settings,
     tracer,
 )
@@ -24,11 +23,7 @@ from gpufleet.services.intake import describe
 from gpufleet.topology import INTAKE_PREFIX
 
 
-@idempotent_function(  # type: ignore[untyped-decorator]
-    data_keyword_argument="delivery",
-    persistence_store=idempotency_store(),
-    config=IDEMPOTENCY,
-)
+@once_per_delivery
 def submit(delivery: Delivery) -> dict[str, Any]:
     assert delivery.object_key is not None
     outcome = intake().submit_object(

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.idempotency import idempotent_function
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpufleet.handlers.common import (
     IDEMPOTENCY,
     count_submission,
-    idempotency_store,
     intake,
     logger,
     metrics,
+    once_per_delivery,
     tracer,
 )
 from gpufleet.handlers.models import Delivery, SubmittedEvent
 from gpufleet.services.intake import describe
 
 
-@idempotent_function(  # type: ignore[untyped-decorator]
-    data_keyword_argument="delivery",
-    persistence_store=idempotency_store(),
-    config=IDEMPOTENCY,
-)
+@once_per_delivery
 def submit(delivery: Delivery) -> dict[str, Any]:
     outcome = intake().submit_document(delivery.document, delivery.delivery_key, delivery.source)
     count_submission(outcome.accepted)

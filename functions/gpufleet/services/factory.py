@@ -4,37 +4,46 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from typing import TYPE_CHECKING
 
-from gpufleet.domain.catalog import Catalog, InstanceType, load_bundled
-from gpufleet.domain.config import Reservation
-from gpufleet.domain.duration import DurationEstimate
-from gpufleet.domain.planning import LaunchPlan, plan_launch
-from gpufleet.domain.spec import JobSpec
-from gpufleet.ports import Ports
-from gpufleet.services.actions import MetricActions
-from gpufleet.services.backstop import BackstopService
-from gpufleet.services.catalog import current_catalog
-from gpufleet.services.dispatcher import DispatcherService
-from gpufleet.services.intake import IntakeService
-from gpufleet.services.lifecycle import LifecycleService
-from gpufleet.services.lifecycle_base import LifecyclePolicy
-from gpufleet.services.reconciler import ReconcilerService
-from gpufleet.settings import Settings
+if TYPE_CHECKING:
+    from gpufleet.domain.catalog import Catalog, InstanceType
+    from gpufleet.domain.config import Reservation
+    from gpufleet.domain.duration import DurationEstimate
+    from gpufleet.domain.planning import LaunchPlan
+    from gpufleet.domain.spec import JobSpec
+    from gpufleet.ports import Ports
+    from gpufleet.services.actions import MetricActions
+    from gpufleet.services.backstop import BackstopService
+    from gpufleet.services.dispatcher import DispatcherService
+    from gpufleet.services.intake import IntakeService
+    from gpufleet.services.lifecycle import LifecycleService
+    from gpufleet.services.reconciler import ReconcilerService
+    from gpufleet.settings import Settings
+
+# Each builder imports its own service: a Lambda function builds one or two of them, and imports
+# (compiles, on Lambda) no other's code.
 
 
 def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> IntakeService:
+    from gpufleet.services.intake import IntakeService
+
     return IntakeService(ports, lifecycle.prepare, settings.config)
 
 
 def build_dispatcher(
     ports: Ports, settings: Settings, lifecycle: LifecycleService
 ) -> DispatcherService:
+    from gpufleet.services.dispatcher import DispatcherService
+
     return DispatcherService(ports, lifecycle, settings.config.queue)
 
 
 def build_reconciler(
     ports: Ports, settings: Settings, lifecycle: LifecycleService
 ) -> ReconcilerService:
+    from gpufleet.services.reconciler import ReconcilerService
+
     return ReconcilerService(
         ports,
         lifecycle,
@@ -46,14 +55,24 @@ def build_reconciler(
 
 
 def build_backstop(ports: Ports, lifecycle: LifecycleService) -> BackstopService:
+    from gpufleet.services.backstop import BackstopService
+
     return BackstopService(ports, lifecycle)
 
 
 def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> MetricActions:
+    from gpufleet.services.actions import MetricActions
+
     return MetricActions(ports, lifecycle, settings.config.metrics)
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
+    from gpufleet.domain.catalog import load_bundled
+    from gpufleet.domain.planning import plan_launch
+    from gpufleet.services.catalog import current_catalog
+    from gpufleet.services.lifecycle import LifecycleService
+    from gpufleet.services.lifecycle_base import LifecyclePolicy
+
     bundled = load_bundled()
 
     @cache

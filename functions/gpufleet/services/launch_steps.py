@@ -5,6 +5,7 @@ memory of the moment; a launched job parks the workflow's token with its placeme
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,10 +97,7 @@ class LaunchSteps(LifecycleBase):
             if job.run_result is not None:  # and its node already finished
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
-        self._ports.objects.put_json(
-            run_manifest_key(job_id),
-            run_manifest(job, self._policy.data_bucket, self._policy.data_sources),
-        )
+        self._ports.objects.put_json(run_manifest_key(job_id), self._manifest(job))
         # A new run starts with no instruction pending: a checkpoint request was for the last.
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
@@ -133,8 +131,15 @@ class LaunchSteps(LifecycleBase):
             )
             if result.launched:
                 fell_back = plan.is_on_demand_fallback(step)
+                placement = self._placement(result, launch_step)
+                # The manifest again, now naming the nodes: each finds its rank and its peers.
+                self._ports.objects.put_json(
+                    run_manifest_key(job_id),
+                    self._manifest(job.model_copy(update={"placement": placement})),
+                )
                 changes = self._admitted_changes(job, admission) | JobChanges(
-                    placement=self._placement(result, launch_step),
+                    placement=placement,
+                    started_instances=[],
                     attempts=job.attempts + 1,
                     ondemand_fallback=fell_back,
                     task_token=task_token,
@@ -168,6 +173,14 @@ class LaunchSteps(LifecycleBase):
             wait_seconds=max(1, next_move.wait_seconds),
             error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
             category=result.error_category.value if result.error_category else "",
+        )
+
+    def _manifest(self, job: Job) -> dict[str, Any]:
+        return run_manifest(
+            job,
+            self._policy.data_bucket,
+            self._policy.data_sources,
+            self._policy.instance_type_of,
         )
 
     def _record_launch(self, job: Job, changes: JobChanges) -> Job:
@@ -253,4 +266,5 @@ class LaunchSteps(LifecycleBase):
             launched_at=self._now(),
             storage_gib=self._policy.root_volume_gib,
             storage_usd_per_gib_month=self._policy.cost.ebs_usd_per_gib_month,
+            private_ips=result.private_ips,
         )

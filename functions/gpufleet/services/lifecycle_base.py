@@ -20,6 +20,7 @@ from gpufleet.domain.job import IllegalTransition, Job, JobChanges, JobStatus
 from gpufleet.domain.node_access import manifest_access
 from gpufleet.domain.planning import LaunchPlan, job_observed_hazard
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
+from gpufleet.domain.rendezvous import MASTER_PORT, ranked_peers
 from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS
 from gpufleet.domain.spec import JobSpec
 from gpufleet.domain.stages import next_stage_may_reuse, stage_environment
@@ -181,11 +182,22 @@ class LifecycleBase:
         return True
 
 
-def run_manifest(job: Job, data_bucket: str, data_sources: DataSources) -> dict[str, Any]:
+def run_manifest(
+    job: Job,
+    data_bucket: str,
+    data_sources: DataSources,
+    instance_type_of: Callable[[str], InstanceType | None] = lambda _instance_type: None,
+) -> dict[str, Any]:
     """What the node agent needs to run the job (its current stage): read by the agent, never
-    passed to a shell. Secrets by reference: their values are read on the node."""
+    passed to a shell. Secrets by reference: their values are read on the node. Once the job
+    holds its instances it names them, in rank order, with their private IPs (each node finds
+    its rank by its own instance id), and what accelerator their type has (the catalog's: how
+    many Neuron devices the container gets)."""
     spec = job.effective_spec
     stage_env = stage_environment(job, stage_data_root(data_bucket, job.job_id))
+    placement = job.placement
+    instance_type = instance_type_of(placement.instance_type) if placement else None
+    peers = ranked_peers(placement.instance_ids, placement.private_ips) if placement else []
     return {
         "job_id": job.job_id,
         "name": spec.name,
@@ -193,6 +205,11 @@ def run_manifest(job: Job, data_bucket: str, data_sources: DataSources) -> dict[
         "command": list(spec.command),
         "env": {**spec.env, **stage_env},
         "gpus": spec.resources.gpus,
+        "nodes": spec.resources.nodes,
+        "peers": [{"instance_id": p.instance_id, "private_ip": p.private_ip} for p in peers],
+        "port": MASTER_PORT,
+        "accelerator": instance_type.accelerator if instance_type else _accelerator_of(spec),
+        "accelerator_devices": instance_type.gpus if instance_type else spec.resources.gpus,
         "checkpoint": spec.checkpoint,
         "timeout_seconds": spec.timeout_seconds,
         # An earlier run was stopped (preempted, interrupted, resized, moved, restarted): the
@@ -203,6 +220,11 @@ def run_manifest(job: Job, data_bucket: str, data_sources: DataSources) -> dict[
         "await_next_stage": next_stage_may_reuse(job),
         **manifest_access(spec, data_sources),
     }
+
+
+def _accelerator_of(spec: JobSpec) -> str:
+    """Before the instances are known: NVIDIA GPUs when the job asks for GPUs, else none."""
+    return "nvidia" if spec.resources.gpus else "none"
 
 
 def queued_job(job: Job) -> QueuedJob:

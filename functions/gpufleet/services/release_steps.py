@@ -170,7 +170,12 @@ class ReleaseSteps(LifecycleBase):
                 self._ports.fleet.terminate_instances(terminated)
         self._ports.objects.put_json(
             run_manifest_key(job.job_id),
-            run_manifest(job, self._policy.data_bucket, self._policy.data_sources),
+            run_manifest(
+                job,
+                self._policy.data_bucket,
+                self._policy.data_sources,
+                self._policy.instance_type_of,
+            ),
         )
         self._ports.objects.put_json(
             control_key(job.job_id), {"action": CONTROL_RUN_STAGE, "stage": job.stage_name}

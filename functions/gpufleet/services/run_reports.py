@@ -19,7 +19,10 @@ from gpufleet.domain.job import (
     JobStatus,
 )
 from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.rendezvous import all_started, ends_run
 from gpufleet.domain.settlement import INTERRUPTED
+from gpufleet.domain.spec import MAX_NODES
+from gpufleet.errors import TransientError
 from gpufleet.services.lifecycle_base import LifecycleBase
 from gpufleet.services.workflow_state import WorkflowState
 
@@ -27,6 +30,9 @@ from gpufleet.services.workflow_state import WorkflowState
 # n as 128 + n (the agent reports it so). Anything else is no exit status; an unbounded number
 # is not even one DynamoDB can store (38 digits at most).
 MAX_EXIT_CODE = 255
+# A node's start is recorded in a write conditioned on the job's version: this many tries when
+# other nodes' starts win the race.
+START_WRITE_TRIES = 8
 
 
 class NodeReport(BaseModel):
@@ -45,6 +51,16 @@ class NodeReport(BaseModel):
     oom: bool = False
     # The stage of a multi-stage job the node ran (reports of an earlier stage are stale).
     stage: str | None = Field(default=None, max_length=64)
+    # The run's node count, as the node's manifest says: a report of a multi-node run is read
+    # against the job's record (which node it is), never applied in one blind write.
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES)
+
+
+class StartNotRecorded(TransientError):
+    """Other writes kept winning over a node's start: the report is delivered again."""
+
+    def __init__(self, job_id: str, instance_id: str) -> None:
+        super().__init__(f"the start of {instance_id} (job {job_id}) lost every write race")
 
 
 class RunReports(LifecycleBase):
@@ -56,7 +72,7 @@ class RunReports(LifecycleBase):
         the answer says which (None: the report was heard). One about a stage the job has
         moved past, or delivered again after the job ended, is ignored."""
         try:
-            if report.phase == "heartbeat" or report.stage is not None:
+            if report.phase == "heartbeat" or report.stage is not None or report.nodes > 1:
                 job = self._ports.jobs.get(report.job_id)
             else:
                 found = self._report_in_one_write(report)
@@ -72,13 +88,49 @@ class RunReports(LifecycleBase):
         if report.stage is not None and report.stage != job.stage_name:
             return None
         if report.phase == "started":
-            self._move(job, JobStatus.RUNNING)
+            self._node_started(job, report.instance_id)
         elif report.phase == "heartbeat":
             if job.task_token is not None:
                 self._ports.workflow.heartbeat(job.task_token)
-        else:
+        elif ends_run(job.placement.instance_ids, report.instance_id, report.exit_code):
             self._node_finished(job, report)
+        # else a worker node that ended well: the main node's exit ends the run
         return None
+
+    def _node_started(self, job: Job, instance_id: str) -> None:
+        """Note the node's start; the job is RUNNING once every node of its run has started.
+        Nodes start together: each write is conditioned on the job as it was read, and one
+        that lost the race reads the job again."""
+        for _ in range(START_WRITE_TRIES):
+            placement = job.placement
+            if (
+                job.status.terminal
+                or placement is None
+                or instance_id not in placement.instance_ids
+            ):
+                return  # the run ended meanwhile
+            started = sorted({*job.started_instances, instance_id})
+            everyone = all_started(placement.instance_ids, started)
+            target = JobStatus.RUNNING if everyone else job.status
+            if started == job.started_instances and job.status is target:
+                return  # a start reported again
+            try:
+                moved = self._ports.jobs.transition(
+                    job.job_id,
+                    target,
+                    self._now(),
+                    JobChanges(started_instances=started),
+                    sources=[job.status],
+                    holding=instance_id,
+                    version=job.version,
+                )
+            except IllegalTransition as exc:
+                job = exc.job if exc.job is not None else self._ports.jobs.get(job.job_id)
+                continue
+            if moved.status is not job.status:
+                self._status_changed(moved, job.status)
+            return
+        raise StartNotRecorded(job.job_id, instance_id)
 
     def _report_in_one_write(self, report: NodeReport) -> Job | None:
         """The usual report, a start of a launching job or the finish of a running one, in the

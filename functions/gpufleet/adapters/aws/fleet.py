@@ -26,6 +26,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from gpufleet.adapters.aws.transactions import BACKOFF
 from gpufleet.adapters.aws.warm_pool import DynamoWarmPool
 from gpufleet.domain.boot import template_key
 from gpufleet.domain.catalog import InstanceType, load_bundled
@@ -39,6 +40,7 @@ from gpufleet.domain.launch import (
     LaunchRequest,
     LaunchResult,
 )
+from gpufleet.errors import TransientError
 from gpufleet.ports import ManagedInstance, WarmPoolStatus
 from gpufleet.topology import TAG_JOB_ID, TAG_MANAGED, TAG_WARM, WARM_CLAIMED, WARM_IDLE
 
@@ -55,6 +57,14 @@ _UNSEEN_INSTANCE_WAITS = (0.5, 1.0, 2.0, 4.0)
 MAX_CLIENT_TOKENS = 8
 # A call with a spent token: EC2 will not launch under it again.
 _SPENT_TOKEN_CODES = frozenset({"IdempotentParameterMismatch", "IdempotentInstanceTerminated"})
+
+
+class LaunchIpsUnknown(TransientError):
+    """EC2 does not tell the private IPs of instances it launched (yet): the Launch step is
+    retried, and the launch, idempotent per attempt, finds the same instances."""
+
+    def __init__(self, instance_ids: list[str]) -> None:
+        super().__init__(f"no private IP known yet for some of {', '.join(instance_ids)}")
 
 
 class Ec2Fleet:
@@ -115,7 +125,31 @@ class Ec2Fleet:
         result = self._launch(request, held)
         # Anything else the job holds is what an earlier call launched and nobody recorded.
         self._end_held(held, keep=result.instance_ids)
+        if result.launched:
+            result = result.model_copy(update={"private_ips": self._private_ips(result)})
         return result
+
+    def _private_ips(self, result: LaunchResult) -> dict[str, str]:
+        """Each launched instance's private IP: how its peers reach it. EC2 assigns it at
+        launch; DescribeInstances can miss an instance it just launched (eventual
+        consistency), so a miss is asked again after a short backoff."""
+        for retry in range(BACKOFF.tries):
+            try:
+                response = self._client.describe_instances(InstanceIds=result.instance_ids)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                    raise
+            else:
+                ips = {
+                    instance["InstanceId"]: instance["PrivateIpAddress"]
+                    for reservation in response["Reservations"]
+                    for instance in reservation["Instances"]
+                    if instance.get("PrivateIpAddress")
+                }
+                if len(ips) == len(result.instance_ids):
+                    return ips
+            BACKOFF.wait(retry)
+        raise LaunchIpsUnknown(result.instance_ids)
 
     def _end_held(self, held: dict[str, str], keep: list[str] | None = None) -> None:
         """Terminate the live instances of `held` but `keep`, and note them ended."""

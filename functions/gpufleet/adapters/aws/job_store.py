@@ -146,12 +146,13 @@ class DynamoJobStore:
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
+        version: int | None = None,
     ) -> Job:
         allowed = ALLOWED_SOURCES[target] if sources is None else sources
         if not allowed:
             raise IllegalTransition(job_id, None, target)
         change = StatusChange(
-            job_id, target, frozenset(allowed), now, changes or JobChanges(), holding
+            job_id, target, frozenset(allowed), now, changes or JobChanges(), holding, version
         )
         try:
             response = self._update(

@@ -83,10 +83,19 @@ class InMemoryJobStore:
         *,
         sources: Collection[JobStatus] | None = None,
         holding: str | None = None,
+        version: int | None = None,
     ) -> Job:
         allowed = ALLOWED_SOURCES[target] if sources is None else sources
         return self.apply(
-            StatusChange(job_id, target, frozenset(allowed), now, changes or JobChanges(), holding)
+            StatusChange(
+                job_id,
+                target,
+                frozenset(allowed),
+                now,
+                changes or JobChanges(),
+                holding,
+                version,
+            )
         )
 
     def apply(self, change: StatusChange) -> Job:
@@ -232,6 +241,12 @@ class InMemoryCapacityMemory:
 LaunchRule = Callable[[LaunchRequest], list[str] | None]
 
 
+def _private_ip(instance_id: str) -> str:
+    """A fake instance's private IP, in 10.0.0.0/8 as a VPC's would be, one per instance."""
+    number = int(instance_id.removeprefix("i-"), 16)
+    return f"10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}"
+
+
 class FakeFleet:
     """Launches instantly on the first override unless `rule` says otherwise. With a warm
     pool, a launch that may use it takes an idle warm instance first, as `Ec2Fleet` does."""
@@ -296,6 +311,7 @@ class FakeFleet:
             instance_type=pool.instance_type,
             zone=override.zone,
             capacity_type=request.capacity_type,
+            private_ips={instance_id: _private_ip(instance_id)},
         )
 
     def _launch(self, request: LaunchRequest) -> LaunchResult:
@@ -324,6 +340,7 @@ class FakeFleet:
             instance_type=first.instance_type,
             zone=first.zone,
             capacity_type=request.capacity_type,
+            private_ips={instance_id: _private_ip(instance_id) for instance_id in instance_ids},
         )
 
     def job_of(self, instance_id: str) -> str | None:

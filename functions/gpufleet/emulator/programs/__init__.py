@@ -1,0 +1,1 @@
+"""Small programs the embedded account's demos run as real containers' commands."""
