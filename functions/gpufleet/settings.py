@@ -10,6 +10,8 @@ from gpufleet import topology
 from gpufleet.domain.boot import BootTarget, TemplateKey
 from gpufleet.domain.config import FleetConfig, config_from_env
 
+ENV_CATALOG_MAX_AGE_DAYS = "GPUFLEET_CATALOG_MAX_AGE_DAYS"
+
 
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -45,6 +47,8 @@ class Settings(BaseModel):
     node_heartbeat_timeout_seconds: int = 900
     # Each node's root EBS volume (the stack's `root_volume_gib`), priced into every run.
     root_volume_gib: int = 200
+    # A refreshed catalog (topology.CATALOG_KEY) older than this is ignored for the bundled one.
+    catalog_max_age_days: int = 7
 
     @property
     def bootable(self) -> frozenset[BootTarget]:
@@ -77,6 +81,7 @@ class Settings(BaseModel):
                 env.get("GPUFLEET_NODE_HEARTBEAT_TIMEOUT_SECONDS", "900")
             ),
             root_volume_gib=int(env.get(topology.ENV_ROOT_VOLUME, "200")),
+            catalog_max_age_days=int(env.get(ENV_CATALOG_MAX_AGE_DAYS, "7")),
             reconcile_grace_seconds=int(env.get("GPUFLEET_RECONCILE_GRACE_SECONDS", "300")),
             abandoned_after_seconds=int(env.get("GPUFLEET_ABANDONED_AFTER_SECONDS", "900")),
         )

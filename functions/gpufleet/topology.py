@@ -122,6 +122,9 @@ ALARM_PREFIX = "gpufleet-"
 DETAIL_ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 
 INTAKE_PREFIX = "jobs/"
+# The refreshed catalog in the stack's bucket: written daily by CatalogRefresh, read (once per
+# cold start, when a function first plans) in place of the bundled snapshot while fresh.
+CATALOG_KEY = "catalog/current.json"
 RUNS_PREFIX = "runs/"
 # The control instruction (runs/<job>/control.json) that has a node which just finished a stage
 # of a multi-stage job run the next one on the same instance.
@@ -291,6 +294,14 @@ WORKFLOW_ENDED = Function(
     "gpufleet.handlers.on_workflow_ended.handler",
     "Ends the job of a lifecycle that failed, timed out or was stopped before it settled it",
 )
+CATALOG_REFRESH = Function(
+    "CatalogRefresh",
+    "gpufleet.handlers.on_catalog_refresh.handler",
+    "Rebuilds the instance catalog's prices from the AWS APIs into the stack's bucket",
+    # DescribeInstanceTypes, a spot price history per 100 types and the Price List's pages.
+    timeout_seconds=300,
+    memory_mb=1024,
+)
 FUNCTIONS: tuple[Function, ...] = (
     INTAKE_FROM_S3,
     INTAKE_FROM_EVENT,
@@ -304,6 +315,7 @@ FUNCTIONS: tuple[Function, ...] = (
     RECONCILE,
     RELEASE,
     WORKFLOW_ENDED,
+    CATALOG_REFRESH,
 )
 
 RULES: tuple[Rule, ...] = (
@@ -389,6 +401,14 @@ SCHEDULES: tuple[Schedule, ...] = (
         description="Find and terminate orphaned instances",
         expression="rate(5 minutes)",
         target_function=RECONCILE.construct_id,
+    ),
+    # Spot prices move daily at most (EC2's smoothed pricing); the readers refuse a refreshed
+    # catalog older than GPUFLEET_CATALOG_MAX_AGE_DAYS, so a few failed days cost nothing.
+    Schedule(
+        construct_id="CatalogRefreshSchedule",
+        description="Refresh the catalog's prices from the AWS APIs",
+        expression="rate(1 day)",
+        target_function=CATALOG_REFRESH.construct_id,
     ),
 )
 

@@ -72,6 +72,8 @@ class Permission(enum.Enum):
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
     READ_WORKFLOWS = "list the lifecycle's running executions and describe one (by its job)"
+    READ_CATALOG = "read the refreshed catalog (its one key) before planning"
+    REFRESH_CATALOG = "read the EC2 and Price List APIs' prices and write the refreshed catalog"
 
 
 P = Permission
@@ -79,11 +81,11 @@ P = Permission
 # tests/integration/test_least_privilege.py checks both ways against what the demos call.
 PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.INTAKE_FROM_S3.construct_id: frozenset(
-        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS}
+        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.INTAKE_OBJECTS, P.READ_CATALOG}
     ),
     # A spec in an event has no object to read and its refusal goes in an event only.
     topology.INTAKE_FROM_EVENT.construct_id: frozenset(
-        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW}
+        {P.IDEMPOTENCY, P.PUBLISH, P.START_WORKFLOW, P.READ_CATALOG}
     ),
     # Enqueue completes its own task when the job was cancelled meanwhile.
     topology.ENQUEUE.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE}),
@@ -95,7 +97,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     ),
     # A job requeued past its execution's budget continues in a new execution
     # (domain/history.py).
-    topology.REQUEUE.construct_id: frozenset({P.PUBLISH, P.START_WORKFLOW}),
+    topology.REQUEUE.construct_id: frozenset({P.PUBLISH, P.START_WORKFLOW, P.READ_CATALOG}),
     # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
     # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
@@ -107,14 +109,17 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.TERMINATE,
             P.CAPACITY_MEMORY,
             P.CREATE_ALARMS,
+            P.READ_CATALOG,
         }
     ),
     # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/); an
     # elastic one is resized (its queue entry rewritten), a hot or leaking one alerted (SNS).
-    topology.METRIC_ALARM.construct_id: frozenset({P.PUBLISH, P.WRITE_RUNS, P.NOTIFY}),
+    topology.METRIC_ALARM.construct_id: frozenset(
+        {P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.READ_CATALOG}
+    ),
     topology.NODE_REPORT.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT}),
     topology.RELEASE.construct_id: frozenset(
-        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS}
+        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS, P.READ_CATALOG}
     ),
     # The reconciler also ends a run whose instance went away unheard (completing its waiting
     # task) and a live job whose lifecycle ended (what WorkflowEnded does, below).
@@ -138,6 +143,8 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.INSTANCE_EVENT.construct_id: frozenset(
         {P.TASK_RESPONSE, P.WRITE_RUNS, P.FIND_INSTANCES}
     ),
+    # Reads the region's prices and specs and writes the catalog the planners read.
+    topology.CATALOG_REFRESH.construct_id: frozenset({P.REFRESH_CATALOG}),
 }
 # The DynamoDB item operations each function makes, by table (Powertools' idempotency records
 # apart). No function scans; only intake creates a job (a conditional put); a Query on the jobs
@@ -449,6 +456,38 @@ class Functions(Construct):
                 )
             )
             wildcards.append(f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*")
+        if P.READ_CATALOG in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadRefreshedCatalog",
+                    actions=["s3:GetObject"],
+                    resources=[self._bucket.arn_for_objects(topology.CATALOG_KEY)],
+                )
+            )
+        if P.REFRESH_CATALOG in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="WriteRefreshedCatalog",
+                    actions=["s3:PutObject"],
+                    resources=[self._bucket.arn_for_objects(topology.CATALOG_KEY)],
+                )
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadPrices",
+                    actions=[
+                        "pricing:GetProducts",
+                        "ec2:DescribeInstanceTypes",
+                        "ec2:DescribeAvailabilityZones",
+                        "ec2:DescribeSpotPriceHistory",
+                    ],
+                    resources=["*"],
+                )
+            )
+            star_reasons.append(
+                "pricing:GetProducts, ec2:DescribeInstanceTypes, DescribeAvailabilityZones and "
+                "DescribeSpotPriceHistory (no resource-level permissions)"
+            )
         if P.LAUNCH_FLEET in grants:
             wildcards += self._grant_launch(role)
             star_reasons.append("ec2:Describe* (no resource-level permissions)")

@@ -49,6 +49,11 @@ RESOURCE_STAR_ACTIONS = {
     "logs:PutResourcePolicy",
     "logs:DescribeResourcePolicies",
     "logs:DescribeLogGroups",
+    # The catalog refresh's reads: neither the Price List nor these EC2 calls have resources.
+    "pricing:GetProducts",
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeAvailabilityZones",
+    "ec2:DescribeSpotPriceHistory",
 }
 
 
@@ -481,7 +486,17 @@ EXCLUSIVE_ACTIONS = {
     # Only the S3 path reads a spec object (the notified version); a spec in an event is
     # refused in an event. No function reads whatever version of an object is latest.
     "s3:GetObjectVersion": {"IntakeFromS3"},
-    "s3:GetObject": set(),
+    # The refreshed catalog, read by the functions that plan (never a spec: see above).
+    "s3:GetObject": {
+        "IntakeFromS3",
+        "IntakeFromEvent",
+        "Launch",
+        "Requeue",
+        "MetricAlarm",
+        "Release",
+    },
+    "pricing:GetProducts": {"CatalogRefresh"},
+    "ec2:DescribeSpotPriceHistory": {"CatalogRefresh"},
     "ec2:CreateFleet": {"Launch"},
     "ec2:RunInstances": {"Launch"},
     "iam:PassRole": {"Launch"},
@@ -561,6 +576,37 @@ def test_the_functions_that_may_alert_are_given_the_topic_and_only_they(synth: S
     }
     notifying = {cid for cid, grants in PERMISSIONS.items() if Permission.NOTIFY in grants}
     assert with_topic == notifying == {"Dispatch", "MetricAlarm"}
+
+
+def _statements_with(synth: Synth, construct_id: str, action: str) -> list[dict[str, Any]]:
+    role = synth.role_of_function(construct_id)
+    return [s for s in synth.statements_of_role(role) if action in synth.actions_of(s)]
+
+
+def test_the_refreshed_catalog_is_written_and_read_under_its_one_key(synth: Synth) -> None:
+    bucket = synth.ref_target(topology.ENV_INTAKE_BUCKET)
+    key = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, f"/{topology.CATALOG_KEY}"]]}
+    (write,) = _statements_with(synth, topology.CATALOG_REFRESH.construct_id, "s3:PutObject")
+    assert (synth.actions_of(write), synth.resources_of(write)) == (["s3:PutObject"], [key])
+    readers = EXCLUSIVE_ACTIONS["s3:GetObject"]
+    for reader in readers:
+        (read,) = _statements_with(synth, reader, "s3:GetObject")
+        assert (synth.actions_of(read), synth.resources_of(read)) == (["s3:GetObject"], [key])
+    # The refresh reads the APIs and writes its object, nothing else of the stack's.
+    refresh = synth.role_of_function(topology.CATALOG_REFRESH.construct_id)
+    actions = {a for st in synth.statements_of_role(refresh) for a in synth.actions_of(st)}
+    assert actions == {
+        "s3:PutObject",
+        "pricing:GetProducts",
+        "ec2:DescribeInstanceTypes",
+        "ec2:DescribeAvailabilityZones",
+        "ec2:DescribeSpotPriceHistory",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "xray:PutTraceSegments",
+        "xray:PutTelemetryRecords",
+        "sqs:SendMessage",
+    }
 
 
 def test_permission_table_matches_handlers() -> None:
@@ -939,18 +985,18 @@ def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth
     assert expressions == [
         "cron(0 22 * * ? *)",
         "cron(0 6 * * ? *)",
+        "rate(1 day)",
         "rate(1 minute)",
         "rate(5 minutes)",
     ]
+    other_targets = {
+        "rate(5 minutes)": synth.function_id(topology.RECONCILE.construct_id),
+        "rate(1 day)": synth.function_id(topology.CATALOG_REFRESH.construct_id),
+    }
     dispatch = synth.function_id(topology.DISPATCH.construct_id)
-    reconcile = synth.function_id(topology.RECONCILE.construct_id)
     for schedule in schedules.values():
         target = schedule["Properties"]["Target"]
-        expected = (
-            reconcile
-            if schedule["Properties"]["ScheduleExpression"] == "rate(5 minutes)"
-            else dispatch
-        )
+        expected = other_targets.get(schedule["Properties"]["ScheduleExpression"], dispatch)
         assert target["Arn"] == {"Fn::GetAtt": [expected, "Arn"]}
         assert "DeadLetterConfig" in target
 

@@ -167,6 +167,25 @@ _LOST_EVENTS_ONLY = {
     },
 }
 NOT_REACHED[topology.RECONCILE.construct_id].update(_LOST_EVENTS_ONLY)
+# Daily: no demo lasts a day. tests/integration/test_catalog_refresh.py runs it on the
+# embedded account and checks its calls against this role.
+NOT_REACHED[topology.CATALOG_REFRESH.construct_id] = {
+    "WriteRefreshedCatalog s3:PutObject": "the daily schedule (no demo lasts a day)",
+    "ReadPrices pricing:GetProducts": "as above",
+}
+# Each Lambda function reads the refreshed catalog when it first plans, once per process. The
+# embedded account runs every function in one process: the first to plan (intake) reads it.
+for _planner in (
+    topology.INTAKE_FROM_EVENT,
+    topology.LAUNCH,
+    topology.REQUEUE,
+    topology.METRIC_ALARM,
+    topology.RELEASE,
+):
+    NOT_REACHED.setdefault(_planner.construct_id, {})["ReadRefreshedCatalog s3:GetObject"] = (
+        "the embedded account's functions share one process, whose first plan (intake's) "
+        "read the catalog"
+    )
 
 
 def _arn(service: str, resource: str) -> str:
@@ -485,6 +504,8 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
         return _created_with_tags(call)
     if call.service == "ec2" and call.operation.startswith("Describe"):
         return [Request(call.action, "*")]  # EC2 has no resource-level permission for these
+    if call.action == "pricing:GetProducts":
+        return [Request(call.action, "*")]  # nor has the Price List API
     raise AssertionError(f"teach this test which resources IAM judges {call.action} on")
 
 

@@ -176,9 +176,9 @@ def test_the_expected_duration_and_its_source_are_shown(
 def test_a_refreshed_catalog_file_can_be_planned_against(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpufleet.domain.catalog import _bundled_text
+    from gpufleet.domain.catalog import bundled_document
 
-    document = json.loads(_bundled_text())
+    document = bundled_document()
     # Keep one type only: the plan must come from this file, not the bundled catalog.
     document["offerings"] = [o for o in document["offerings"] if o["instance_type"] == "g5.xlarge"]
     path = tmp_path / "catalog.json"

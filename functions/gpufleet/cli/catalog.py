@@ -16,23 +16,15 @@ Exit codes: 0 ok, 1 the APIs could not be read or gave no usable catalog, 2 bad 
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from gpufleet.cli.output import EXIT_UNEXPECTED, CliError, ErrorCode, invalid, print_json
-from gpufleet.domain.catalog import Catalog, CatalogError, load_bundled
-from gpufleet.domain.catalog_refresh import (
-    PRICING_ENDPOINT_REGION,
-    STD_REGION,
-    RefreshError,
-    RegionPages,
-    build_document,
-    dumps,
-)
+from gpufleet.domain.catalog import CatalogError, bundled_document, load_bundled
+from gpufleet.domain.catalog_refresh import STD_REGION, RefreshError, RegionPages, dumps
+from gpufleet.services.catalog_refresh import Fetch, refreshed_document
 
 DEFAULT_OUT = Path("catalog.json")
 
@@ -80,24 +72,14 @@ def _unusable(message: str) -> CliError:
     return CliError(message, ErrorCode.AWS_ERROR, exit_code=EXIT_UNEXPECTED)
 
 
-def bundled_document() -> dict[str, Any]:
-    text = resources.files("gpufleet").joinpath("catalog/catalog.json").read_text("utf-8")
-    doc: dict[str, Any] = json.loads(text)
-    return doc
-
-
 # --- refresh ----------------------------------------------------------------------------------
-
-Fetch = Callable[[Sequence[str], datetime], list[RegionPages]]
 
 
 def aws_fetch(regions: Sequence[str], at: datetime) -> list[RegionPages]:
     """Read the APIs with the default credentials (boto3 stays in the adapters)."""
-    from gpufleet.adapters.aws.catalog_source import CatalogSource
-    from gpufleet.adapters.aws.runtime import client
+    from gpufleet.adapters.aws.catalog_source import fetch_with_default_clients
 
-    source = CatalogSource(lambda r: client("ec2", r), client("pricing", PRICING_ENDPOINT_REGION))
-    return source.fetch(regions, at=at)
+    return fetch_with_default_clients(regions, at)
 
 
 def refresh(
@@ -108,14 +90,9 @@ def refresh(
     previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A refreshed catalog document, checked to load. Raises RefreshError or CatalogError."""
-    pages = fetch(regions, now)
-    doc = build_document(
-        pages,
-        fetched=now.astimezone(UTC).date(),
-        previous=bundled_document() if previous is None else previous,
+    return refreshed_document(
+        fetch(regions, now), now=now, previous=bundled_document() if previous is None else previous
     )
-    Catalog.from_document(doc)
-    return doc
 
 
 def run_refresh(args: argparse.Namespace) -> int:
@@ -142,8 +119,8 @@ def run_refresh(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({summary['bytes'] / 1024:.0f} KiB)")
         print(render(summary))
         print(
-            "not loaded by gpufleet yet: the bundled catalog "
-            "(functions/gpufleet/catalog/catalog.json) is unchanged"
+            "the bundled catalog (functions/gpufleet/catalog/catalog.json) is unchanged; a "
+            "deployed stack refreshes its own daily (CatalogRefresh)"
         )
     return 0
 

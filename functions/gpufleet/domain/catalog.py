@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal, get_args
@@ -305,11 +306,64 @@ def _build_index(region: str, offerings: list[Offering]) -> RegionIndex:
     )
 
 
-def _bundled_text() -> str:
-    return resources.files("gpufleet").joinpath("catalog/catalog.json").read_text("utf-8")
+def bundled_document() -> dict[str, Any]:
+    """The bundled snapshot as its JSON document (a fresh copy each call)."""
+    text = resources.files("gpufleet").joinpath("catalog/catalog.json").read_text("utf-8")
+    document: dict[str, Any] = json.loads(text)
+    return document
 
 
 @lru_cache(maxsize=1)
 def load_bundled() -> Catalog:
     """The catalog snapshot shipped in the package (parsed once per process)."""
-    return Catalog.from_document(json.loads(_bundled_text()))
+    return Catalog.from_document(bundled_document())
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogChoice:
+    """The catalog a deployment plans with, and why that one (said once in the log)."""
+
+    catalog: Catalog
+    source: Literal["refreshed", "bundled"]
+    reason: str
+
+
+def choose_catalog(
+    refreshed: Mapping[str, Any] | None,
+    *,
+    region: str,
+    today: date,
+    max_age_days: int,
+    bundled: Catalog,
+    absent_reason: str = "no refreshed catalog",
+) -> CatalogChoice:
+    """The refreshed catalog document when it loads, prices `region` and was read from the AWS
+    APIs at most `max_age_days` before `today`; else the bundled snapshot, with the reason.
+
+    A stale refresh is refused rather than trusted: prices that stopped being refreshed are
+    no better than the bundled ones, and the bundled ones are reviewed.
+    """
+    if refreshed is None:
+        return CatalogChoice(bundled, "bundled", absent_reason)
+    try:
+        catalog = Catalog.from_document(refreshed)
+    except (CatalogError, KeyError, TypeError, ValueError) as exc:
+        return CatalogChoice(bundled, "bundled", f"refreshed catalog does not load: {exc}")
+    try:
+        generated = date.fromisoformat(str(catalog.generated))
+    except ValueError:
+        return CatalogChoice(
+            bundled, "bundled", f"refreshed catalog has no date: {catalog.generated!r}"
+        )
+    age = (today - generated).days
+    if age > max_age_days:
+        return CatalogChoice(
+            bundled,
+            "bundled",
+            f"refreshed catalog of {generated} is {age} days old (more than {max_age_days})",
+        )
+    if age < 0:
+        return CatalogChoice(bundled, "bundled", f"refreshed catalog is dated ahead: {generated}")
+    if not catalog.offerings(region):
+        return CatalogChoice(bundled, "bundled", f"refreshed catalog has no offering in {region}")
+    return CatalogChoice(catalog, "refreshed", f"refreshed catalog of {generated}")

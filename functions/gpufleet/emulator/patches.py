@@ -7,10 +7,10 @@ Powertools) no longer has what a patch replaces, and `install` refuses to start 
 
 Everything else the account adds goes through seams: botocore's event system (handlers added to
 `botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups,
-EC2's launch rules, CloudWatch's alarm windows, Lambda's account settings, the faults of a chaos
-run, and the `Recorder` of who called); the control
-plane's port for sessions (`runtime.use_sessions`: sessions that share one loader of the
-service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
+EC2's launch rules, CloudWatch's alarm windows, Lambda's account settings, the Price List API,
+the faults of a chaos run, and the `Recorder` of who called); the control plane's port for
+sessions (`runtime.use_sessions`: sessions that share one loader of the service models, see
+`sessions`); the AWS APIs themselves (the stack's resources, routed as
 `topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
 schedules, alarms). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
@@ -499,7 +499,13 @@ def install(
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
     stores a handler's output; heartbeat timeouts are counted on `clock`."""
     from gpufleet.adapters.aws import runtime
-    from gpufleet.emulator import account_baseline, cloudwatch_rules, executions, loopback
+    from gpufleet.emulator import (
+        account_baseline,
+        cloudwatch_rules,
+        executions,
+        loopback,
+        pricing,
+    )
     from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.placement_groups import PlacementGroups
     from gpufleet.emulator.sessions import SessionsSharingModels
@@ -530,12 +536,13 @@ def install(
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
         # CloudWatch's alarm windows likewise (`cloudwatch_rules`), and what moto lacks of
-        # Lambda's account settings (`account_baseline`).
+        # Lambda's account settings (`account_baseline`), and the Price List API (`pricing`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),
             *cloudwatch_rules.hooks(),
             *account_baseline.hooks(),
+            *pricing.hooks(),
             *recorder.hooks(),
         ]
         for hook in hooks:

@@ -21,7 +21,8 @@ class ScheduleRunner(Ticker):
 
     def tick(self) -> None:
         for schedule in topology.SCHEDULES:
-            # rate(5 minutes) fires every fifth tick: a minute of AWS is a tick here.
+            # rate(5 minutes) fires every fifth tick, rate(1 day) every 1440th: a minute of AWS
+            # is a tick here.
             if self.ticks % _minutes(schedule.expression):
                 continue
             arn = self._account.function_arns[schedule.target_function]
@@ -31,6 +32,10 @@ class ScheduleRunner(Ticker):
                 invoke_async(ACCOUNT_ID, arn, event)
 
 
+_MINUTES_PER_UNIT = {"minute": 1, "hour": 60, "day": 1440}
+
+
 def _minutes(expression: str) -> int:
-    match = re.fullmatch(r"rate\((\d+) minutes?\)", expression)
-    return int(match.group(1)) if match else 1
+    """The period of a `rate(N unit)` expression in minutes (cron: every minute)."""
+    match = re.fullmatch(r"rate\((\d+) (minute|hour|day)s?\)", expression)
+    return int(match.group(1)) * _MINUTES_PER_UNIT[match.group(2)] if match else 1

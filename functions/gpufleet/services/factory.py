@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gpufleet.domain.catalog import Catalog, InstanceType
     from gpufleet.domain.config import Reservation
     from gpufleet.domain.duration import DurationEstimate
     from gpufleet.domain.planning import LaunchPlan
@@ -67,10 +69,22 @@ def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService)
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
     from gpufleet.domain.catalog import load_bundled
     from gpufleet.domain.planning import plan_launch
+    from gpufleet.services.catalog import current_catalog
     from gpufleet.services.lifecycle import LifecycleService
     from gpufleet.services.lifecycle_base import LifecyclePolicy
 
-    catalog = load_bundled()
+    bundled = load_bundled()
+
+    @cache
+    def catalog() -> Catalog:
+        # Read when first planned with, not at cold start: most events plan nothing.
+        return current_catalog(
+            ports.objects,
+            ports.clock,
+            region=settings.region,
+            max_age_days=settings.catalog_max_age_days,
+        ).catalog
+
     bootable = settings.bootable
 
     def planner(
@@ -83,7 +97,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
     ) -> LaunchPlan:
         return plan_launch(
             spec,
-            catalog,
+            catalog(),
             settings.region,
             max_launch_attempts=settings.max_launch_attempts,
             retry_wait_seconds=settings.retry_wait_seconds,
@@ -96,13 +110,22 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
             observed_hazard=observed_hazard,
         )
 
+    def instance_type_of(name: str) -> InstanceType:
+        # Specs do not move with prices: the bundled snapshot answers for the types it knows,
+        # so settling a run never reads the bucket; a type only a refresh added is looked up
+        # in the catalog it was planned from.
+        try:
+            return bundled.instance_type(name)
+        except KeyError:
+            return catalog().instance_type(name)
+
     policy = LifecyclePolicy(
         region=settings.region,
         capacity_memory_seconds=settings.capacity_memory_seconds,
         reservations=tuple(settings.config.reservations),
         max_interruptions=settings.max_interruptions,
-        gpu_memory_of=lambda name: catalog.instance_type(name).gpu_memory_gib,
-        instance_type_of=catalog.instance_type,
+        gpu_memory_of=lambda name: instance_type_of(name).gpu_memory_gib,
+        instance_type_of=instance_type_of,
         data_bucket=settings.intake_bucket,
         data_sources=settings.config.data,
         metrics=settings.config.metrics,

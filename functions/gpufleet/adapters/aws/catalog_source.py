@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.domain.catalog_refresh import (
+    PRICING_ENDPOINT_REGION,
     SPOT_PRODUCT_DESCRIPTION,
     RegionPages,
     is_catalog_type,
@@ -78,3 +79,12 @@ class CatalogSource:
             spot_price_history=spot_pages,
             products=products,
         )
+
+
+def fetch_with_default_clients(regions: Sequence[str], at: datetime) -> list[RegionPages]:
+    """Read the APIs with the runtime's clients (default credentials; the Price List from
+    its us-east-1 endpoint, which answers for every region)."""
+    from gpufleet.adapters.aws.runtime import client
+
+    source = CatalogSource(lambda r: client("ec2", r), client("pricing", PRICING_ENDPOINT_REGION))
+    return source.fetch(regions, at=at)
