@@ -6,6 +6,7 @@ rules."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -25,6 +26,23 @@ from gpufleet.domain.spec import (
 )
 from gpufleet.domain.templates import apply_template
 from tests.spec_strategies import SPECS
+
+
+class _Yaml12Dumper(yaml.SafeDumper):
+    """PyYAML's writer, quoting what YAML 1.2 (and so the spec's loader) reads as a number but
+    YAML 1.1 does not: an exponent without a dot ('0E0'), which PyYAML would write plain."""
+
+
+_Yaml12Dumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^-?(?:0|[1-9][0-9]*)[eE][-+]?[0-9]+$"),
+    list("-0123456789"),
+)
+
+
+def _yaml(document: dict[str, Any], **options: Any) -> str:
+    return yaml.dump(document, Dumper=_Yaml12Dumper, **options)
+
 
 HEAD = "name: a\nteam: t\nimage: img\ncommand: [x]\n"
 VALID: dict[str, Any] = {"name": "a", "team": "t", "image": "img", "command": ["x"]}
@@ -107,13 +125,13 @@ def test_a_spec_means_the_same_in_yaml_json_and_its_stored_form(document: dict[s
         return
     notations = [
         json.dumps(document),
-        yaml.safe_dump(document),
-        yaml.safe_dump(document, default_flow_style=True),  # starts with "{", and is no JSON
+        _yaml(document),
+        _yaml(document, default_flow_style=True),  # starts with "{", and is no JSON
         spec.stored_form(),
     ]
     # PyYAML writes YAML's own line breaks raw when allowed unicode, where YAML folds them.
     if not any(char in json.dumps(document) for char in ("\\u0085", "\\u2028", "\\u2029")):
-        notations.append(yaml.safe_dump(document, allow_unicode=True))
+        notations.append(_yaml(document, allow_unicode=True))
     for notation in notations:
         assert parse_spec(notation) == spec
     assert JobSpec.model_validate(json.loads(spec.stored_form())) == spec

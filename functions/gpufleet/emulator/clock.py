@@ -25,6 +25,7 @@ meanwhile, never faster than real time), and the timestamps AWS and the control 
 from __future__ import annotations
 
 import logging
+import selectors
 import subprocess
 import sys
 import threading
@@ -35,6 +36,9 @@ from types import FrameType
 from typing import Protocol
 
 from gpufleet.agent.docker import relay
+
+# Where a thread's innermost frame says it waits: for another thread, or for a real process.
+_OUTSIDE_FILES = frozenset({threading.__file__, subprocess.__file__, selectors.__file__})
 
 _LOG = logging.getLogger(__name__)
 
@@ -161,17 +165,12 @@ class PacedClock:
 
 def _waits_outside_the_account(frame: FrameType) -> bool:
     """Whether the thread whose innermost frame this is waits for another thread (in
-    `threading`) or for a real process: anywhere inside `subprocess` (waiting for a child, or
-    reading its pipes), or in the agent's relay of a container's output (blocked reading it;
-    a line it hands on runs in deeper frames, which count as working)."""
-    if frame.f_code.co_filename == threading.__file__ or frame.f_code is relay.__code__:
-        return True
-    outer: FrameType | None = frame
-    while outer is not None:
-        if outer.f_code.co_filename == subprocess.__file__:
-            return True
-        outer = outer.f_back
-    return False
+    `threading`) or for a real process: in `subprocess` (waiting for a child) or `selectors`
+    (reading a child's pipes: nothing else of the account uses them), or in the agent's relay of
+    a container's output (blocked reading it; a line it hands on runs in deeper frames, which
+    count as working). Only the innermost frame is read: walking `f_back` of a running thread's
+    frames can crash the interpreter (CPython 3.11)."""
+    return frame.f_code is relay.__code__ or frame.f_code.co_filename in _OUTSIDE_FILES
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from botocore.awsrequest import AWSResponse
 
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.catalog_refresh import PRICING_ENDPOINT_REGION
+from gpufleet.errors import RefusedInput
 
 _PAGE_SIZE = 100
 # The attributes every catalog product carries (Linux, shared tenancy, no licensed software).
@@ -33,7 +34,7 @@ _ATTRIBUTES = {
 }
 
 
-class PricingRefused(ValueError):
+class PricingRefused(RefusedInput):
     """A request the Price List API refuses (its InvalidParameterException)."""
 
 
