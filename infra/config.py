@@ -204,17 +204,11 @@ class GpuFleetConfig:
 
     @staticmethod
     def check_stack_name(name: str) -> None:
-        """A name CloudFormation takes whose alarms (`<stack name>-<alarm>`) the GpuAlarmRule does
-        not mistake for per-job GPU alarms (it hands those named `gpufleet-...` to MetricAlarm)."""
+        """A name CloudFormation takes."""
         if not _STACK_NAME.match(name) or len(name) > MAX_STACK_NAME:
             raise ConfigError(
                 f"stack_name {name!r} must start with a letter, hold only letters, digits and "
                 f"hyphens, and be at most {MAX_STACK_NAME} characters"
-            )
-        if f"{name}-".startswith(topology.ALARM_PREFIX):
-            raise ConfigError(
-                f"stack_name {name!r}: its alarm names would start with {topology.ALARM_PREFIX!r}, "
-                "which the per-job GPU alarms use"
             )
 
     def validate(self) -> None:

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.history import execution_name
 from gpufleet.domain.job import Job, JobChanges, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the queue's port
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
-from gpufleet.domain.spec import JobSpec, Priority
+from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
+from gpufleet.domain.spec import Priority
 from gpufleet.errors import NotFound, RefusedInput
 
 
@@ -237,12 +237,11 @@ class JobQueue(Protocol):
         ...
 
 
-class JobAlarms(Protocol):
-    def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
-        """The alarms of a job with this (effective) spec, on what its nodes publish."""
+class JobMetrics(Protocol):
+    def read(self, batch: MetricBatch) -> dict[SeriesQuery, Series]:
+        """The series of one batch (one GetMetricData call) over its window; a series with no
+        data in it may be left out."""
         ...
-
-    def delete(self, job_id: str) -> None: ...
 
 
 class Notifier(Protocol):
@@ -398,5 +397,5 @@ class Ports:
     fleet: Fleet
     capacity: CapacityMemory
     queue: JobQueue
-    alarms: JobAlarms
+    metrics: JobMetrics
     notifier: Notifier

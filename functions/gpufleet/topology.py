@@ -108,7 +108,7 @@ WARM_CLAIMED = "claimed"
 # The warm pool's claims live in the queue table under this partition key.
 WARM_POOL_PARTITION = "warm"
 
-# What node agents publish per job (namespace, metric, dimension), and the alarms on it.
+# What node agents publish per job (namespace, metric, dimension), which MetricWatch reads.
 METRICS_NAMESPACE = "GpuFleet/Jobs"
 GPU_UTILIZATION_METRIC = "GpuUtilization"
 GPU_TEMPERATURE_METRIC = "GpuTemperature"
@@ -118,8 +118,6 @@ GPU_MEMORY_METRIC = "GpuMemoryUsed"  # MiB used on the node's GPUs together
 # The node agent's own metrics: a job's code cannot publish under these names.
 AGENT_METRICS = frozenset({GPU_UTILIZATION_METRIC, GPU_TEMPERATURE_METRIC, GPU_MEMORY_METRIC})
 JOB_DIMENSION = "JobId"
-ALARM_PREFIX = "gpufleet-"
-DETAIL_ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 
 INTAKE_PREFIX = "jobs/"
 # The refreshed catalog in the stack's bucket: written daily by CatalogRefresh, read (once per
@@ -242,7 +240,6 @@ LAUNCH = Function(
     "Launch",
     "gpufleet.handlers.on_launch.handler",
     "Launches a job's nodes with CreateFleet; the workflow then waits for their report",
-    # A burst of launches waits for CloudWatch's 3 alarms a second (`adapters.aws.alarms`).
     timeout_seconds=90,
 )
 ENQUEUE = Function(
@@ -266,10 +263,13 @@ NODE_REPORT = Function(
     "gpufleet.handlers.on_node_report.handler",
     "Takes the node agent's start, heartbeat and finish reports",
 )
-METRIC_ALARM = Function(
-    "MetricAlarm",
-    "gpufleet.handlers.on_metric_alarm.handler",
-    "Acts on the GPU utilization alarms of running jobs",
+METRIC_WATCH = Function(
+    "MetricWatch",
+    "gpufleet.handlers.on_metric_watch.handler",
+    "Reads every running job's GPU metrics each minute and acts on idle, hot, leaking or busy",
+    # 10,000 running jobs: the jobs read, about 60 GetMetricData calls and the actions due.
+    timeout_seconds=120,
+    memory_mb=1024,
 )
 RECONCILE = Function(
     "Reconcile",
@@ -286,7 +286,6 @@ RELEASE = Function(
     "Release",
     "gpufleet.handlers.on_release.handler",
     "Terminates every instance of a job; requeues it, or records its final status and cost",
-    # A burst of releases waits for CloudWatch's 3 DeleteAlarms a second, as launches do.
     timeout_seconds=90,
 )
 WORKFLOW_ENDED = Function(
@@ -311,7 +310,7 @@ FUNCTIONS: tuple[Function, ...] = (
     REQUEUE,
     NODE_REPORT,
     INSTANCE_EVENT,
-    METRIC_ALARM,
+    METRIC_WATCH,
     RECONCILE,
     RELEASE,
     WORKFLOW_ENDED,
@@ -362,17 +361,6 @@ RULES: tuple[Rule, ...] = (
         on_default_bus=True,
     ),
     Rule(
-        construct_id="GpuAlarmRule",
-        description="GPU utilization alarms of gpufleet jobs going off",
-        pattern={
-            "source": ["aws.cloudwatch"],
-            "detail-type": [DETAIL_ALARM_STATE_CHANGE],
-            "detail": {"alarmName": [{"prefix": ALARM_PREFIX}], "state": {"value": ["ALARM"]}},
-        },
-        target_function=METRIC_ALARM.construct_id,
-        on_default_bus=True,
-    ),
-    Rule(
         construct_id="WorkflowEndedRule",
         description="Job lifecycles that failed, timed out or were stopped",
         pattern={
@@ -395,6 +383,13 @@ SCHEDULES: tuple[Schedule, ...] = (
         description="Admission pass every minute",
         expression="rate(1 minute)",
         target_function=DISPATCH.construct_id,
+    ),
+    # Every running job's metrics against its alarms (one period of the agent's samples).
+    Schedule(
+        construct_id="MetricWatchSchedule",
+        description="Evaluate the metric alarms of every running job",
+        expression="rate(1 minute)",
+        target_function=METRIC_WATCH.construct_id,
     ),
     Schedule(
         construct_id="ReconcileSchedule",
@@ -462,7 +457,7 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     WORKFLOW_ENDED.construct_id: (ENV_STATE_MACHINE,),
     # Past its execution's budget, a requeued job continues in a new execution.
     REQUEUE.construct_id: (ENV_STATE_MACHINE,),
-    METRIC_ALARM.construct_id: (ENV_NOTIFY_TOPIC,),
+    METRIC_WATCH.construct_id: (ENV_NOTIFY_TOPIC,),
     # Budgets reached (a job's, a team's month) are told to the operators.
     DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),
 }

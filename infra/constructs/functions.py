@@ -66,8 +66,7 @@ class Permission(enum.Enum):
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
-    CREATE_ALARMS = "create the per-job GPU alarms (named gpufleet-*)"
-    DELETE_ALARMS = "delete the per-job GPU alarms (named gpufleet-*)"
+    READ_METRICS = "read the running jobs' GPU metrics (cloudwatch:GetMetricData)"
     NOTIFY = "publish alerts to the stack's SNS topic"
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
@@ -108,18 +107,18 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.LAUNCH_FLEET,
             P.TERMINATE,
             P.CAPACITY_MEMORY,
-            P.CREATE_ALARMS,
             P.READ_CATALOG,
         }
     ),
-    # An idle job is flagged (an event) and, per its policy, asked to checkpoint (runs/); an
-    # elastic one is resized (its queue entry rewritten), a hot or leaking one alerted (SNS).
-    topology.METRIC_ALARM.construct_id: frozenset(
-        {P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.READ_CATALOG}
+    # Reads the running jobs' metrics; an idle job is flagged (an event) and, per its policy,
+    # asked to checkpoint (runs/); an elastic one is resized (its queue entry rewritten), a hot
+    # or leaking one alerted (SNS).
+    topology.METRIC_WATCH.construct_id: frozenset(
+        {P.READ_METRICS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.READ_CATALOG}
     ),
     topology.NODE_REPORT.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT}),
     topology.RELEASE.construct_id: frozenset(
-        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS, P.READ_CATALOG}
+        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.READ_CATALOG}
     ),
     # The reconciler also ends a run whose instance went away unheard (completing its waiting
     # task) and a live job whose lifecycle ended (what WorkflowEnded does, below).
@@ -130,14 +129,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.READ_WORKFLOWS,
             P.TASK_RESPONSE,
             P.PUBLISH,
-            P.DELETE_ALARMS,
         }
     ),
-    # Ends the job its lifecycle left: what Release does (instances, alarms, placement group,
+    # Ends the job its lifecycle left: what Release does (instances, placement group,
     # the queue's entry and share, the final status and its event).
-    topology.WORKFLOW_ENDED.construct_id: frozenset(
-        {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.DELETE_ALARMS}
-    ),
+    topology.WORKFLOW_ENDED.construct_id: frozenset({P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS}),
     # Interruption warnings: ask the node to checkpoint (control object under runs/); an
     # instance that went away ends the run (completing the waiting task).
     topology.INSTANCE_EVENT.construct_id: frozenset(
@@ -160,8 +156,9 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
     topology.REQUEUE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
     topology.LAUNCH.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
-    # An elastic resize is judged by planning the new shape, as `gpufleet resize` is.
-    topology.METRIC_ALARM.construct_id: frozenset(
+    # Lists the running jobs and records their alarms' state; an elastic resize is judged by
+    # planning the new shape, as `gpufleet resize` is.
+    topology.METRIC_WATCH.construct_id: frozenset(
         {"GetItem", "UpdateItem", "ConditionCheckItem", _PLANS}
     ),
     topology.NODE_REPORT.construct_id: frozenset({"GetItem", "UpdateItem"}),
@@ -187,7 +184,7 @@ QUEUE_ACCESS: dict[str, frozenset[str]] = {
     ),
     # A resized job waiting in the queue is found (its locator, its entry), taken out and
     # enqueued again.
-    topology.METRIC_ALARM.construct_id: frozenset(
+    topology.METRIC_WATCH.construct_id: frozenset(
         {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
     ),
     # Frees the job's share: its running entry, then a transaction of Delete and Updates.
@@ -208,8 +205,6 @@ QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
 _ACTION_OF = {
     P.TASK_RESPONSE: "states:SendTaskSuccess",
     P.TASK_HEARTBEAT: "states:SendTaskHeartbeat",
-    P.CREATE_ALARMS: "cloudwatch:PutMetricAlarm",
-    P.DELETE_ALARMS: "cloudwatch:DeleteAlarms",
 }
 
 
@@ -560,26 +555,15 @@ class Functions(Construct):
                     resources=[self._alerts.key.key_arn],
                 )
             )
-        alarm_actions = _actions_for(grants, P.CREATE_ALARMS, P.DELETE_ALARMS)
-        if alarm_actions:
+        if P.READ_METRICS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
-                    sid="JobAlarms",
-                    actions=alarm_actions,
-                    resources=[
-                        self._stack.format_arn(
-                            service="cloudwatch",
-                            resource="alarm",
-                            resource_name=f"{topology.ALARM_PREFIX}*",
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                        )
-                    ],
+                    sid="ReadJobMetrics",
+                    actions=["cloudwatch:GetMetricData"],
+                    resources=["*"],
                 )
             )
-            wildcards.append(
-                f"arn:<AWS::Partition>:cloudwatch:<AWS::Region>:<AWS::AccountId>:alarm:"
-                f"{topology.ALARM_PREFIX}*"
-            )
+            star_reasons.append("cloudwatch:GetMetricData (no resource-level permissions)")
         if P.PLACEMENT_GROUPS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

@@ -135,7 +135,6 @@ class Operations(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self._alarm_prefix = f"{stack.stack_name}-"
-        GpuFleetConfig.check_stack_name(stack.stack_name)  # ours are no per-job alarms
         self._action = cloudwatch_actions.SnsAction(alerts)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         hot = fleet_config.metrics.hot_temperature_celsius

@@ -1,33 +1,35 @@
-"""What a running job's metric alarms do, against the in-memory adapters."""
+"""What a running job's metric alarms do, and the MetricWatch pass that decides when they go
+off, against the in-memory adapters."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, cast
 
-from gpufleet.adapters.aws.alarms import parse_alarm_name
 from gpufleet.adapters.local.memory import (
+    InMemoryMetrics,
     InMemoryObjects,
     RecordingNotifier,
     RecordingPublisher,
     RecordingWorkflow,
 )
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.scaling import AlarmKind
+from gpufleet.domain.scaling import AlarmKind, SeriesQuery
 from gpufleet.domain.settlement import MEMORY_LEAK, RESIZED
-from gpufleet.handlers.models import AlarmEvent
 from gpufleet.services.actions import MetricActions
-from gpufleet.services.factory import build_actions, build_lifecycle
+from gpufleet.services.factory import build_actions, build_lifecycle, build_metric_watch
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import control_key
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import WorkflowState
-from gpufleet.topology import DETAIL_JOB_SCALED
+from gpufleet.topology import (
+    DETAIL_JOB_FLAGGED,
+    DETAIL_JOB_SCALED,
+    GPU_MEMORY_METRIC,
+    GPU_UTILIZATION_METRIC,
+)
 from tests.helpers import intake_for, local_ports, make_settings, plan_of
 
 SETTINGS = make_settings()
-EVENTS = Path(__file__).resolve().parents[2] / "events"
 ELASTIC = "resources: {gpus: 1, nodes: 2, elastic: {min_nodes: 1, max_nodes: 4}}\n"
 
 
@@ -158,9 +160,53 @@ def test_a_memory_leak_alerts_flags_and_restarts_the_job_as_a_retry() -> None:
     assert job.job().drain_reason is None
 
 
-def test_a_real_shaped_leak_alarm_event_names_its_job_and_kind() -> None:
-    document = json.loads((EVENTS / "aws" / "cloudwatch-alarm-memory-leak.json").read_text())
-    event = AlarmEvent.model_validate(document)
-    assert event.detail.state.value == "ALARM"
-    assert parse_alarm_name(event.detail.alarmName) == ("j-0123456789abcdef0123", AlarmKind.LEAK)
-    assert parse_alarm_name("gpufleet-j-0123456789abcdef0123-unknown") is None
+def publish(job: Running, metric: str, statistic: str, values: list[float]) -> None:
+    """One point a period of the default policy (60 s), the last in the period now ending."""
+    now = job.ports.clock.now()
+    first = now - len(values) * 60
+    cast(InMemoryMetrics, job.ports.metrics).series[
+        SeriesQuery(job.job_id, metric, statistic, 60)
+    ] = [(first + index * 60, value) for index, value in enumerate(values)]
+
+
+def test_the_watch_acts_on_an_alarm_once_it_goes_off_and_not_again_while_it_stays() -> None:
+    job = Running()
+    watch = build_metric_watch(job.ports, SETTINGS, job.lifecycle)
+    assert watch.run().fired == {}  # no data: nothing breaches
+    publish(job, GPU_UTILIZATION_METRIC, "Average", [5.0] * 30)
+    first = watch.run()
+    assert first.fired == {job.job_id: ["idle"]} and first.jobs == 1
+    assert job.job().flags == ["low-utilization"] and job.job().alarming == [AlarmKind.IDLE]
+    flagged = cast(RecordingPublisher, job.ports.events).of_type(DETAIL_JOB_FLAGGED)
+    # Run again on the same data (a schedule delivered twice, or still idle): no second action.
+    assert watch.run().fired == {}
+    assert cast(RecordingPublisher, job.ports.events).of_type(DETAIL_JOB_FLAGGED) == flagged
+    # Busy again: the alarm clears, and acts once more if the job idles again.
+    publish(job, GPU_UTILIZATION_METRIC, "Average", [50.0] * 30)
+    assert watch.run().fired == {} and job.job().alarming == []
+    publish(job, GPU_UTILIZATION_METRIC, "Average", [5.0] * 30)
+    assert watch.run().fired == {job.job_id: ["idle"]}
+
+
+def test_a_relaunched_job_starts_its_alarms_afresh() -> None:
+    job = Running("max_retries: 2\n")
+    watch = build_metric_watch(job.ports, SETTINGS, job.lifecycle)
+    publish(job, GPU_MEMORY_METRIC, "Maximum", [1000.0 + 10 * i for i in range(16)])
+    assert watch.run().fired == {job.job_id: ["leak"]}
+    assert job.job().drain_reason == MEMORY_LEAK
+    assert job.finish_run()["requeue"] is True
+    job.lifecycle.requeue(job.job_id)
+    job.start("token-2")
+    assert job.job().alarming == []  # the new run's alarms have not gone off
+    assert watch.run().fired == {job.job_id: ["leak"]}  # it leaks again: restarted again
+    assert job.job().retries == 1 and job.job().drain_reason == MEMORY_LEAK
+
+
+def test_a_pass_reads_a_jobs_three_series_in_one_call() -> None:
+    job = Running()
+    result = build_metric_watch(job.ports, SETTINGS, job.lifecycle).run()
+    assert result.jobs == 1 and result.calls == 1
+    [batch] = cast(InMemoryMetrics, job.ports.metrics).batches
+    assert {q.job_id for q in batch.queries} == {job.job_id}
+    # Utilization (idle), temperature (hot), memory (leak), over the longest window (idle's).
+    assert len(batch.queries) == 3 and batch.end - batch.start == 30 * 60

@@ -1,5 +1,6 @@
 """Metric-driven decisions, pure: elastic shapes and their bounds, the alarms a job gets, the
-warm pool's top-up and release, and how the emulator evaluates a leak (DIFF) alarm."""
+warm pool's top-up and release, when an alarm goes off (a leak's: a DIFF), and how the
+running jobs' series are read in GetMetricData's limits."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ import pytest
 from pydantic import ValidationError
 
 from gpufleet.domain.config import FleetConfig, MetricPolicy, WarmPool
-from gpufleet.domain.scaling import AlarmKind, Comparison, job_alarm_rules, scaled_in, scaled_out
+from gpufleet.domain.scaling import (
+    MAX_DATAPOINTS_PER_CALL,
+    MAX_QUERIES_PER_CALL,
+    AlarmEvaluation,
+    AlarmKind,
+    AlarmRule,
+    Comparison,
+    SeriesQuery,
+    breaching,
+    evaluate_alarms,
+    job_alarm_rules,
+    metric_batches,
+    scaled_in,
+    scaled_out,
+    series_query,
+    watched_series,
+)
 from gpufleet.domain.spec import Elastic, JobSpec, Resources, SpecError, parse_spec
 from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
-from gpufleet.emulator.alarms import breaching, diff
 from gpufleet.topology import GPU_MEMORY_METRIC, GPU_UTILIZATION_METRIC
 
 ELASTIC = Elastic(min_nodes=1, max_nodes=4)
@@ -190,9 +206,17 @@ def test_a_pool_out_of_demand_releases_what_waited_a_ttl_and_adds_nothing() -> N
     assert later.release == ["i-new", "i-old"]
 
 
-def test_diff_is_the_change_from_each_period_to_the_next() -> None:
-    assert diff([100.0, 150.0, 150.0, 400.0]) == [50.0, 0.0, 250.0]
-    assert diff([5.0]) == []
+NOW = 100_000.0
+PERIOD = 60
+LEAK = AlarmRule(
+    AlarmKind.LEAK, "leak", GPU_MEMORY_METRIC, "Maximum", Comparison.ABOVE, 1.0, 3, PERIOD, True
+)
+
+
+def points(values: list[float], now: float = NOW) -> list[tuple[float, float]]:
+    """One point a period, the last in the period that ends at `now`."""
+    first = now - len(values) * PERIOD
+    return [(first + index * PERIOD, value) for index, value in enumerate(values)]
 
 
 @pytest.mark.parametrize(
@@ -202,9 +226,75 @@ def test_diff_is_the_change_from_each_period_to_the_next() -> None:
         ([1000, 1100, 1100, 1400], False),  # flat for a period: no leak
         ([1000, 1400, 1300, 1500], False),  # freed some
         ([1000, 1100, 1200], False),  # not enough data yet: missing data is not breaching
+        ([900, 1000, 1100, 1200, 1200], False),  # the last period counts, not older growth
     ],
 )
 def test_a_leak_alarm_breaches_only_on_growth_in_every_period(
     memory: list[float], breaches: bool
 ) -> None:
-    assert breaching(diff(memory), Comparison.ABOVE.value, 1.0, periods=3) is breaches
+    assert breaching(LEAK, points(memory), NOW) is breaches
+
+
+def test_an_alarm_needs_every_one_of_its_last_periods_to_breach() -> None:
+    idle = next(r for r in job_alarm_rules(spec(), MetricPolicy(low_utilization_periods=3)))
+    assert idle.kind is AlarmKind.IDLE
+    assert breaching(idle, points([5, 5, 5]), NOW)
+    assert not breaching(idle, points([5, 50, 5]), NOW)
+    # A period without data inside the window (a checkpoint, a reboot) is not breaching.
+    gap = points([5, 5, 5])
+    assert not breaching(idle, gap[:1] + gap[2:], NOW)
+    # Data older than the window does not count.
+    assert not breaching(idle, points([5, 5, 5], now=NOW - 3 * PERIOD), NOW)
+
+
+def series_of(job_id: str, rules: tuple[AlarmRule, ...], metric: str, values: list[float]):
+    [query] = {series_query(job_id, r) for r in rules if r.metric == metric}
+    return {query: points(values)}
+
+
+def test_an_alarm_acts_once_when_it_goes_off_and_again_only_after_it_cleared() -> None:
+    rules = job_alarm_rules(spec(), MetricPolicy(low_utilization_periods=3))
+    idle = series_of("j-1", rules, GPU_UTILIZATION_METRIC, [5, 5, 5])
+    first = evaluate_alarms("j-1", rules, idle, (), NOW)
+    assert first.fired == (AlarmKind.IDLE,) and first.alarming == (AlarmKind.IDLE,)
+    # The same data again (a repeated pass, or the next minute still idle): no action.
+    again = evaluate_alarms("j-1", rules, idle, first.alarming, NOW)
+    assert again.fired == () and again.alarming == (AlarmKind.IDLE,)
+    busy = series_of("j-1", rules, GPU_UTILIZATION_METRIC, [50, 50, 50])
+    cleared = evaluate_alarms("j-1", rules, busy, again.alarming, NOW)
+    assert cleared == AlarmEvaluation(alarming=(), fired=())
+    assert evaluate_alarms("j-1", rules, idle, cleared.alarming, NOW).fired == (AlarmKind.IDLE,)
+    # Another job's series is not this job's.
+    assert evaluate_alarms("j-2", rules, idle, (), NOW).fired == ()
+
+
+def test_idle_and_busy_read_one_series_and_a_leak_one_period_more() -> None:
+    elastic = spec("resources: {gpus: 1, nodes: 1, elastic: {max_nodes: 2}}\n")
+    rules = job_alarm_rules(elastic, MetricPolicy())
+    wanted = watched_series({"j-1": rules})
+    utilization = SeriesQuery("j-1", GPU_UTILIZATION_METRIC, "Average", 60)
+    assert len(wanted) == 3  # utilization (idle and busy), temperature, memory
+    assert wanted[utilization] == 30  # the longer of idle's 30 and busy's 15 periods
+    assert wanted[SeriesQuery("j-1", GPU_MEMORY_METRIC, "Maximum", 60)] == 16
+
+
+def test_10000_jobs_are_read_in_60_calls_within_getmetricdatas_limits() -> None:
+    rules = job_alarm_rules(spec(), MetricPolicy())
+    wanted = watched_series({f"j-{index}": rules for index in range(10_000)})
+    batches = metric_batches(wanted, NOW)
+    assert len(batches) == 60
+    assert all(len(batch.queries) <= MAX_QUERIES_PER_CALL for batch in batches)
+    assert sorted(q for batch in batches for q in batch.queries) == sorted(wanted)
+    # Each series over at least the periods it needs.
+    for batch in batches:
+        assert all(batch.start <= NOW - wanted[q] * q.period_seconds for q in batch.queries)
+        assert batch.end == NOW
+
+
+def test_long_windows_get_fewer_series_a_call_to_stay_within_the_datapoint_limit() -> None:
+    long = {SeriesQuery(f"j-{index}", "m", "Average", 60): 1440 for index in range(500)}
+    batches = metric_batches(long, NOW)
+    # 1,441 points a series at most: 69 series fit 100,800 points.
+    assert [len(b.queries) for b in batches] == [69] * 7 + [17]
+    assert all(len(b.queries) * 1441 <= MAX_DATAPOINTS_PER_CALL for b in batches)
+    assert metric_batches({}, NOW) == ()

@@ -11,6 +11,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpufleet.domain.scaling import AlarmKind
 from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
 from gpufleet.errors import Conflict, NotFound, RefusedInput
 
@@ -210,6 +211,9 @@ class Job(BaseModel):
     resources_override: Resources | None = None
     # What the fleet noticed about the job's runs (e.g. "low-utilization").
     flags: list[str] = Field(default_factory=list)
+    # The current run's metric alarms in ALARM at the last evaluation (MetricWatch): an action
+    # is due only when one goes there, so a repeated evaluation acts once. A launch clears it.
+    alarming: list[AlarmKind] = Field(default_factory=list)
 
     # Multi-stage jobs: the stage now running (or waiting), and how the earlier ones ended.
     stage_index: int = 0
@@ -366,6 +370,7 @@ class JobChanges(BaseModel):
     spot_held_seconds: float | None = None
     resources_override: Resources | None = None
     flags: list[str] | None = None
+    alarming: list[AlarmKind] | None = None
     stage_index: int | None = None
     stage_records: list[StageRecord] | None = None
     prior_cost_usd: float | None = None

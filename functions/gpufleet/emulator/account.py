@@ -222,7 +222,7 @@ def _forget_cold_starts() -> None:
         common.dispatcher,
         common.reconciler,
         common.backstop,
-        common.actions,
+        common.metric_watch,
         common.idempotency_store,
     ):
         cached.cache_clear()

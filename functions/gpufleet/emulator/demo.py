@@ -14,7 +14,6 @@ from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
-from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.faults import CapacityFaults, injected
 from gpufleet.emulator.metrics import PublishedMetric, published_metrics
@@ -302,8 +301,6 @@ def run_demo(
             nodes.start()
             scheduler = ScheduleRunner(account)
             scheduler.start()
-            alarms = AlarmEvaluator(account)
-            alarms.start()
             count = len(scenario.submissions)
             say(f"embedded AWS account ready in {account.region}; submitting {count} jobs")
             held_back = [s for s in scenario.submissions if s.after_running]
@@ -352,7 +349,6 @@ def run_demo(
             for rejection in observer.rejections:
                 say(f"rejected {rejection.get('source')}: {rejection.get('message')}")
             scheduler.stop()
-            alarms.stop()
             nodes.stop()
             result.jobs = [
                 _job_entry(job, job.job_id in nodes.resumed)

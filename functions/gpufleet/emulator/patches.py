@@ -535,8 +535,9 @@ def install(
         installed._undo.append((None, runtime.use_sessions(SessionsSharingModels())))
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
-        # CloudWatch's alarm windows likewise (`cloudwatch_rules`), and what moto lacks of
-        # Lambda's account settings (`account_baseline`), and the Price List API (`pricing`).
+        # CloudWatch's alarm windows and GetMetricData's 500 queries a call likewise
+        # (`cloudwatch_rules`), and what moto lacks of Lambda's account settings
+        # (`account_baseline`), and the Price List API (`pricing`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),

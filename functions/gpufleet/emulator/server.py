@@ -3,7 +3,7 @@
 moto's ThreadedMotoServer answers AWS API calls over HTTP from the same in-process backends the
 embedded account uses, so a call that arrives over HTTP goes through the same patches: an upload
 to the intake bucket runs the real intake handler, which starts the real workflow, and so on. The
-node simulator, the schedules and the alarm evaluator run beside it, so jobs go all the way to
+node simulator and the schedules (MetricWatch's among them) run beside it, so jobs go all the way to
 the end. Any AWS client pointed at the endpoint (`gpufleet`, the AWS CLI, boto3) talks to it.
 
 The emulator also publishes a CloudFormation stack named like the deployed one, with the same
@@ -35,7 +35,6 @@ from gpufleet import topology
 from gpufleet.domain.config import FleetConfig
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.account import Account, embedded_account
-from gpufleet.emulator.alarms import AlarmEvaluator
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.emulator.private import ENV_TOKEN, PrivateEndpoint
@@ -176,7 +175,7 @@ def serve(
             with acting_as(EMULATOR):
                 publish_stack(account)
                 simulator = NodeSimulator(account, nodes or NodeScenario())
-                loops = [ScheduleRunner(account), AlarmEvaluator(account)]
+                loops = [ScheduleRunner(account)]
                 simulator.start()
                 for loop in loops:
                     loop.start()

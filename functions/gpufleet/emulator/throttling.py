@@ -1,12 +1,13 @@
 """API rate limits of the account, which moto never applies, for the embedded account.
 
 CloudWatch takes at most 3 `PutMetricAlarm` requests a second per account and region (a quota
-that can be raised) and 3 `DeleteAlarms` (one that cannot): "CloudWatch service quotas",
-recorded in design.md. Past it, CloudWatch answers HTTP 400 with the error code `Throttling`
-and the message "Rate exceeded" (the answers public issues quote: aws/aws-cli#3002,
-hortonworks/cloudbreak#10689). botocore speaks CloudWatch's JSON protocol in its query
-compatible form, so the answer here is that protocol's: the type in the body, and the query
-error code the SDK reports in `x-amzn-query-error`.
+that can be raised) and 3 `DeleteAlarms` (one that cannot), and 50 `GetMetricData`
+("CloudWatch service quotas", recorded in design.md; the GetMetricData knowledge-center article
+gives its 50 TPS and 180,000 data points a second). Past it, CloudWatch answers HTTP 400 with
+the error code `Throttling` and the message "Rate exceeded" (the answers public issues quote:
+aws/aws-cli#3002, hortonworks/cloudbreak#10689). botocore speaks CloudWatch's JSON protocol in
+its query compatible form, so the answer here is that protocol's: the type in the body, and the
+query error code the SDK reports in `x-amzn-query-error`.
 
 `CloudWatchRateLimits` holds each operation to a token bucket at AWS's rate, at the SDK's edge
 (`before-send`, inside botocore's retry loop, as `faults.DynamoThrottling` answers): the client's
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,7 +32,11 @@ from gpufleet.emulator.faults import NOWHERE, HookSpec, RawBody
 from gpufleet.emulator.patches import EMULATOR, current_actor
 
 # Requests a second per account and region (CloudWatch service quotas).
-CLOUDWATCH_ALARM_RATES: Mapping[str, float] = {"PutMetricAlarm": 3.0, "DeleteAlarms": 3.0}
+CLOUDWATCH_RATES: Mapping[str, float] = {
+    "PutMetricAlarm": 3.0,
+    "DeleteAlarms": 3.0,
+    "GetMetricData": 50.0,
+}
 THROTTLING_MESSAGE = "Rate exceeded"
 
 
@@ -59,19 +65,17 @@ class TokenBucket:
 
 
 class CloudWatchRateLimits:
-    """Throttle the account's alarm writes at CloudWatch's rates; counts what it let through
-    (by alarm name, for PutMetricAlarm) and what it throttled."""
+    """Throttle the account's CloudWatch calls at CloudWatch's rates; counts the calls it let
+    through (by operation) and those it throttled."""
 
     def __init__(
         self,
-        rates: Mapping[str, float] = CLOUDWATCH_ALARM_RATES,
+        rates: Mapping[str, float] = CLOUDWATCH_RATES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._buckets = {operation: TokenBucket(rate, clock) for operation, rate in rates.items()}
         self._lock = threading.Lock()
-        # Alarm names in the calls that got through: PutMetricAlarm's, and DeleteAlarms'.
-        self.created: list[str] = []
-        self.deleted: list[str] = []
+        self.calls: Counter[str] = Counter()  # the requests that got through
         self.throttled = 0
 
     def hooks(self) -> list[HookSpec]:
@@ -89,18 +93,10 @@ class CloudWatchRateLimits:
         operation = event_name.rsplit(".", 1)[-1]
         with self._lock:
             if self._buckets[operation].take():
-                self._note(operation, json.loads(request.body or b"{}"))
+                self.calls[operation] += 1
                 return None
             self.throttled += 1
         return _throttling_answer(request)
-
-    def _note(self, operation: str, body: Mapping[str, object]) -> None:
-        if operation == "PutMetricAlarm":
-            self.created.append(str(body.get("AlarmName", "")))
-        elif operation == "DeleteAlarms":
-            names = body.get("AlarmNames")
-            if isinstance(names, list):
-                self.deleted.extend(str(name) for name in names)
 
 
 def _throttling_answer(request: AWSPreparedRequest) -> AWSResponse:
@@ -108,7 +104,7 @@ def _throttling_answer(request: AWSPreparedRequest) -> AWSResponse:
     CloudWatch (`x-amzn-query-mode`): the query error code is what the SDK reports."""
     url = request.url
     # Pointed away from AWS, the throttled request is one moto's stubber leaves alone: it never
-    # reaches the account's alarms, as in CloudWatch.
+    # reaches the account's CloudWatch, as in CloudWatch.
     request.url = NOWHERE
     body = json.dumps(
         {

@@ -25,11 +25,11 @@ from gpufleet import telemetry
 
 if TYPE_CHECKING:
     from gpufleet.ports import Ports
-    from gpufleet.services.actions import MetricActions
     from gpufleet.services.backstop import BackstopService
     from gpufleet.services.dispatcher import DispatcherService
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
+    from gpufleet.services.metric_watch import MetricWatch
     from gpufleet.services.reconciler import ReconcilerService
     from gpufleet.settings import Settings
 
@@ -100,10 +100,10 @@ def dispatcher() -> DispatcherService:
 
 
 @cache
-def actions() -> MetricActions:
-    from gpufleet.services.factory import build_actions
+def metric_watch() -> MetricWatch:
+    from gpufleet.services.factory import build_metric_watch
 
-    return build_actions(ports(), settings(), lifecycle())
+    return build_metric_watch(ports(), settings(), lifecycle())
 
 
 @cache

@@ -116,19 +116,6 @@ class InstanceEvent(EventBridgeModel):
     detail: InstanceEventDetail
 
 
-class AlarmState(_Open):
-    value: str
-
-
-class AlarmDetail(_Open):
-    alarmName: str = Field(max_length=255)
-    state: AlarmState
-
-
-class AlarmEvent(EventBridgeModel):
-    detail: AlarmDetail
-
-
 class ExecutionStatusDetail(_Open):
     """What Step Functions says of an execution that changed status: what DescribeExecution
     says (input and output, which the backstop does not need, are left out)."""

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gpufleet.services.dispatcher import DispatcherService
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
+    from gpufleet.services.metric_watch import MetricWatch
     from gpufleet.services.reconciler import ReconcilerService
     from gpufleet.settings import Settings
 
@@ -64,6 +65,15 @@ def build_actions(ports: Ports, settings: Settings, lifecycle: LifecycleService)
     from gpufleet.services.actions import MetricActions
 
     return MetricActions(ports, lifecycle, settings.config.metrics)
+
+
+def build_metric_watch(
+    ports: Ports, settings: Settings, lifecycle: LifecycleService
+) -> MetricWatch:
+    from gpufleet.services.metric_watch import MetricWatch
+
+    policy = settings.config.metrics
+    return MetricWatch(ports, build_actions(ports, settings, lifecycle), policy)
 
 
 def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:

@@ -144,9 +144,9 @@ class LaunchSteps(LifecycleBase):
                     attempts=job.attempts + 1,
                     ondemand_fallback=fell_back,
                     task_token=task_token,
+                    # A new run's alarms start afresh (MetricWatch acts on each going off).
+                    alarming=[],
                 )
-                # Alarms first: a recorded placement is never retried, so it must have them.
-                self._ports.alarms.create(job_id, job.effective_spec, self._policy.metrics)
                 self._record_launch(job, changes)
                 launched(
                     Launched(

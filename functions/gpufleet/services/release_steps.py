@@ -99,10 +99,9 @@ class ReleaseSteps(LifecycleBase):
         )
 
     def _release_instances(self, job: Job) -> list[str]:
-        """Terminate every instance of the job, and what lives with them (its alarms, the
-        placement group of a multi-node job)."""
+        """Terminate every instance of the job, and what lives with them (the placement
+        group of a multi-node job)."""
         terminated = self._ports.fleet.terminate_job_instances(job.job_id)
-        self._ports.alarms.delete(job.job_id)
         if job.effective_spec.resources.nodes > 1:
             self._ports.fleet.delete_placement_group(job.job_id)
         return terminated

@@ -8,12 +8,12 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from gpufleet.adapters.aws.alarms import CloudWatchAlarms
 from gpufleet.adapters.aws.capacity_memory import DynamoCapacityMemory
 from gpufleet.adapters.aws.clock import SystemClock
 from gpufleet.adapters.aws.events import EventBridgePublisher
 from gpufleet.adapters.aws.fleet import Ec2Fleet
 from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.adapters.aws.metric_data import CloudWatchMetricData
 from gpufleet.adapters.aws.notifier import SnsNotifier
 from gpufleet.adapters.aws.objects import S3ObjectStore
 from gpufleet.adapters.aws.queue import DynamoJobQueue
@@ -115,6 +115,6 @@ def aws_ports(settings: Settings) -> Ports:
         queue=DynamoJobQueue(
             clients("dynamodb"), settings.queue_table, jobs_table=settings.jobs_table
         ),
-        alarms=CloudWatchAlarms(clients("cloudwatch")),
+        metrics=CloudWatchMetricData(clients("cloudwatch")),
         notifier=SnsNotifier(clients("sns"), settings.notify_topic_arn),
     )

@@ -126,8 +126,8 @@ class Backoff:
     """Tries of a write that DynamoDB refused for throughput or for another writer, with a wait
     before each retry drawn uniformly up to `base_seconds` * 2^n, at most `cap_seconds` ("full
     jitter": writers that collided do not collide again in step). Milliseconds, as the SDK
-    backs off on throttling: not a wait for work. CloudWatch's alarm calls draw their waits
-    from one too (`alarms`)."""
+    backs off on throttling: not a wait for work. CloudWatch's metric reads draw their waits
+    from one too (`metric_data`)."""
 
     tries: int = 6
     base_seconds: float = 0.05

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.domain.config import MetricPolicy, WarmPool
+from gpufleet.domain.config import WarmPool
 from gpufleet.domain.history import execution_name, job_of_execution
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
@@ -22,8 +22,8 @@ from gpufleet.domain.job import (
 )
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
-from gpufleet.domain.scaling import AlarmRule, job_alarm_rules
-from gpufleet.domain.spec import JobSpec, Priority
+from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
+from gpufleet.domain.spec import Priority
 from gpufleet.ports import (
     AdmissionLimits,
     Clock,
@@ -591,17 +591,21 @@ class InMemoryJobQueue:
 
 
 @dataclass
-class RecordingAlarms:
-    created: dict[str, list[AlarmRule]] = field(default_factory=dict)  # the job's alarms
-    deleted: list[str] = field(default_factory=list)
+class InMemoryMetrics:
+    """Series as a test sets them; each batch read is kept, as GetMetricData's calls."""
 
-    def create(self, job_id: str, spec: JobSpec, policy: MetricPolicy) -> None:
-        if policy.enabled:
-            self.created[job_id] = list(job_alarm_rules(spec, policy))
+    series: dict[SeriesQuery, list[tuple[float, float]]] = field(default_factory=dict)
+    batches: list[MetricBatch] = field(default_factory=list)
 
-    def delete(self, job_id: str) -> None:
-        self.created.pop(job_id, None)
-        self.deleted.append(job_id)
+    def read(self, batch: MetricBatch) -> dict[SeriesQuery, Series]:
+        self.batches.append(batch)
+        return {
+            query: [
+                (at, value) for at, value in self.series[query] if batch.start <= at <= batch.end
+            ]
+            for query in batch.queries
+            if query in self.series
+        }
 
 
 @dataclass
@@ -624,7 +628,7 @@ def in_memory_ports(**overrides: Any) -> Ports:
         "fleet": FakeFleet(),
         "capacity": InMemoryCapacityMemory(),
         "queue": InMemoryJobQueue(jobs if isinstance(jobs, InMemoryJobStore) else None),
-        "alarms": RecordingAlarms(),
+        "metrics": InMemoryMetrics(),
         "notifier": RecordingNotifier(),
         **overrides,
     }
