@@ -334,18 +334,6 @@ def test_the_dashboard_draws_failed_executions_and_function_errors(synth: Synth)
     assert drawn == ["Errors"] * len(topology.FUNCTIONS)
 
 
-def test_no_alarm_is_mistaken_for_a_job_alarm(synth: Synth) -> None:
-    """The GpuAlarmRule hands alarms named `gpufleet-...` to MetricAlarm as per-job alarms."""
-    names = list(_alarms(synth.doc))
-    assert names
-    assert not [n for n in names if n.startswith(topology.ALARM_PREFIX)]
-
-
-def test_a_stack_whose_alarms_would_look_like_job_alarms_is_refused() -> None:
-    with pytest.raises(ValueError, match="per-job GPU alarms"):
-        _operations_template(GpuFleetConfig(), FleetConfig(), stack_name="gpufleet-prod")
-
-
 def test_launch_failures_alarm_adds_up_every_category(synth: Synth) -> None:
     alarm = _alarms(synth.doc)[f"{STACK_NAME}-LaunchFailures"]
     reads = _reads(alarm, telemetry.LAUNCH_FAILURES)

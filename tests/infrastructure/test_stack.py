@@ -41,6 +41,7 @@ RESOURCE_STAR_ACTIONS = {
     "xray:GetSamplingRules",
     "xray:GetSamplingTargets",
     "cloudwatch:PutMetricData",
+    "cloudwatch:GetMetricData",  # MetricWatch: no resource-level permissions
     "logs:CreateLogDelivery",
     "logs:GetLogDelivery",
     "logs:UpdateLogDelivery",
@@ -157,7 +158,7 @@ def test_function_environment(synth: Synth, spec: topology.Function) -> None:
     }
     if spec.construct_id in STARTS_WORKFLOW:
         expected.add(topology.ENV_STATE_MACHINE)
-    # Launch (templates, subnets), Reconcile (the warm pool's launches), MetricAlarm (alerts).
+    # Launch (templates, subnets), Reconcile (the warm pool's launches), MetricWatch (alerts).
     expected |= set(topology.EXTRA_ENV.get(spec.construct_id, ()))
     assert set(env) == expected
     for table in topology.TABLES:
@@ -468,21 +469,21 @@ EXCLUSIVE_ACTIONS = {
         "Reconcile",
     },
     # The idempotency table (intake) and the admission queue (admit, release).
-    # MetricAlarm rewrites a resized job's queue entry.
+    # MetricWatch rewrites a resized job's queue entry.
     "dynamodb:DeleteItem": {
         "IntakeFromS3",
         "IntakeFromEvent",
         "Dispatch",
         "Release",
-        "MetricAlarm",
+        "MetricWatch",
         # Ending a job its lifecycle left: its wait in the queue and its share.
         "WorkflowEnded",
         "Reconcile",
     },
     "states:SendTaskHeartbeat": {"NodeReport"},
-    "cloudwatch:PutMetricAlarm": {"Launch"},
-    "cloudwatch:DeleteAlarms": {"Release", "WorkflowEnded", "Reconcile"},
-    "sns:Publish": {"Dispatch", "MetricAlarm"},
+    # MetricWatch reads the running jobs' metrics; no function writes an alarm.
+    "cloudwatch:GetMetricData": {"MetricWatch"},
+    "sns:Publish": {"Dispatch", "MetricWatch"},
     # Only the S3 path reads a spec object (the notified version); a spec in an event is
     # refused in an event. No function reads whatever version of an object is latest.
     "s3:GetObjectVersion": {"IntakeFromS3"},
@@ -492,7 +493,7 @@ EXCLUSIVE_ACTIONS = {
         "IntakeFromEvent",
         "Launch",
         "Requeue",
-        "MetricAlarm",
+        "MetricWatch",
         "Release",
     },
     "pricing:GetProducts": {"CatalogRefresh"},
@@ -507,7 +508,7 @@ EXCLUSIVE_ACTIONS = {
         "Enqueue",
         "Launch",
         "NodeReport",
-        "MetricAlarm",
+        "MetricWatch",
         "Requeue",
         "Release",
         "WorkflowEnded",
@@ -575,7 +576,7 @@ def test_the_functions_that_may_alert_are_given_the_topic_and_only_they(synth: S
         if topology.ENV_NOTIFY_TOPIC in synth.function_env(f.construct_id)
     }
     notifying = {cid for cid, grants in PERMISSIONS.items() if Permission.NOTIFY in grants}
-    assert with_topic == notifying == {"Dispatch", "MetricAlarm"}
+    assert with_topic == notifying == {"Dispatch", "MetricWatch"}
 
 
 def _statements_with(synth: Synth, construct_id: str, action: str) -> list[dict[str, Any]]:
@@ -941,7 +942,6 @@ def test_config_parses_cli_strings() -> None:
         {"stack_name": "1gpufleet"},
         {"stack_name": "gpu_fleet"},
         {"stack_name": "G" * 80},
-        {"stack_name": "gpufleet-prod"},
     ],
 )
 def test_config_rejects_bad_values(context: dict[str, str]) -> None:
@@ -986,7 +986,8 @@ def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth
         "cron(0 22 * * ? *)",
         "cron(0 6 * * ? *)",
         "rate(1 day)",
-        "rate(1 minute)",
+        "rate(1 minute)",  # Dispatch
+        "rate(1 minute)",  # MetricWatch
         "rate(5 minutes)",
     ]
     other_targets = {
@@ -994,11 +995,18 @@ def test_the_dispatcher_runs_on_a_schedule_and_at_every_window_edge(synth: Synth
         "rate(1 day)": synth.function_id(topology.CATALOG_REFRESH.construct_id),
     }
     dispatch = synth.function_id(topology.DISPATCH.construct_id)
+    watch = synth.function_id(topology.METRIC_WATCH.construct_id)
+    every_minute = []
     for schedule in schedules.values():
         target = schedule["Properties"]["Target"]
-        expected = other_targets.get(schedule["Properties"]["ScheduleExpression"], dispatch)
-        assert target["Arn"] == {"Fn::GetAtt": [expected, "Arn"]}
+        expression = schedule["Properties"]["ScheduleExpression"]
+        if expression == "rate(1 minute)":
+            every_minute.append(target["Arn"]["Fn::GetAtt"][0])
+        else:
+            expected = other_targets.get(expression, dispatch)
+            assert target["Arn"] == {"Fn::GetAtt": [expected, "Arn"]}
         assert "DeadLetterConfig" in target
+    assert sorted(every_minute) == sorted([dispatch, watch])
 
 
 def test_placement_groups_are_created_tagged_and_deleted_only_when_tagged(synth: Synth) -> None:

@@ -15,7 +15,6 @@ from gpufleet.adapters.local.memory import (
     InMemoryJobQueue,
     InMemoryJobStore,
     InMemoryObjects,
-    RecordingAlarms,
     in_memory_ports,
 )
 from gpufleet.domain.boot import EfaWidth, network_interfaces
@@ -749,4 +748,4 @@ def test_a_launch_retried_after_it_died_records_live_instances_only(
     assert placement is not None
     assert live_instances_of(ec2, job) == set(placement.instance_ids)
     assert (set(placement.instance_ids) == first_fleet) is not offerings_changed
-    assert job in cast(RecordingAlarms, ports.alarms).created
+    assert ports.jobs.get(job).alarming == []  # the run's metric alarms start afresh

@@ -7,7 +7,7 @@ read from the template. Then:
 
 - every call a function made is one its role allows, judged as IAM would: each action the call
   needs (a transaction's items one by one, a launch's tagging), on the template's resource
-  (tables, index, bucket prefix, bus, alarm names), with the conditions the request meets;
+  (tables, index, bucket prefix, bus), with the conditions the request meets;
 - every action a role grants was used by its function in one of the demos, or is listed in
   `NOT_REACHED` with the code path that uses it and the demos do not take. A grant no code path
   uses does not belong in `PERMISSIONS` / `JOBS_ACCESS` / `QUEUE_ACCESS`
@@ -120,7 +120,7 @@ NOT_REACHED: dict[str, dict[str, str]] = {
         "CompleteLifecycleTask states:SendTaskSuccess": "ends the run of an instance that "
         "stopped or terminated while its job still held it",
     },
-    topology.METRIC_ALARM.construct_id: {
+    topology.METRIC_WATCH.construct_id: {
         "AdmissionQueue dynamodb:ConditionCheckItem": "resizing a job that waits in the queue "
         "(an alarm racing a requeue): its entry is enqueued again",
         "AdmissionQueue dynamodb:DeleteItem": "as above: its old entry is removed",
@@ -158,7 +158,6 @@ _LOST_EVENTS_ONLY = {
     "unheard (its state-change event lost)",
     "PublishControlPlaneEvents events:PutEvents": "the final status of a job whose workflow "
     "ended unheard",
-    "JobAlarms cloudwatch:DeleteAlarms": "as above: its alarms",
     "Jobs dynamodb:UpdateItem": "as above, and the end of a run whose instance went away",
     "Jobs dynamodb:Query": "the live jobs, by status (every pass)",
     **{
@@ -179,7 +178,7 @@ for _planner in (
     topology.INTAKE_FROM_EVENT,
     topology.LAUNCH,
     topology.REQUEUE,
-    topology.METRIC_ALARM,
+    topology.METRIC_WATCH,
     topology.RELEASE,
 ):
     NOT_REACHED.setdefault(_planner.construct_id, {})["ReadRefreshedCatalog s3:GetObject"] = (
@@ -393,7 +392,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
             for action in synth.actions_of(statement)
         ]
     [state_machine] = synth.of_type("AWS::StepFunctions::StateMachine")
-    topic = synth.function_env(topology.METRIC_ALARM.construct_id)[topology.ENV_NOTIFY_TOPIC]
+    topic = synth.function_env(topology.METRIC_WATCH.construct_id)[topology.ENV_NOTIFY_TOPIC]
     key = synth.props(topic["Ref"]).get("KmsMasterKeyId")
     topic_key = synth.render(key) if isinstance(key, dict) and "Fn::GetAtt" in key else None
     return Stack(
@@ -481,11 +480,6 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
     if call.action == "states:DescribeExecution":
         job_id = params["executionArn"].rsplit(":", 1)[-1]
         return [Request(call.action, execution_arn(stack.state_machine, job_id))]
-    if call.action == "cloudwatch:PutMetricAlarm":
-        return [Request(call.action, _arn("cloudwatch", f"alarm:{params['AlarmName']}"))]
-    if call.action == "cloudwatch:DeleteAlarms":
-        alarms = params["AlarmNames"]
-        return [Request(call.action, _arn("cloudwatch", f"alarm:{name}")) for name in alarms]
     if call.action == "sns:Publish":
         assert params["TopicArn"] == f"arn:aws:sns:{REGION}:{ACCOUNT_ID}:gpufleet-alerts"
         return [
@@ -504,8 +498,8 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
         return _created_with_tags(call)
     if call.service == "ec2" and call.operation.startswith("Describe"):
         return [Request(call.action, "*")]  # EC2 has no resource-level permission for these
-    if call.action == "pricing:GetProducts":
-        return [Request(call.action, "*")]  # nor has the Price List API
+    if call.action in ("pricing:GetProducts", "cloudwatch:GetMetricData"):
+        return [Request(call.action, "*")]  # nor have the Price List API and GetMetricData
     raise AssertionError(f"teach this test which resources IAM judges {call.action} on")
 
 

@@ -206,7 +206,7 @@ def test_a_pool_out_of_demand_releases_what_waited_a_ttl_and_adds_nothing() -> N
     assert later.release == ["i-new", "i-old"]
 
 
-NOW = 100_000.0
+NOW = 1_767_225_600.0  # on a period boundary
 PERIOD = 60
 LEAK = AlarmRule(
     AlarmKind.LEAK, "leak", GPU_MEMORY_METRIC, "Maximum", Comparison.ABOVE, 1.0, 3, PERIOD, True
@@ -214,7 +214,7 @@ LEAK = AlarmRule(
 
 
 def points(values: list[float], now: float = NOW) -> list[tuple[float, float]]:
-    """One point a period, the last in the period that ends at `now`."""
+    """One point a period (at its start), the last in the period that ends at `now`."""
     first = now - len(values) * PERIOD
     return [(first + index * PERIOD, value) for index, value in enumerate(values)]
 
@@ -245,6 +245,8 @@ def test_an_alarm_needs_every_one_of_its_last_periods_to_breach() -> None:
     assert not breaching(idle, gap[:1] + gap[2:], NOW)
     # Data older than the window does not count.
     assert not breaching(idle, points([5, 5, 5], now=NOW - 3 * PERIOD), NOW)
+    # Nor does the period under way: half a period on, the same three whole periods breach.
+    assert breaching(idle, [*points([5, 5, 5]), (NOW, 90.0)], NOW + PERIOD / 2)
 
 
 def series_of(job_id: str, rules: tuple[AlarmRule, ...], metric: str, values: list[float]):
@@ -289,6 +291,8 @@ def test_10000_jobs_are_read_in_60_calls_within_getmetricdatas_limits() -> None:
     for batch in batches:
         assert all(batch.start <= NOW - wanted[q] * q.period_seconds for q in batch.queries)
         assert batch.end == NOW
+    # Read mid-period, the windows end at the last whole period.
+    assert {b.end for b in metric_batches(wanted, NOW + 59.5)} == {NOW}
 
 
 def test_long_windows_get_fewer_series_a_call_to_stay_within_the_datapoint_limit() -> None:
