@@ -14,7 +14,7 @@ Read:
 
 - by the dashboard and the stack's alarms: their metrics, `SEARCH` expressions and Metrics
   Insights queries, in the synthesized template;
-- by the per-job alarms: the metrics of each PutMetricAlarm the control plane sent in the run.
+- by MetricWatch: the metrics of each GetMetricData query the control plane sent in the run.
 
 A metric is its namespace, name and dimension names: CloudWatch keys it so, and the same name
 with other dimensions is another metric, which nothing draws. `AWS/` namespaces are the
@@ -43,7 +43,7 @@ from tests.integration.test_demo import by_name
 # Read by the stack, published by a path the demo does not take (or takes only when a race goes
 # one way): metric -> the path. tests/unit/test_telemetry.py checks that a handler publishes it.
 NOT_REACHED: dict[str, str] = {
-    telemetry.OVERHEATED_JOBS.name: "MetricAlarm, for a job's hot-GPU alarm (as it counts "
+    telemetry.OVERHEATED_JOBS.name: "MetricWatch, for a job's hot-GPU alarm (as it counts "
     "IdleJobs for the idle alarm, which the demo reaches): no demo job runs hot",
     telemetry.NODE_REPORTS_DROPPED.name: "NodeReport, for a report of no job, from an instance "
     "its job does not hold, or malformed: the demo's agents report only on their own runs "
@@ -104,21 +104,21 @@ def _scenario() -> Any:
 
 @pytest.fixture(scope="module")
 def run() -> tuple[DemoResult, list[dict[str, Any]]]:
-    """The demo, and the parameters of every PutMetricAlarm the control plane sent in it (its
-    per-job alarms are deleted when their jobs end)."""
+    """The demo, and the parameters of every GetMetricData the control plane sent in it
+    (MetricWatch's passes over the running jobs)."""
     requests: list[dict[str, Any]] = []
 
     def keep(params: dict[str, Any], **_: Any) -> None:
         requests.append(dict(params))
 
-    entry = ("provide-client-params.cloudwatch.PutMetricAlarm", keep)
+    entry = ("provide-client-params.cloudwatch.GetMetricData", keep)
     botocore.handlers.BUILTIN_HANDLERS.append(entry)
     try:
         result = run_demo(_scenario())
     finally:
         botocore.handlers.BUILTIN_HANDLERS.remove(entry)
     assert result.completed, f"the demo did not finish: {result.to_json()}"
-    assert requests, "the demo's jobs got no alarms"
+    assert requests, "no MetricWatch pass read the demo's running jobs"
     return result, requests
 
 
@@ -250,7 +250,7 @@ def _stat_metric(metric: Mapping[str, Any], any_value: frozenset[str] = frozense
 
 
 def alarm_reads(alarm: Mapping[str, Any], any_value: frozenset[str] = frozenset()) -> set[Metric]:
-    """An alarm's metrics (PutMetricAlarm's parameters, or a template's alarm properties)."""
+    """An alarm's metrics (a template's alarm properties)."""
     if "MetricName" in alarm:
         return {_stat_metric(alarm, any_value)}
     reads: set[Metric] = set()
@@ -286,10 +286,14 @@ def stack_reads(template: dict[str, Any]) -> set[Metric]:
 
 @pytest.fixture(scope="module")
 def reads(run: tuple[DemoResult, list[dict[str, Any]]], stack_reads: set[Metric]) -> set[Metric]:
-    """The stack's, and the per-job alarms', whose job id is any job's."""
+    """The stack's, and MetricWatch's, whose job id is any job's."""
     _, requests = run
-    job_alarms = set().union(*(alarm_reads(r, frozenset({"JobId"})) for r in requests))
-    return stack_reads | _not_aws(job_alarms)
+    watched = {
+        _stat_metric(query["MetricStat"]["Metric"], frozenset({"JobId"}))
+        for request in requests
+        for query in request["MetricDataQueries"]
+    }
+    return stack_reads | _not_aws(watched)
 
 
 # -- the checks --------------------------------------------------------------------------------

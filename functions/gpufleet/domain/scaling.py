@@ -170,7 +170,8 @@ def series_query(job_id: str, rule: AlarmRule) -> SeriesQuery:
 
 @dataclass(frozen=True)
 class MetricBatch:
-    """One GetMetricData call: its series over the same window, from `start` to `end`."""
+    """One GetMetricData call: its series over the same window, whole periods from `start` to
+    `end` (epoch seconds)."""
 
     start: float
     end: float
@@ -187,20 +188,23 @@ def metric_batches(wanted: Mapping[SeriesQuery, int], now: float) -> tuple[Metri
     batches: list[MetricBatch] = []
     chunk: list[SeriesQuery] = []
     window = points = 0
+    end = 0.0
     for query, periods in ordered:
         if not chunk:
             window = periods * query.period_seconds  # the longest of the call: its first
+            end = evaluated_until(now, query.period_seconds)
         # The points one series returns over the call's window (one a period, and one more
         # where the window does not start on a period boundary).
         more = math.ceil(window / query.period_seconds) + 1
         if len(chunk) == MAX_QUERIES_PER_CALL or points + more > MAX_DATAPOINTS_PER_CALL:
-            batches.append(MetricBatch(now - window, now, tuple(chunk)))
+            batches.append(MetricBatch(end - window, end, tuple(chunk)))
             chunk, window, points = [], periods * query.period_seconds, 0
+            end = evaluated_until(now, query.period_seconds)
             more = math.ceil(window / query.period_seconds) + 1
         chunk.append(query)
         points += more
     if chunk:
-        batches.append(MetricBatch(now - window, now, tuple(chunk)))
+        batches.append(MetricBatch(end - window, end, tuple(chunk)))
     return tuple(batches)
 
 
@@ -215,13 +219,21 @@ def watched_series(jobs: Mapping[str, Sequence[AlarmRule]]) -> dict[SeriesQuery,
     return wanted
 
 
+def evaluated_until(now: float, period_seconds: int) -> float:
+    """The end of the last whole period before `now`: what an evaluation at `now` reads up to
+    (periods start on multiples of their length, as CloudWatch aligns them; the period under
+    way is not complete)."""
+    return math.floor(now / period_seconds) * period_seconds
+
+
 def breaching(rule: AlarmRule, series: Series, now: float) -> bool:
-    """Every one of the rule's last `periods` periods (to `now`) has data that breaches, as a
-    CloudWatch alarm with `DatapointsToAlarm` = `EvaluationPeriods` and missing data not
-    breaching sees it; a change rule compares each period's change from the one before (the
-    metric math `DIFF`)."""
-    since = now - rule.lookback_periods * rule.period_seconds
-    values = [value for at, value in series if since <= at <= now]
+    """Every one of the rule's last `periods` whole periods (before `now`) has data that
+    breaches, as a CloudWatch alarm with `DatapointsToAlarm` = `EvaluationPeriods` and missing
+    data not breaching sees it; a change rule compares each period's change from the one before
+    (the metric math `DIFF`)."""
+    end = evaluated_until(now, rule.period_seconds)
+    since = end - rule.lookback_periods * rule.period_seconds
+    values = [value for at, value in series if since <= at < end]
     if rule.change:
         values = [after - before for before, after in itertools.pairwise(values)]
     recent = values[-rule.periods :]
