@@ -42,7 +42,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("gpufleet.service
 SERVICES = {
     "intake": "gpufleet.services.intake",
     "dispatcher": "gpufleet.services.dispatcher",
-    "actions": "gpufleet.services.actions",
+    "metric_watch": "gpufleet.services.metric_watch",
     "reconciler": "gpufleet.services.reconciler",
     "backstop": "gpufleet.services.backstop",
 }
