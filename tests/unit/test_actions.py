@@ -12,6 +12,7 @@ from gpufleet.adapters.local.memory import (
     RecordingPublisher,
     RecordingWorkflow,
 )
+from gpufleet.domain.config import MetricPolicy
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.scaling import AlarmKind, SeriesQuery
 from gpufleet.domain.settlement import MEMORY_LEAK, RESIZED
@@ -19,6 +20,7 @@ from gpufleet.services.actions import MetricActions
 from gpufleet.services.factory import build_actions, build_lifecycle, build_metric_watch
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import control_key
+from gpufleet.services.metric_watch import WatchResult
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import WorkflowState
 from gpufleet.topology import (
@@ -210,3 +212,14 @@ def test_a_pass_reads_a_jobs_three_series_in_one_call() -> None:
     assert {q.job_id for q in batch.queries} == {job.job_id}
     # Utilization (idle), temperature (hot), memory (leak), over the longest window (idle's).
     assert len(batch.queries) == 3 and batch.end - batch.start == 30 * 60
+
+
+def test_with_metric_actions_disabled_a_pass_reads_nothing() -> None:
+    job = Running()
+    settings = make_settings(
+        config=SETTINGS.config.model_copy(update={"metrics": MetricPolicy(enabled=False)})
+    )
+    publish(job, GPU_UTILIZATION_METRIC, "Average", [5.0] * 30)
+    assert build_metric_watch(job.ports, settings, job.lifecycle).run() == WatchResult()
+    assert cast(InMemoryMetrics, job.ports.metrics).batches == []
+    assert job.job().flags == []

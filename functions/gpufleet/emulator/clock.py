@@ -1,4 +1,4 @@
-"""The embedded account's time: what its emulated nodes, its loops (schedules, alarms) and Step
+"""The embedded account's time: what its emulated nodes, its loops (the schedules) and Step
 Functions' timers wait on.
 
 `WallClock` is the machine's clock (`gpufleet emulator`, whose HTTP server waits on sockets, and

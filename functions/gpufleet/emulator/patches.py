@@ -7,12 +7,12 @@ Powertools) no longer has what a patch replaces, and `install` refuses to start 
 
 Everything else the account adds goes through seams: botocore's event system (handlers added to
 `botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups,
-EC2's launch rules, CloudWatch's alarm windows, Lambda's account settings, the Price List API,
-the faults of a chaos run, and the `Recorder` of who called); the control plane's port for
-sessions (`runtime.use_sessions`: sessions that share one loader of the service models, see
-`sessions`); the AWS APIs themselves (the stack's resources, routed as
+EC2's launch rules, CloudWatch's alarm windows and GetMetricData's size, Lambda's account
+settings, the Price List API, the faults of a chaos run, and the `Recorder` of who called);
+the control plane's port for sessions (`runtime.use_sessions`: sessions that share one loader
+of the service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
 `topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
-schedules, alarms). Handlers' output reaches each invocation's log through `sys.stdout` and the
+schedules). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
 The registry (`PATCHES`: 18 attributes, 16 of moto and 2 of Powertools), and why each cannot be
