@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+
 from gpufleet.adapters.local.memory import (
     InMemoryMetrics,
     InMemoryObjects,
@@ -188,6 +190,20 @@ def test_the_watch_acts_on_an_alarm_once_it_goes_off_and_not_again_while_it_stay
     assert watch.run().fired == {} and job.job().alarming == []
     publish(job, GPU_UTILIZATION_METRIC, "Average", [5.0] * 30)
     assert watch.run().fired == {job.job_id: ["idle"]}
+
+
+def test_of_two_passes_that_overlap_only_one_acts(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = Running()
+    publish(job, GPU_UTILIZATION_METRIC, "Average", [5.0] * 30)
+    listed = job.ports.jobs.list_jobs(JobStatus.RUNNING)
+    first = build_metric_watch(job.ports, SETTINGS, job.lifecycle)
+    assert first.run().fired == {job.job_id: ["idle"]}
+    # The second pass listed the job before the first recorded its alarm.
+    monkeypatch.setattr(job.ports.jobs, "list_jobs", lambda *_, **__: listed)
+    second = build_metric_watch(job.ports, SETTINGS, job.lifecycle)
+    assert second.run().fired == {}
+    flagged = cast(RecordingPublisher, job.ports.events).of_type(DETAIL_JOB_FLAGGED)
+    assert [event["flags"] for event in flagged] == [["low-utilization"]]
 
 
 def test_a_relaunched_job_starts_its_alarms_afresh() -> None:

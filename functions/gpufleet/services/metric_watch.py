@@ -7,8 +7,10 @@ on the job (`Job.alarming`) and carries out the action of each that just went th
 (`MetricActions`). Launching and releasing a job make no CloudWatch call at all.
 
 Recording the state before acting makes a repeated pass (the schedule's events are delivered at
-least once) harmless: it finds the alarm already in ALARM and acts no more; the actions
-themselves leave a job that is draining or no longer running alone.
+least once) harmless: it finds the alarm already in ALARM and acts no more. The state is written
+only if the job was not written since it was listed (its version), so of two passes that
+overlap only one acts; the actions themselves leave a job that is draining or no longer running
+alone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.domain.config import MetricPolicy
-from gpufleet.domain.job import JobChanges, JobStatus
+from gpufleet.domain.job import IllegalTransition, JobChanges, JobNotFound, JobStatus
 from gpufleet.domain.scaling import (
     AlarmKind,
     AlarmRule,
@@ -27,7 +29,6 @@ from gpufleet.domain.scaling import (
     metric_batches,
     watched_series,
 )
-from gpufleet.errors import NotFound
 from gpufleet.ports import Ports
 from gpufleet.services.actions import MetricActions
 
@@ -70,9 +71,17 @@ class MetricWatch:
             if set(evaluation.alarming) == set(job.alarming):
                 continue
             try:
-                self._ports.jobs.update(job_id, now, JobChanges(alarming=list(evaluation.alarming)))
-            except NotFound:
-                continue  # gone since it was listed: nothing to act on
+                # Only if the job is as listed: of two passes that overlap, one acts.
+                self._ports.jobs.transition(
+                    job_id,
+                    JobStatus.RUNNING,
+                    now,
+                    JobChanges(alarming=list(evaluation.alarming)),
+                    sources=(JobStatus.RUNNING,),
+                    version=job.version,
+                )
+            except (IllegalTransition, JobNotFound):
+                continue  # written since it was listed: the next pass sees it as it is now
             for kind in evaluation.fired:
                 self._actions.on_alarm(job_id, kind)
             if evaluation.fired:
