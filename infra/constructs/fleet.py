@@ -280,6 +280,11 @@ class Fleet(Construct):
                 resources=[stage_data],
             )
         )
+        # The agent keeps each run's usage (a sample a minute) in runs/<job>/usage/<instance>.json.
+        usage = bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*/usage/*")
+        role.add_to_policy(
+            iam.PolicyStatement(sid="UsageData", actions=["s3:PutObject"], resources=[usage])
+        )
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="ListStageData",
@@ -323,6 +328,12 @@ class Fleet(Construct):
             nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*/stages/*"),
             "Stage outputs are written under runs/<job>/stages/ for unknown job ids; the node "
             "writes there and nowhere else in the bucket.",
+        )
+        nag.acknowledge_all(
+            policy,
+            nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*/usage/*"),
+            "Usage samples are written under runs/<job>/usage/ for unknown job ids; the node "
+            "writes its own usage object there.",
         )
         checkpoints = config.checkpoints
         if checkpoints is not None:

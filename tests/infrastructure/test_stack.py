@@ -868,6 +868,9 @@ def test_instance_role(synth: Synth) -> None:
     assert by_sid["ListStageData"]["Condition"] == {
         "StringLike": {"s3:prefix": ["runs/*/stages/*"]}
     }
+    # Its usage object: written under runs/<job>/usage/ and nowhere else.
+    assert synth.render(by_sid["UsageData"]["Resource"]).endswith("/runs/*/usage/*")
+    assert by_sid["UsageData"]["Action"] == "s3:PutObject"
     actions = {a for s in statements for a in synth.actions_of(s)}
     assert actions == {
         "events:PutEvents",

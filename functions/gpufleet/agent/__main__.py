@@ -30,10 +30,12 @@ from gpufleet.agent.ledger import RunLedger
 from gpufleet.agent.node import (
     DEFAULT_FINISH_RESENDS,
     DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_USAGE_SECONDS,
     JobMetrics,
     NodeAgent,
 )
 from gpufleet.agent.prepare import SubprocessRunner, prepare
+from gpufleet.agent.usage import UsageRecorder, UsageSampler
 from gpufleet.topology import ENV_AGENT_LOG_GROUP
 
 # systemd's StateDirectory=gpufleet: kept across restarts of the agent, gone with the instance.
@@ -61,9 +63,11 @@ def build_agent(args: argparse.Namespace) -> NodeAgent:
     # A registry login must land where `docker create` looks: the CLI's own environment.
     runner = SubprocessRunner(docker_cli_environment(os.environ))
     secrets = AwsNodeSecrets(session.client)
+    objects = S3Manifests(session.client("s3"), args.bucket)
+    sampler = UsageSampler(SubprocessRunner(dict(os.environ)))
     return NodeAgent(
         identity=identity,
-        manifests=S3Manifests(session.client("s3"), args.bucket),
+        manifests=objects,
         reporter=EventBridgeReporter(session.client("events"), args.bus),
         runtime=DockerRuntime(
             output=job_metrics.feed,
@@ -76,6 +80,9 @@ def build_agent(args: argparse.Namespace) -> NodeAgent:
         job_metrics=job_metrics,
         ledger=RunLedger(args.state_dir),
         finish_resends=DEFAULT_FINISH_RESENDS,
+        usage=functools.partial(
+            UsageRecorder, sampler, objects, interval_seconds=DEFAULT_USAGE_SECONDS
+        ),
     )
 
 

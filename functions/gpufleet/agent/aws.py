@@ -86,6 +86,9 @@ class Imds:
 
 
 class S3Manifests:
+    """The job's objects under runs/: the node reads its manifest and control object, and
+    writes its usage (the instance role may write only runs/*/usage/* and runs/*/stages/*)."""
+
     def __init__(self, client: Any, bucket: str) -> None:
         self._client = client
         self._bucket = bucket
@@ -93,6 +96,11 @@ class S3Manifests:
     def fetch(self, key: str) -> bytes:
         body: bytes = self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read()
         return body
+
+    def store(self, key: str, body: bytes) -> None:
+        self._client.put_object(
+            Bucket=self._bucket, Key=key, Body=body, ContentType="application/json"
+        )
 
 
 class ReportNotSent(TransientError):

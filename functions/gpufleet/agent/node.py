@@ -9,7 +9,10 @@ ever passed through a shell.
 
 While the container runs, the agent publishes the job's GPU utilization, temperature and memory
 used, and the metrics the job's own code prints on its stdout as `GPUFLEET_METRIC name=value`
-lines (`JobMetrics`), to CloudWatch (`GpuFleet/Jobs`, dimension `JobId`).
+lines (`JobMetrics`), to CloudWatch (`GpuFleet/Jobs`, dimension `JobId`). With a usage recorder
+(`agent/usage.py`) it also keeps each minute of the node's GPU, CPU and memory use, and marks on
+the run's timeline (started, checkpoint, interrupted, finished), in the job's
+`runs/<job>/usage/<instance>.json`.
 
 A stage of a multi-stage job whose next stage may reuse the instance (`await_next_stage` in its
 manifest) then waits, for a bounded time, for the control plane to say so (`run-stage` in
@@ -27,18 +30,25 @@ A manifest that cannot be read is reported once, and the agent stops.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
 from gpufleet.agent.prepare import RegistryLogin, VolumeMount
 from gpufleet.domain.rendezvous import MASTER_PORT, Peer
+from gpufleet.domain.usage_layout import (
+    EVENT_CHECKPOINT,
+    EVENT_FINISHED,
+    EVENT_INTERRUPTED,
+    EVENT_STARTED,
+)
 from gpufleet.topology import (
     AGENT_METRICS,
     AGENT_SOURCE,
@@ -52,6 +62,9 @@ from gpufleet.topology import (
     RUNS_PREFIX,
     TAG_JOB_ID,
 )
+
+if TYPE_CHECKING:
+    from gpufleet.agent.usage import UsageRecorder
 
 
 @dataclass(frozen=True)
@@ -195,6 +208,7 @@ class MonotonicClock:
 # its own (longer) heartbeat timeout, so a few lost heartbeats are harmless.
 DEFAULT_HEARTBEAT_SECONDS = 300.0
 DEFAULT_METRICS_SECONDS = 60.0
+DEFAULT_USAGE_SECONDS = 60.0  # a sample of the node's usage each minute
 # How often the agent looks for a checkpoint instruction; well inside the grace period.
 DEFAULT_CONTROL_POLL_SECONDS = 10.0
 # How often an idle warm-pool instance looks at its tags for the job that claimed it.
@@ -286,12 +300,17 @@ class NodeAgent:
         manifest_retry_seconds: float = DEFAULT_MANIFEST_RETRY_SECONDS,
         going: threading.Event | None = None,
         clock: Clock | None = None,
+        usage: Callable[[str, str], UsageRecorder] | None = None,
+        usage_seconds: float = DEFAULT_USAGE_SECONDS,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`ledger` keeps what ran on this instance (in memory when not given); after each run
         its finish report is sent `finish_resends` more times (the entry point sends
         DEFAULT_FINISH_RESENDS); `going`, when set, tells the agent its node is going away: it
         stops waiting and returns. Every wait and every reading of time goes through `clock`
-        (the system's monotonic clock when not given)."""
+        (the system's monotonic clock when not given). `usage` makes the recorder of a job's
+        usage on this node (job id, instance id), which samples every `usage_seconds` and
+        stamps its samples and marks with `wall_clock` (epoch seconds)."""
         self._identity = identity
         self._manifests = manifests
         self._reporter = reporter
@@ -310,6 +329,10 @@ class NodeAgent:
         self._manifest_retry_seconds = manifest_retry_seconds
         self._going = going or threading.Event()
         self._clock = clock or MonotonicClock()
+        self._usage_factory = usage
+        self._usage_seconds = usage_seconds
+        self._wall_clock = wall_clock
+        self._usage: UsageRecorder | None = None
 
     def run(self) -> RunOutcome:
         """Run the job's runs on this instance, each at most once, and report how each ended.
@@ -321,6 +344,8 @@ class NodeAgent:
         manifest = self._manifest(job_id, base)
         if isinstance(manifest, RunOutcome):
             return manifest
+        if self._usage_factory is not None:
+            self._usage = self._usage_factory(job_id, instance_id)
         while True:
             finish = self._run_at_most_once(manifest, base)
             outcome = _outcome_of(finish)
@@ -436,11 +461,13 @@ class NodeAgent:
         self._report(DETAIL_NODE_STARTED, base, "started")
         # Noted once its start is told (a start that could not be is no run: a restart runs it).
         self._ledger.note_started(key)
+        self._mark_usage(EVENT_STARTED)
         finished, stop, interrupted = threading.Event(), threading.Event(), threading.Event()
         moved_on = threading.Event()
         helpers = [
             threading.Thread(target=self._heartbeat, args=(base, finished), daemon=True),
             threading.Thread(target=self._publish_metrics, args=(job_id, finished), daemon=True),
+            threading.Thread(target=self._record_usage, args=(finished,), daemon=True),
             threading.Thread(
                 target=self._watch_control,
                 args=(job_id, manifest.stage, finished, stop, interrupted, moved_on),
@@ -456,6 +483,7 @@ class NodeAgent:
             for helper in helpers:
                 helper.join()
         finish = _detail(base, "finished", outcome, interrupted.is_set())
+        self._mark_usage(EVENT_FINISHED)
         if moved_on.is_set():
             finish[_MOVED_ON] = True
         self._ledger.note_finished(key, finish)
@@ -489,6 +517,23 @@ class NodeAgent:
             except Exception:  # noqa: S112 - a missed datapoint is sent at the next interval
                 continue
 
+    def _record_usage(self, finished: threading.Event) -> None:
+        """A sample of the node's usage every `usage_seconds` while the container runs."""
+        if self._usage is None:
+            return
+        while not self._clock.wait(finished, self._usage_seconds):
+            try:
+                self._usage.sample(self._wall_clock())
+            except Exception:  # noqa: S112 - a missed sample is taken at the next interval
+                continue
+
+    def _mark_usage(self, event: str) -> None:
+        """A mark on the run's usage timeline; never a reason for the run to fail."""
+        if self._usage is None:
+            return
+        with contextlib.suppress(Exception):
+            self._usage.mark(self._wall_clock(), event)
+
     def _datapoints(self) -> list[tuple[str, float, str]]:
         points: list[tuple[str, float | None, str]] = []
         if self._gpu_probe is not None:
@@ -518,6 +563,7 @@ class NodeAgent:
         while not self._clock.wait(finished, self._control_poll_seconds):
             try:
                 if self._identity.interruption_notice():
+                    self._mark_usage(EVENT_INTERRUPTED)
                     interrupted.set()
                     stop.set()
                     return
@@ -530,6 +576,8 @@ class NodeAgent:
             if document.get("action") == CONTROL_RUN_STAGE and document.get("stage") != stage:
                 moved_on.set()
             if document.get("action") == "checkpoint" or moved_on.is_set():
+                if document.get("action") == "checkpoint":
+                    self._mark_usage(EVENT_CHECKPOINT)
                 stop.set()
                 return
 

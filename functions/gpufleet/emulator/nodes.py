@@ -9,6 +9,7 @@ come from the scenario)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -16,7 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -32,7 +33,8 @@ from gpufleet.agent.node import (
     RunManifest,
     RunOutcome,
 )
-from gpufleet.agent.prepare import Prepared, prepare
+from gpufleet.agent.prepare import Completed, Prepared, prepare
+from gpufleet.agent.usage import NVIDIA_SMI_QUERY, UsageRecorder, UsageSampler
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.clock import EmulatorClock
@@ -100,6 +102,7 @@ class NodeScenario:
     boot_seconds: float = 1.0
     heartbeat_seconds: float = 60.0
     metrics_seconds: float = 0.5  # between GPU utilization datapoints
+    usage_seconds: float = 1.0  # between usage samples (a minute on EC2)
     notice_seconds: float = 2.0  # EC2 gives two minutes between warning and termination
     # By job name, or "job/stage" for one stage of a multi-stage job.
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
@@ -275,6 +278,26 @@ class SimulatedGpus:
         return self._behaviour.gpu_memory_mib + growth * (self._clock.now() - self._started)
 
 
+class FakeNvidiaSmi:
+    """The node's nvidia-smi behind the agent's command runner: answers the agent's usage query
+    (`NVIDIA_SMI_QUERY`) for each of the instance type's GPUs with what `SimulatedGpus` says
+    (the node's GPU memory shared evenly); any other command is not found, as on a node
+    without it."""
+
+    def __init__(self, gpus: SimulatedGpus, count: int, memory_total_mib: float) -> None:
+        self._gpus = gpus
+        self._count = count
+        self._total = memory_total_mib
+
+    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> Completed:  # noqa: ARG002
+        if tuple(argv) != NVIDIA_SMI_QUERY or not self._count:
+            return Completed(returncode=127, stderr=f"{argv[0]}: command not found")
+        util = self._gpus.utilization_percent() or 0.0
+        used = min((self._gpus.memory_used_mib() or 0.0) / self._count, self._total)
+        lines = [f"{i}, {util:.0f}, {used:.0f}, {self._total:.0f}" for i in range(self._count)]
+        return Completed(returncode=0, stdout="\n".join(lines) + "\n")
+
+
 class _Discarded(io.StringIO):
     """A text stream that keeps nothing."""
 
@@ -306,6 +329,12 @@ class _AsNode:
     def fetch(self, key: str) -> bytes:
         with acting_as(NODE):
             return self._manifests.fetch(key)
+
+    def store(self, key: str, body: bytes) -> None:
+        if self._silent_once is not None and self._silent_once.is_set():
+            return
+        with acting_as(NODE):
+            self._manifests.store(key, body)
 
     def report(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None:
         if self._silent_once is not None and self._silent_once.is_set():
@@ -439,6 +468,7 @@ class NodeSimulator:
                     clock=self._clock,
                     output=job_metrics.feed,
                 )
+            gpus = SimulatedGpus(behaviour, self._clock)
             agent = NodeAgent(
                 identity=identity,
                 manifests=node,
@@ -446,7 +476,7 @@ class NodeSimulator:
                 runtime=runtime,
                 heartbeat_seconds=self._scenario.heartbeat_seconds,
                 control_poll_seconds=0.2,
-                gpu_probe=SimulatedGpus(behaviour, self._clock),
+                gpu_probe=gpus,
                 metrics=node,
                 metrics_seconds=self._scenario.metrics_seconds,
                 job_metrics=job_metrics,
@@ -455,9 +485,24 @@ class NodeSimulator:
                 finish_resends=self._scenario.finish_resends,
                 going=self._gone[instance_id],
                 clock=self._clock,
+                usage=functools.partial(
+                    UsageRecorder,
+                    UsageSampler(self._nvidia_smi(instance_id, gpus)),
+                    node,
+                    interval_seconds=self._scenario.usage_seconds,
+                ),
+                usage_seconds=self._scenario.usage_seconds,
             )
             with contextlib.suppress(NodeVanished):
                 agent.run()
+
+    def _nvidia_smi(self, instance_id: str, gpus: SimulatedGpus) -> FakeNvidiaSmi:
+        with acting_as(EMULATOR):
+            instance_type = load_bundled().instance_type(
+                _instance(self._ec2, instance_id)["InstanceType"]
+            )
+        count = instance_type.gpus if instance_type.accelerator == "nvidia" else 0
+        return FakeNvidiaSmi(gpus, count, instance_type.gpu_memory_gib * 1024)
 
     def _docker_runtime(
         self, instance_id: str, log: ContainerLog, job_metrics: JobMetrics

@@ -1,0 +1,258 @@
+"""A run's usage on one node: the layout of `runs/<job>/usage/<instance>.json`.
+
+The node agent (`agent/usage.py`) writes it, a sample each minute, beside the run's manifest
+(one S3 object per run and node, never in the job's DynamoDB item); `gpufleet status`,
+`gpufleet report` and `gpufleet review` read it. Standard library only: the agent runs it on the
+instance, without the control plane's dependencies.
+
+The document is columnar and compact (whole numbers, times as offsets from `t0`):
+
+    {"v": 1, "job": "j-...", "instance": "i-...", "interval": 60, "t0": 1764672000.0,
+     "gpu_mem_total": [81559, ...],          # MiB per GPU
+     "host_mem_total": 2097152,              # MiB
+     "t": [0, 60, ...],                      # seconds after t0, one per sample
+     "gpu_util": [[97, 95, ...], ...],       # percent, per sample and GPU
+     "gpu_mem": [[70211, 70188, ...], ...],  # MiB used, per sample and GPU
+     "cpu": [41, ...], "mem": [180233, ...], # host CPU percent and memory used (MiB)
+     "events": [[0, "started"], [3600, "checkpoint"], ...]}
+
+A value the node could not read is null. A document holds at most MAX_SAMPLES samples: past
+that, neighbouring samples are merged (their peaks kept) and the interval doubles, so a run of
+any length stays a few hundred kilobytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+LAYOUT_VERSION = 1
+USAGE_DIR = "usage"
+# Two weeks at a minute; a longer run's samples are merged pairwise.
+MAX_SAMPLES = 20160
+# A GPU below this utilization is idle (what `gpufleet review` counts as held while idle).
+IDLE_UTILIZATION_PERCENT = 5.0
+
+# The agent's timeline marks, in the order a run goes through them.
+EVENT_STARTED = "started"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_INTERRUPTED = "interrupted"
+EVENT_FINISHED = "finished"
+EVENTS = (EVENT_STARTED, EVENT_CHECKPOINT, EVENT_INTERRUPTED, EVENT_FINISHED)
+
+
+class UsageLayoutError(ValueError):
+    """A usage document that is not in this layout."""
+
+
+def usage_prefix(runs_prefix: str, job_id: str) -> str:
+    return f"{runs_prefix}{job_id}/{USAGE_DIR}/"
+
+
+def usage_key(runs_prefix: str, job_id: str, instance_id: str) -> str:
+    return f"{usage_prefix(runs_prefix, job_id)}{instance_id}.json"
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # epoch seconds
+    gpu_util: tuple[float | None, ...] = ()  # percent, per GPU
+    gpu_mem_mib: tuple[float | None, ...] = ()  # used, per GPU
+    cpu_percent: float | None = None
+    mem_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """What one node of a run used, sample by sample, and the agent's marks on its timeline."""
+
+    job_id: str
+    instance_id: str
+    interval_seconds: float = 60.0
+    gpu_mem_total_mib: tuple[float, ...] = ()
+    host_mem_total_mib: float | None = None
+    samples: tuple[Sample, ...] = ()
+    events: tuple[tuple[float, str], ...] = ()  # (epoch seconds, one of EVENTS)
+
+    def with_sample(self, sample: Sample) -> NodeUsage:
+        samples = (*self.samples, sample)
+        interval = self.interval_seconds
+        if len(samples) > MAX_SAMPLES:
+            samples = tuple(_merged(samples[i : i + 2]) for i in range(0, len(samples), 2))
+            interval *= 2
+        return replace(self, samples=samples, interval_seconds=interval)
+
+    def with_event(self, t: float, name: str) -> NodeUsage:
+        if name not in EVENTS:
+            raise UsageLayoutError(f"unknown usage event {name!r}")
+        return replace(self, events=(*self.events, (t, name)))
+
+    def to_json(self) -> bytes:
+        t0 = self.samples[0].t if self.samples else (self.events[0][0] if self.events else 0.0)
+        document = {
+            "v": LAYOUT_VERSION,
+            "job": self.job_id,
+            "instance": self.instance_id,
+            "interval": self.interval_seconds,
+            "t0": t0,
+            "gpu_mem_total": [_whole(v) for v in self.gpu_mem_total_mib],
+            "host_mem_total": _whole(self.host_mem_total_mib),
+            "t": [_whole(s.t - t0) for s in self.samples],
+            "gpu_util": [[_whole(v) for v in s.gpu_util] for s in self.samples],
+            "gpu_mem": [[_whole(v) for v in s.gpu_mem_mib] for s in self.samples],
+            "cpu": [_whole(s.cpu_percent) for s in self.samples],
+            "mem": [_whole(s.mem_mib) for s in self.samples],
+            "events": [[_whole(t - t0), name] for t, name in self.events],
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> NodeUsage:
+        """The document `raw`; UsageLayoutError when it is not one of this layout."""
+        try:
+            document = json.loads(raw)
+            if not isinstance(document, dict) or document.get("v") != LAYOUT_VERSION:
+                raise UsageLayoutError(f"not a usage document of layout {LAYOUT_VERSION}")
+            t0 = _number(document["t0"])
+            offsets = [_number(v) for v in document["t"]]
+            columns = [document[name] for name in ("gpu_util", "gpu_mem", "cpu", "mem")]
+            if any(not isinstance(c, list) or len(c) != len(offsets) for c in columns):
+                raise UsageLayoutError("the usage columns differ in length")
+            util, mem, cpu, host = columns
+            samples = tuple(
+                Sample(
+                    t=t0 + offsets[i],
+                    gpu_util=tuple(_optional(v) for v in util[i]),
+                    gpu_mem_mib=tuple(_optional(v) for v in mem[i]),
+                    cpu_percent=_optional(cpu[i]),
+                    mem_mib=_optional(host[i]),
+                )
+                for i in range(len(offsets))
+            )
+            events = tuple((t0 + _number(t), str(name)) for t, name in document["events"])
+            return cls(
+                job_id=str(document["job"]),
+                instance_id=str(document["instance"]),
+                interval_seconds=_number(document["interval"]),
+                gpu_mem_total_mib=tuple(_number(v) for v in document["gpu_mem_total"]),
+                host_mem_total_mib=_optional(document["host_mem_total"]),
+                samples=samples,
+                events=events,
+            )
+        except UsageLayoutError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageLayoutError(f"not a usage document: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class Stat:
+    peak: float | None = None
+    mean: float | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stat:
+        known = [v for v in values if v is not None]
+        if not known:
+            return cls()
+        return cls(peak=max(known), mean=sum(known) / len(known))
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    """Peaks and means over a run's nodes: GPU utilization (a GPU's, each sample), GPU memory
+    used (the fullest GPU's), host CPU and memory; and the share of GPU samples that were
+    idle (below IDLE_UTILIZATION_PERCENT)."""
+
+    nodes: int = 0
+    samples: int = 0
+    gpu_util_percent: Stat = field(default_factory=Stat)
+    gpu_mem_mib: Stat = field(default_factory=Stat)
+    gpu_mem_total_mib: float | None = None
+    cpu_percent: Stat = field(default_factory=Stat)
+    host_mem_mib: Stat = field(default_factory=Stat)
+    host_mem_total_mib: float | None = None
+    idle_fraction: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+
+        out: dict[str, float | int | None] = {"nodes": self.nodes, "samples": self.samples}
+        for name, stat in (
+            ("gpu_util_percent", self.gpu_util_percent),
+            ("gpu_mem_mib", self.gpu_mem_mib),
+            ("cpu_percent", self.cpu_percent),
+            ("host_mem_mib", self.host_mem_mib),
+        ):
+            out[f"{name}_peak"] = rounded(stat.peak)
+            out[f"{name}_mean"] = rounded(stat.mean)
+        out["gpu_mem_total_mib"] = rounded(self.gpu_mem_total_mib)
+        out["host_mem_total_mib"] = rounded(self.host_mem_total_mib)
+        out["gpu_idle_fraction"] = (
+            None if self.idle_fraction is None else round(self.idle_fraction, 3)
+        )
+        return out
+
+
+def summarize(nodes: Sequence[NodeUsage]) -> UsageSummary:
+    samples = [s for node in nodes for s in node.samples]
+    utils = [v for s in samples for v in s.gpu_util if v is not None]
+    fullest = [max((v for v in s.gpu_mem_mib if v is not None), default=None) for s in samples]
+    totals = [v for node in nodes for v in node.gpu_mem_total_mib]
+    hosts = [node.host_mem_total_mib for node in nodes if node.host_mem_total_mib is not None]
+    return UsageSummary(
+        nodes=len(nodes),
+        samples=len(samples),
+        gpu_util_percent=Stat.of(utils),
+        gpu_mem_mib=Stat.of(fullest),
+        gpu_mem_total_mib=min(totals) if totals else None,
+        cpu_percent=Stat.of(s.cpu_percent for s in samples),
+        host_mem_mib=Stat.of(s.mem_mib for s in samples),
+        host_mem_total_mib=min(hosts) if hosts else None,
+        idle_fraction=(
+            sum(1 for v in utils if v < IDLE_UTILIZATION_PERCENT) / len(utils) if utils else None
+        ),
+    )
+
+
+def _merged(pair: Sequence[Sample]) -> Sample:
+    """Two neighbouring samples as one: the first's time, each value's peak."""
+    first = pair[0]
+
+    def peak(values: Iterable[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    width = max(len(s.gpu_util) for s in pair)
+    mem_width = max(len(s.gpu_mem_mib) for s in pair)
+    return Sample(
+        t=first.t,
+        gpu_util=tuple(peak(_at(s.gpu_util, i) for s in pair) for i in range(width)),
+        gpu_mem_mib=tuple(peak(_at(s.gpu_mem_mib, i) for s in pair) for i in range(mem_width)),
+        cpu_percent=peak(s.cpu_percent for s in pair),
+        mem_mib=peak(s.mem_mib for s in pair),
+    )
+
+
+def _at(values: Sequence[float | None], index: int) -> float | None:
+    return values[index] if index < len(values) else None
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageLayoutError(f"{value!r} is not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise UsageLayoutError(f"{value!r} is not finite")
+    return number
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else _number(value)
