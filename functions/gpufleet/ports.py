@@ -18,6 +18,7 @@ from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the q
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
 from gpufleet.domain.spec import Priority
+from gpufleet.domain.usage_layout import NodeUsage
 from gpufleet.errors import NotFound, RefusedInput
 
 
@@ -260,6 +261,12 @@ class ObjectStore(Protocol):
     def get_bytes(self, key: str, max_bytes: int, version_id: str | None = None) -> bytes:
         """The object's bytes (of that version, when given; none for an empty object); raise
         ObjectTooLarge past `max_bytes`, ObjectMissing when it (or that version) is gone."""
+        ...
+
+
+class UsageReader(Protocol):
+    def of_job(self, job_id: str) -> list[NodeUsage]:
+        """Each node's usage document of the job's runs (domain/usage_layout.py), by instance."""
         ...
 
 

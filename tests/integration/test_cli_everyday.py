@@ -237,10 +237,45 @@ def test_status_shows_where_the_job_ran_what_it_cost_and_what_happened(
     assert status["failure_reason"] is None and status["flags"] == []
     code, out, _ = cli("status", status["id"])
     assert code == 0
-    fields = dict(line.split(":", 1) for line in out.splitlines())
+    record = out.partition("\nusage (")[0]
+    fields = dict(line.split(":", 1) for line in record.splitlines())
     assert fields["status"].strip() == "SUCCEEDED"
     assert fields["instance_type"].strip() == status["instance_type"]
     assert float(fields["cost_usd"]) == pytest.approx(status["cost_usd"], abs=1e-6)
+
+
+def test_status_prints_the_peaks_and_means_of_the_usage_its_node_kept(
+    cli: Cli, finished: dict[str, Any]
+) -> None:
+    usage = finished["status"]["usage"]
+    # The emulated node's GPUs say 90 % and 8,000 MiB (the scenario's default), each second.
+    assert usage["nodes"] == 1 and usage["samples"] >= 1
+    assert usage["gpu_util_percent_peak"] == usage["gpu_util_percent_mean"] == 90.0
+    assert usage["gpu_mem_mib_peak"] == 8000.0 and usage["gpu_mem_total_mib"] > 8000.0
+    code, out, _ = cli("status", finished["status"]["id"])
+    assert code == 0
+    table = out.partition("\nusage (1 node(s), ")[2]
+    rows = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in table.splitlines()[2:]}
+    assert rows["GPU utilization %"] == ["90", "90"]
+
+
+def test_report_writes_the_usage_curves_and_the_timeline_as_png_and_html(
+    cli: Cli, finished: dict[str, Any], workdir: Path
+) -> None:
+    out = workdir / "report"
+    code, printed, _ = cli("report", finished["status"]["id"], "--out", str(out), "--json")
+    assert code == 0
+    assert sorted(Path(f).name for f in json.loads(printed)["files"]) == [
+        "index.html",
+        "timeline.png",
+        "usage.png",
+    ]
+    for image in ("usage.png", "timeline.png"):
+        assert (out / image).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    page = (out / "index.html").read_text()
+    assert 'src="usage.png"' in page and 'src="timeline.png"' in page
+    for phase in ("queued", "launching", "running", "released"):
+        assert f"<td>{phase}</td>" in page
 
 
 def test_an_unknown_job_is_a_clear_error(cli: Cli) -> None:

@@ -22,6 +22,7 @@ from gpufleet.cli import (
     schema,
     simulate,
     templates,
+    usage_page,
 )
 from gpufleet.cli.output import CliError, Parser, report, run_command
 
@@ -31,6 +32,7 @@ COMMANDS = (
     plan,
     templates,
     jobs,
+    usage_page,
     run,
     logs,
     cost,

@@ -1,7 +1,7 @@
 """`gpufleet submit FILE`, `gpufleet status [ID]`, `gpufleet list`: jobs in and out.
 
     gpufleet submit job.yaml [--wait SECONDS] [--json] [--raw]
-    gpufleet status ID [--json] [--raw]
+    gpufleet status ID [--json] [--raw]     (with the peaks and means of its usage)
     gpufleet list [--status S] [--team T] [--limit N] [--json] [--raw]
 
 Every command takes the target arguments (`--stack`, `--endpoint-url`, ...) and keeps the output
@@ -243,11 +243,13 @@ def _error_report(s3: Any, upload: Upload, read: set[str]) -> dict[str, Any] | N
 def run_status(args: argparse.Namespace) -> int:
     if args.job_id is None:
         return run_list(args)
+    from gpufleet.domain.usage_layout import summarize
     from gpufleet.services.reports import job_detail
 
     connection = connect(args)
     job = connection.jobs.get(args.job_id)
     detail = job_detail(job, current_wait_seconds=connection.current_wait_seconds(job))
+    detail["usage"] = summarize(connection.usage.of_job(job.job_id)).as_dict()
     if args.json:
         print_json(detail)
     else:
@@ -256,12 +258,30 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def render_detail(detail: dict[str, Any], raw: bool = False) -> str:
-    """`status ID` for people: a line per field, then a multi-stage job's stages as a table."""
+    """`status ID` for people: a line per field, then a multi-stage job's stages as a table,
+    then the peaks and means of its usage (from its nodes' usage documents)."""
     stages = detail.get("stages") or []
-    fields = render_fields({k: v for k, v in detail.items() if k != "stages"}, raw)
-    if not stages:
-        return fields
-    return f"{fields}\nstages:\n{render(stages, STAGE_COLUMNS, raw)}"
+    usage = detail.get("usage") or {}
+    fields = render_fields({k: v for k, v in detail.items() if k not in ("stages", "usage")}, raw)
+    if stages:
+        fields = f"{fields}\nstages:\n{render(stages, STAGE_COLUMNS, raw)}"
+    if usage.get("samples"):
+        rows = [
+            {"what": label, "peak": usage[f"{key}_peak"], "mean": usage[f"{key}_mean"]}
+            for key, label in USAGE_ROWS
+        ]
+        title = f"usage ({usage['nodes']} node(s), {usage['samples']} sample(s)):"
+        fields = f"{fields}\n{title}\n{render(rows, USAGE_COLUMNS, raw)}"
+    return fields
+
+
+USAGE_ROWS = (
+    ("gpu_util_percent", "GPU utilization %"),
+    ("gpu_mem_mib", "GPU memory used MiB (fullest GPU)"),
+    ("cpu_percent", "host CPU %"),
+    ("host_mem_mib", "host memory used MiB"),
+)
+USAGE_COLUMNS = (("what", "usage"), ("peak", "peak"), ("mean", "mean"))
 
 
 STAGE_COLUMNS = (

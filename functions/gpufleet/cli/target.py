@@ -24,7 +24,7 @@ from gpufleet.settings import Settings
 
 if TYPE_CHECKING:
     from gpufleet.domain.job import Job
-    from gpufleet.ports import JobQueue, JobStore, Ports
+    from gpufleet.ports import JobQueue, JobStore, Ports, UsageReader
     from gpufleet.services.lifecycle import LifecycleService
 
 # botocore reads it whenever it builds a client (boto3 >= 1.28), for every service.
@@ -140,6 +140,13 @@ class Connection:
         from gpufleet.adapters.aws.queue import DynamoJobQueue
 
         return DynamoJobQueue(self.client("dynamodb"), self.settings.queue_table)
+
+    @cached_property
+    def usage(self) -> UsageReader:
+        """The nodes' usage documents of a job (runs/<job>/usage/ in the intake bucket)."""
+        from gpufleet.adapters.aws.usage import S3UsageReader
+
+        return S3UsageReader(self.client("s3"), self.settings.intake_bucket)
 
     def current_wait_seconds(self, job: Job) -> float | None:
         """How long a waiting job has been in the admission queue this time (the job's record
