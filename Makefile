@@ -8,11 +8,12 @@ PYTEST_WORKERS ?= 2
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help install demo test lint typecheck unit integration realtime infra synth bench simulate lock clean
+.PHONY: help install demo test lint typecheck unit integration realtime infra synth bench simulate lock clean browser
 
 help:
 	@echo "make demo       run sample jobs end to end on the embedded AWS account"
 	@echo "make test       lint, type-check and run every test but the real-time ones"
+	@echo "make browser    install Debian's chromium when missing (the HTML pages' tests load them)"
 	@echo "make realtime   run the real-time tests (whole chaos runs)"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
 	@echo "make bench      print selection, admission, simulator, per-job overhead, cold-start and metric-action figures"
@@ -36,7 +37,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+# The HTML pages gpufleet writes are checked in headless Chromium (tests/browser): Debian's
+# package, installed when missing (as root, or through sudo).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium; }
+
+test: lint typecheck browser
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 unit: $(STAMP)
