@@ -60,10 +60,14 @@ _REFUSED_AT_INTAKE = (
     "and intake refuses: none here)"
 )
 _LOGS_WRITTEN = "`logs` reads the agent's stream once a node wrote one (no node runs here)"
+_USAGE_WRITTEN = (
+    "`status` and `report` read a run's usage once its node wrote some (no node runs here)"
+)
 NOT_REACHED: dict[str, dict[str, str]] = {
     "submitter.json": {
         "s3:ListBucketVersions": _REFUSED_AT_INTAKE,
         "logs:FilterLogEvents": _LOGS_WRITTEN,
+        "s3:GetObject": _USAGE_WRITTEN,
     },
     "operator.json": {
         "s3:ListBucketVersions": _REFUSED_AT_INTAKE,
