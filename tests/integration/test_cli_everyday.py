@@ -278,6 +278,22 @@ def test_report_writes_the_usage_curves_and_the_timeline_as_png_and_html(
         assert f"<td>{phase}</td>" in page
 
 
+def test_review_reads_the_records_and_the_usage_the_nodes_kept(
+    cli: Cli, finished: dict[str, Any], workdir: Path
+) -> None:
+    out = workdir / "review"
+    code, printed, _ = cli(
+        "review", "--since", "1d", "--team", "vision", "--json", "--out", str(out)
+    )
+    assert code == 0
+    document = json.loads(printed)
+    assert document["jobs"] >= 1 and document["with_usage"] >= 1
+    assert {"right_size", "waste", "commitments", "capacity_blocks"} <= set(document)
+    assert "<h2>Right-size</h2>" in (out / "index.html").read_text()
+    code, _, err = cli("review", "--since", "soon")
+    assert code == 2 and "--since" in err
+
+
 def test_an_unknown_job_is_a_clear_error(cli: Cli) -> None:
     code, _, err = cli("status", "j-00000000000000000000")
     assert code == 2 and "does not exist" in err

@@ -251,6 +251,8 @@ def submitter(account: Account, tmp_path_factory: pytest.TempPathFactory) -> Per
     assert run("list", "--team", "vision")[0] == 0
     assert run("logs", job_id)[0] == 0
     assert run("cost", "--by", "team")[0] == 0
+    assert run("review")[0] == 0
+    assert run("report", job_id, "--out", str(tmp_path_factory.mktemp("page")))[0] == 0
     code, _ = run("submit", run.spec("Not-A-Name", "vision"))
     assert code == 2  # refused here, before any upload: no call
     return run
@@ -273,6 +275,8 @@ def operator(account: Account, tmp_path_factory: pytest.TempPathFactory) -> Pers
     assert run("list")[0] == 0
     assert run("logs", running)[0] == 0
     assert run("cost")[0] == 0
+    assert run("review", "--team", "vision")[0] == 0
+    assert run("report", running, "--out", str(tmp_path_factory.mktemp("page")))[0] == 0
     assert run("doctor")[0] in (0, 2)  # a verdict either way: its reads are what counts
     return run
 

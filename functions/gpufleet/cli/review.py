@@ -1,0 +1,177 @@
+"""`gpufleet review`: what to change, from the stack's job records and their usage.
+
+    gpufleet review [--since 30d] [--team T] [--json] [--out DIR]
+
+Right-size, waste and commitments (rules and their assumptions: `domain/review.py`), in dollars
+at the bundled catalog's on-demand prices for the stack's region, over the jobs submitted in
+the window. `--out DIR` also writes DIR/index.html with the same tables (HTML-escaped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.cli.output import invalid, print_json
+from gpufleet.cli.table import add_raw_argument, render
+from gpufleet.cli.target import add_target_arguments, connect
+from gpufleet.domain.review import CAPACITY_BLOCKS, ReviewedJob, commitments, right_size, waste
+
+if TYPE_CHECKING:
+    from gpufleet.domain.catalog import Catalog
+    from gpufleet.settings import Settings
+
+ALL_JOBS = 100_000
+RIGHT_SIZE_COLUMNS = (
+    ("team", "team"),
+    ("name", "name"),
+    ("jobs", "jobs"),
+    ("instance_type", "ran on"),
+    ("suggested_type", "fits"),
+    ("node_hours", "node-h"),
+    ("saving_usd", "saving $"),
+)
+WASTE_COLUMNS = (
+    ("team", "team"),
+    ("name", "name"),
+    ("idle_gpu_hours", "idle GPU-h"),
+    ("idle_usd", "idle $"),
+    ("held_after_hours", "after-end GPU-h"),
+    ("held_after_usd", "after-end $"),
+    ("rework_hours", "rework GPU-h"),
+    ("rework_usd", "rework $"),
+)
+COMMITMENT_COLUMNS = (
+    ("family", "family"),
+    ("on_demand_usd", "on-demand $"),
+    ("baseline_usd_per_hour", "baseline $/h"),
+    ("plan", "plan"),
+    ("discount", "discount"),
+    ("break_even_utilization", "break-even"),
+    ("commit_usd_per_hour", "commit $/h"),
+    ("saving_usd", "saving $"),
+)
+
+
+def register(commands: Any) -> None:
+    review = commands.add_parser(
+        "review", help="right-size, waste and commitments from the jobs' records and usage"
+    )
+    review.add_argument("--since", default="30d", help="the window, back from now (default 30d)")
+    review.add_argument("--team", help="only this team's jobs")
+    review.add_argument("--out", type=Path, help="also write DIR/index.html")
+    add_target_arguments(review)
+    add_raw_argument(review)
+    review.set_defaults(run=run_review)
+
+
+def _window(since: str) -> int:
+    from gpufleet.domain.spec import parse_duration
+
+    try:
+        return parse_duration(since)
+    except ValueError as exc:
+        raise invalid(f"--since: {exc}") from None
+
+
+def run_review(args: argparse.Namespace) -> int:
+    from gpufleet.domain.catalog import load_bundled
+
+    window = _window(args.since)
+    connection = connect(args)
+    now = time.time()
+    start = now - window
+    jobs = [
+        job
+        for job in connection.jobs.list_jobs(limit=ALL_JOBS)
+        if job.created_at >= start and (args.team is None or job.spec.team == args.team)
+    ]
+    reviewed = [
+        ReviewedJob(job, tuple(connection.usage.of_job(job.job_id)) if job.placement else ())
+        for job in jobs
+    ]
+    document = review_document(reviewed, load_bundled(), connection.settings, start, now)
+    document["since"] = args.since
+    document["team"] = args.team
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "index.html").write_text(render_page(document))
+    if args.json:
+        print_json(document)
+    else:
+        print(render_text(document, args.raw))
+    return 0
+
+
+def review_document(
+    reviewed: Sequence[ReviewedJob], catalog: Catalog, settings: Settings, start: float, end: float
+) -> dict[str, Any]:
+    region = settings.region
+    sized = right_size(reviewed, catalog, region, settings.bootable)
+    return {
+        "region": region,
+        "jobs": len(reviewed),
+        "with_usage": sum(1 for r in reviewed if r.nodes),
+        "right_size": [asdict(r) for r in sized],
+        "waste": [asdict(w) for w in waste(reviewed)],
+        "commitments": [asdict(c) for c in commitments([r.job for r in reviewed], start, end)],
+        "capacity_blocks": CAPACITY_BLOCKS,
+    }
+
+
+def render_text(document: Mapping[str, Any], raw: bool = False) -> str:
+    parts = [
+        f"{document['jobs']} job(s), {document['with_usage']} with usage, in {document['region']}"
+    ]
+    for title, key, columns in (
+        ("right-size", "right_size", RIGHT_SIZE_COLUMNS),
+        ("waste", "waste", WASTE_COLUMNS),
+        ("commitments", "commitments", COMMITMENT_COLUMNS),
+    ):
+        rows = document[key]
+        parts.append(f"\n{title}:\n" + (render(rows, columns, raw) if rows else "(none)"))
+    sources = sorted({c["source"] for c in document["commitments"]})
+    if sources:
+        parts.append("\ndiscounts from:\n" + "\n".join(f"  {s}" for s in sources))
+    parts.append(f"\n{document['capacity_blocks']}")
+    return "\n".join(parts)
+
+
+def render_page(document: Mapping[str, Any]) -> str:
+    e = html.escape
+
+    def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+        if not rows:
+            return "<p>(none)</p>"
+        head = "".join(f"<th>{e(label)}</th>" for _, label in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(str(row[key]))}</td>" for key, _ in columns) + "</tr>"
+            for row in rows
+        )
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    sources = "".join(
+        f"<li>{e(s)}</li>" for s in sorted({c["source"] for c in document["commitments"]})
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>gpufleet review</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }}
+</style></head><body>
+<h1>gpufleet review</h1>
+<p>{document["jobs"]} job(s), {document["with_usage"]} with usage, in {e(document["region"])},
+since {e(str(document.get("since")))}, team {e(str(document.get("team") or "all"))}</p>
+<h2>Right-size</h2>{table(document["right_size"], RIGHT_SIZE_COLUMNS)}
+<h2>Waste</h2>{table(document["waste"], WASTE_COLUMNS)}
+<h2>Commitments</h2>{table(document["commitments"], COMMITMENT_COLUMNS)}
+<p>Discounts from:</p><ul>{sources}</ul>
+<p>{e(document["capacity_blocks"])}</p>
+</body></html>
+"""
