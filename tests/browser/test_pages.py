@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.cli.review import render_page, review_document
 from gpufleet.cli.usage_page import write_report
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.review import ReviewedJob
+from tests.helpers import make_settings
+from tests.unit.test_review import job as reviewed_job
+from tests.unit.test_review import used
 from tests.unit.test_usage_page import HOSTILE, T0, job, node
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -137,3 +143,17 @@ def test_a_missing_image_and_a_console_error_are_caught(served: tuple[str, Path]
     assert result["images"] == 2 and [Path(src).name for src in result["broken"]] == [
         "timeline.png"
     ]
+
+
+def test_the_review_page_loads_without_console_errors(served: tuple[str, Path]) -> None:
+    base, root = served
+    history = [
+        ReviewedJob(reviewed_job(), used(8000.0, util=2.0)),
+        ReviewedJob(reviewed_job(name="steady", capacity="on-demand"), ()),
+    ]
+    settings = make_settings(region="us-east-1")
+    document = review_document(history, load_bundled(), settings, T0, T0 + 86400)
+    document.update(since="30d", team=HOSTILE)
+    (root / "review").mkdir(exist_ok=True)
+    (root / "review" / "index.html").write_text(render_page(document))
+    assert check_page(base, root, "review/index.html") == {"images": 0, "broken": []}
