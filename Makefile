@@ -16,7 +16,7 @@ help:
 	@echo "make browser    install Debian's chromium when missing (the HTML pages' tests load them)"
 	@echo "make realtime   run the real-time tests (whole chaos runs)"
 	@echo "make synth      synthesize the CDK stack into cdk.out/"
-	@echo "make bench      print selection, admission, simulator, per-job overhead, cold-start and metric-action figures"
+	@echo "make bench      print selection, admission, simulator, per-job overhead, cold-start, metric-action and review figures"
 	@echo "make simulate   replay a week of the Philly trace; report in build/sim-report"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_overhead.py
 	$(BIN)/python scripts/bench_cold_start.py
 	$(BIN)/python scripts/bench_metric_actions.py
+	$(BIN)/python scripts/bench_review.py
 
 simulate: $(STAMP)
 	$(BIN)/gpufleet simulate --format philly --start-days 30 --days 7 --report build/sim-report

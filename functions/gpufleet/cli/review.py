@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from gpufleet.cli.output import invalid, print_json
 from gpufleet.cli.table import add_raw_argument, render
 from gpufleet.cli.target import add_target_arguments, connect
+from gpufleet.domain.forecast import HOUR, Interval, backtest, forecast, hourly_gpu_hours
 from gpufleet.domain.review import CAPACITY_BLOCKS, ReviewedJob, commitments, right_size, waste
 
 if TYPE_CHECKING:
     from gpufleet.domain.catalog import Catalog
+    from gpufleet.domain.job import Job
     from gpufleet.settings import Settings
 
 ALL_JOBS = 100_000
@@ -56,6 +58,8 @@ COMMITMENT_COLUMNS = (
     ("commit_usd_per_hour", "commit $/h"),
     ("saving_usd", "saving $"),
 )
+
+FORECAST_COLUMNS = (("team", "team"), *((f"d{n}", f"day {n} GPU-h") for n in range(1, 8)))
 
 
 def register(commands: Any) -> None:
@@ -113,6 +117,9 @@ def review_document(
 ) -> dict[str, Any]:
     region = settings.region
     sized = right_size(reviewed, catalog, region, settings.bootable)
+    origin = start - start % HOUR
+    series = hourly_gpu_hours((used_interval(r.job, end) for r in reviewed), origin, end)
+    checked = backtest(series)
     return {
         "region": region,
         "jobs": len(reviewed),
@@ -121,7 +128,18 @@ def review_document(
         "waste": [asdict(w) for w in waste(reviewed)],
         "commitments": [asdict(c) for c in commitments([r.job for r in reviewed], start, end)],
         "capacity_blocks": CAPACITY_BLOCKS,
+        "forecast_gpu_hours": forecast(series),
+        "forecast_backtest": asdict(checked),
     }
+
+
+def used_interval(job: Job, now: float) -> Interval:
+    """The GPUs a job held, from its (last) launch to its release (or now)."""
+    placement = job.placement
+    start = placement.launched_at if placement else job.created_at
+    end = job.released_at if job.released_at is not None else (now if placement else start)
+    gpus = job.effective_spec.resources.total_gpus
+    return (job.spec.team, start, end, gpus)
 
 
 def render_text(document: Mapping[str, Any], raw: bool = False) -> str:
@@ -139,7 +157,20 @@ def render_text(document: Mapping[str, Any], raw: bool = False) -> str:
     if sources:
         parts.append("\ndiscounts from:\n" + "\n".join(f"  {s}" for s in sources))
     parts.append(f"\n{document['capacity_blocks']}")
+    parts.append("\nforecast, GPU-hours per day for the next 7 days:")
+    for team, days in sorted(document["forecast_gpu_hours"].items()):
+        parts.append(f"  {team}: " + " ".join(f"{v:g}" for v in days))
+    parts.append(backtest_line(document["forecast_backtest"]))
     return "\n".join(parts)
+
+
+def backtest_line(checked: Mapping[str, Any]) -> str:
+    if checked["wape"] is None:
+        return "forecast error: needs two weeks of history to backtest"
+    return (
+        f"forecast error (backtest over {checked['cuts']} week(s), {checked['team_days']} "
+        f"team-days): WAPE {checked['wape']:.1%}"
+    )
 
 
 def render_page(document: Mapping[str, Any]) -> str:
@@ -155,6 +186,10 @@ def render_page(document: Mapping[str, Any]) -> str:
         )
         return f"<table><tr>{head}</tr>{body}</table>"
 
+    forecast_rows = [
+        {"team": team, **{f"d{n}": v for n, v in enumerate(days, start=1)}}
+        for team, days in sorted(document["forecast_gpu_hours"].items())
+    ]
     sources = "".join(
         f"<li>{e(s)}</li>" for s in sorted({c["source"] for c in document["commitments"]})
     )
@@ -173,5 +208,7 @@ since {e(str(document.get("since")))}, team {e(str(document.get("team") or "all"
 <h2>Commitments</h2>{table(document["commitments"], COMMITMENT_COLUMNS)}
 <p>Discounts from:</p><ul>{sources}</ul>
 <p>{e(document["capacity_blocks"])}</p>
+<h2>Forecast</h2>{table(forecast_rows, FORECAST_COLUMNS)}
+<p>{e(backtest_line(document["forecast_backtest"]))}</p>
 </body></html>
 """

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
-from gpufleet.domain.catalog import Catalog
+from gpufleet.domain.catalog import Catalog, InstanceType
 from gpufleet.domain.job import Job
 from gpufleet.domain.selection import is_feasible
 from gpufleet.domain.usage_layout import NodeUsage, UsageSummary, summarize
@@ -142,13 +142,20 @@ def _held_hours(job: Job) -> float:
     return held / HOUR * _nodes(job)
 
 
-def _on_demand(catalog: Catalog, region: str, instance_type: str) -> float | None:
-    prices = [
-        o.hourly_usd
-        for o in catalog.offerings(region)
-        if o.instance_type.name == instance_type and o.capacity_type == "on-demand"
-    ]
-    return min(prices) if prices else None
+def on_demand_prices(
+    catalog: Catalog, region: str, bootable: frozenset[BootTarget] = STOCK_TARGETS
+) -> list[tuple[float, InstanceType]]:
+    """Each bootable type's lowest on-demand price in the region, cheapest first."""
+    prices: dict[str, tuple[float, InstanceType]] = {}
+    for o in catalog.offerings(region):
+        name = o.instance_type.name
+        if o.capacity_type == "on-demand" and (
+            name not in prices or o.hourly_usd < prices[name][0]
+        ):
+            prices[name] = (o.hourly_usd, o.instance_type)
+    return sorted(
+        (p for p in prices.values() if boots(p[1], bootable)), key=lambda p: (p[0], p[1].name)
+    )
 
 
 def right_size(
@@ -164,13 +171,15 @@ def right_size(
     for item in reviewed:
         if item.job.placement is not None and item.nodes and not item.job.spec.stages:
             families[(item.job.spec.team, item.job.spec.name)].append(item)
+    prices = on_demand_prices(catalog, region, bootable)
+    price_of = {it.name: price for price, it in prices}
     found: list[RightSize] = []
     for (team, name), items in families.items():
         types = {i.job.placement.instance_type for i in items if i.job.placement}
         if len(types) != 1:
             continue
         (current,) = types
-        current_price = _on_demand(catalog, region, current)
+        current_price = price_of.get(current)
         usage = summarize([n for i in items for n in i.nodes])
         if current_price is None or usage.gpu_mem_mib.peak is None:
             continue
@@ -182,18 +191,18 @@ def right_size(
                 "vcpus": _vcpus_needed(catalog, current, usage),
             }
         )
-        candidates = [
-            o
-            for o in catalog.offerings(region)
-            if o.capacity_type == "on-demand"
-            and is_feasible(o.instance_type, needs)
-            and boots(o.instance_type, bootable)
-        ]
-        if not candidates:
+        # The cheapest first: the first that fits is the one, and none past the current price.
+        best = next(
+            (
+                (price, it)
+                for price, it in prices
+                if price < current_price and is_feasible(it, needs)
+            ),
+            None,
+        )
+        if best is None:
             continue
-        best = min(candidates, key=lambda o: (o.hourly_usd, o.instance_type.name))
-        if best.hourly_usd >= current_price or best.instance_type.name == current:
-            continue
+        best_price, best_type = best
         node_hours = sum(_held_hours(i.job) for i in items)
         found.append(
             RightSize(
@@ -202,15 +211,15 @@ def right_size(
                 jobs=len(items),
                 instance_type=current,
                 hourly_usd=current_price,
-                suggested_type=best.instance_type.name,
-                suggested_hourly_usd=best.hourly_usd,
+                suggested_type=best_type.name,
+                suggested_hourly_usd=best_price,
                 node_hours=round(node_hours, 3),
-                saving_usd=round(node_hours * (current_price - best.hourly_usd), 2),
+                saving_usd=round(node_hours * (current_price - best_price), 2),
                 gpu_mem_peak_mib=usage.gpu_mem_mib.peak,
                 why=(
                     f"peak GPU memory {usage.gpu_mem_mib.peak / 1024:.1f} GiB of "
                     f"{(usage.gpu_mem_total_mib or 0) / 1024:.0f} GiB; fits "
-                    f"{best.instance_type.gpu_memory_gib:g} GiB GPUs with {HEADROOM:.0%} headroom"
+                    f"{best_type.gpu_memory_gib:g} GiB GPUs with {HEADROOM:.0%} headroom"
                 ),
             )
         )
