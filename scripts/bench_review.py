@@ -24,9 +24,8 @@ import time
 from functools import cache
 from pathlib import Path
 
-from tests.helpers import make_settings
-
 from gpufleet.cli.review import review_document
+from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.catalog import Catalog, load_bundled
 from gpufleet.domain.forecast import backtest, hourly_gpu_hours
 from gpufleet.domain.job import Job, JobStatus, Placement
@@ -34,7 +33,6 @@ from gpufleet.domain.review import ReviewedJob
 from gpufleet.domain.selection import is_feasible
 from gpufleet.domain.spec import Resources
 from gpufleet.domain.usage_layout import NodeUsage, Sample
-from gpufleet.settings import Settings
 from gpufleet.sim.mapping import hash_fraction, sanitize_name, to_spec
 from gpufleet.sim.traces import TraceError, load_trace
 
@@ -43,6 +41,7 @@ DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data"
 PHILLY = Path("traces") / "philly-2017-pollux-derived"
 ORIGIN = 1_764_633_600.0  # the month's records start here (epoch seconds, on an hour)
 HOUR = 3600.0
+REGION = "us-east-1"  # the trace mapping's default region
 MAX_SAMPLES = 48  # per run: an hour a sample, at most two days' worth
 
 
@@ -73,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         else "forecast backtest: the trace is shorter than two weeks"
     )
 
-    settings = make_settings(region="us-east-1")
     started = time.perf_counter()
-    reviewed = [history_of(job, settings) for job in month]
+    reviewed = [history_of(job) for job in month]
     reviewed = [r for r in reviewed if r is not None]
     built = time.perf_counter()
     start = ORIGIN + month.window_start_seconds
-    document = review_document(reviewed, _catalog(), settings, start, start + 30 * 86400)
+    document = review_document(
+        reviewed, _catalog(), REGION, STOCK_TARGETS, start, start + 30 * 86400
+    )
     took = time.perf_counter() - built
     print(f"a month of Philly: {len(reviewed)} job records built in {built - started:.2f} s")
     print(
@@ -116,12 +116,12 @@ def _cheapest(resources: Resources, region: str) -> tuple[str, float] | None:
     return None if best is None else (best.instance_type.name, best.hourly_usd)
 
 
-def history_of(trace_job: object, settings: Settings) -> ReviewedJob | None:
+def history_of(trace_job: object) -> ReviewedJob | None:
     from gpufleet.sim.traces import TraceJob
 
     assert isinstance(trace_job, TraceJob)
     spec = to_spec(trace_job)
-    chosen = _cheapest_on_demand(spec.resources, settings.region)
+    chosen = _cheapest_on_demand(spec.resources, REGION)
     if chosen is None:
         return None
     instance_type, hourly = chosen

@@ -25,9 +25,9 @@ import pytest
 
 from gpufleet.cli.review import render_page, review_document
 from gpufleet.cli.usage_page import write_report
+from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.review import ReviewedJob
-from tests.helpers import make_settings
 from tests.unit.test_review import job as reviewed_job
 from tests.unit.test_review import used
 from tests.unit.test_usage_page import HOSTILE, T0, job, node
@@ -151,8 +151,7 @@ def test_the_review_page_loads_without_console_errors(served: tuple[str, Path]) 
         ReviewedJob(reviewed_job(), used(8000.0, util=2.0)),
         ReviewedJob(reviewed_job(name="steady", capacity="on-demand"), ()),
     ]
-    settings = make_settings(region="us-east-1")
-    document = review_document(history, load_bundled(), settings, T0, T0 + 86400)
+    document = review_document(history, load_bundled(), "us-east-1", STOCK_TARGETS, T0, T0 + 86400)
     document.update(since="30d", team=HOSTILE)
     (root / "review").mkdir(exist_ok=True)
     (root / "review" / "index.html").write_text(render_page(document))

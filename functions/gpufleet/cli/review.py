@@ -24,9 +24,9 @@ from gpufleet.domain.forecast import HOUR, Interval, backtest, forecast, hourly_
 from gpufleet.domain.review import CAPACITY_BLOCKS, ReviewedJob, commitments, right_size, waste
 
 if TYPE_CHECKING:
+    from gpufleet.domain.boot import BootTarget
     from gpufleet.domain.catalog import Catalog
     from gpufleet.domain.job import Job
-    from gpufleet.settings import Settings
 
 ALL_JOBS = 100_000
 RIGHT_SIZE_COLUMNS = (
@@ -99,7 +99,10 @@ def run_review(args: argparse.Namespace) -> int:
         ReviewedJob(job, tuple(connection.usage.of_job(job.job_id)) if job.placement else ())
         for job in jobs
     ]
-    document = review_document(reviewed, load_bundled(), connection.settings, start, now)
+    settings = connection.settings
+    document = review_document(
+        reviewed, load_bundled(), settings.region, settings.bootable, start, now
+    )
     document["since"] = args.since
     document["team"] = args.team
     if args.out is not None:
@@ -113,10 +116,14 @@ def run_review(args: argparse.Namespace) -> int:
 
 
 def review_document(
-    reviewed: Sequence[ReviewedJob], catalog: Catalog, settings: Settings, start: float, end: float
+    reviewed: Sequence[ReviewedJob],
+    catalog: Catalog,
+    region: str,
+    bootable: frozenset[BootTarget],
+    start: float,
+    end: float,
 ) -> dict[str, Any]:
-    region = settings.region
-    sized = right_size(reviewed, catalog, region, settings.bootable)
+    sized = right_size(reviewed, catalog, region, bootable)
     origin = start - start % HOUR
     series = hourly_gpu_hours((used_interval(r.job, end) for r in reviewed), origin, end)
     checked = backtest(series)
