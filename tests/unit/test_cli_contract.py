@@ -33,6 +33,8 @@ FAILURES: dict[str, tuple[list[str], ErrorCode]] = {
     "run": (["run", f"{NOT_HERE}.yaml"], ErrorCode.NOT_FOUND),
     "logs": (["logs", "j-0", *NEEDS_TARGET], ErrorCode.NO_TARGET),
     "cost": (["cost", *NEEDS_TARGET], ErrorCode.NO_TARGET),
+    "report": (["report", "j-0", *NEEDS_TARGET], ErrorCode.NO_TARGET),
+    "review": (["review", "--since", "soon"], ErrorCode.INVALID_ARGUMENTS),
     "catalog show": (["catalog", "show", "--price-region", "xx-none-1"], ErrorCode.NOT_FOUND),
     "catalog refresh": (
         ["catalog", "refresh", "--region", "us-east-1-atl-1"],
