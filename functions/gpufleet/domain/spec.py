@@ -489,6 +489,97 @@ _STAGE_OVERRIDES = (
 )
 
 
+MAX_ARRAY_SIZE = 10_000  # AWS Batch's limit of an array job's children
+# AWS Batch: "A job can depend upon a maximum of 20 jobs" (SubmitJob, dependsOn).
+MAX_DEPENDENCIES = 20
+ARRAY_INDEX_ENV = "GPUFLEET_ARRAY_INDEX"
+# The name AWS Batch gives a child its index: a program written for Batch runs unchanged.
+BATCH_ARRAY_INDEX_ENV = "AWS_BATCH_JOB_ARRAY_INDEX"
+INDEX_ENV_NAMES = (ARRAY_INDEX_ENV, BATCH_ARRAY_INDEX_ENV)
+
+# A value as written: 32 stays the integer 32 (the child reads "32", never "32.0").
+SweepValue = Annotated[str, Strict(), StringConstraints(max_length=1024)] | Count | Number | Flag
+
+
+class ArraySize(_Strict):
+    """`array: {size: N}`: N children of one spec, told apart by their index (docs/arrays.md)."""
+
+    size: Count = Field(ge=1, le=MAX_ARRAY_SIZE)
+
+
+class Sweep(_Strict):
+    """The parameter values of an array's children, each child one point (docs/arrays.md):
+    `grid` (every combination of each parameter's values) or `points` (one mapping a child).
+    Each child gets its point's values as environment variables of the parameters' names."""
+
+    grid: dict[EnvName, list[SweepValue]] | None = Field(default=None, min_length=1)
+    points: list[dict[EnvName, SweepValue]] | None = Field(
+        default=None, min_length=1, max_length=MAX_ARRAY_SIZE
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Sweep:
+        if (self.grid is None) == (self.points is None):
+            raise ValueError("a sweep is either a grid or a list of points")
+        if self.grid is not None:
+            empty = sorted(name for name, values in self.grid.items() if not values)
+            if empty:
+                raise ValueError(f"parameter {empty[0]} has no values")
+            if self.size > MAX_ARRAY_SIZE:
+                raise ValueError(f"the grid makes {self.size} runs; the limit is {MAX_ARRAY_SIZE}")
+        if self.points is not None:
+            names = set(self.points[0])
+            if not names:
+                raise ValueError("a point names at least one parameter")
+            for index, point in enumerate(self.points):
+                if set(point) != names:
+                    raise ValueError(f"point {index} does not name the parameters point 0 names")
+        return self
+
+    @property
+    def parameters(self) -> list[str]:
+        return sorted(self.grid if self.grid is not None else (self.points or [{}])[0])
+
+    @property
+    def size(self) -> int:
+        if self.grid is not None:
+            return math.prod(len(values) for values in self.grid.values())
+        return len(self.points or ())
+
+    def point(self, index: int) -> dict[str, SweepValue]:
+        """Child `index`'s values: grid points in row-major order of the sorted parameter
+        names (the last name varies fastest)."""
+        if self.points is not None:
+            return dict(self.points[index])
+        grid = self.grid or {}
+        values: dict[str, SweepValue] = {}
+        for name in reversed(self.parameters):
+            index, at = divmod(index, len(grid[name]))
+            values[name] = grid[name][at]
+        return dict(sorted(values.items()))
+
+
+class DependencyMode(StrEnum):
+    ALL = "all"  # after every child of the dependency (or the job itself)
+    ELEMENT = "element"  # child i after the dependency's child i (Slurm's aftercorr)
+
+
+class Dependency(_Strict):
+    """A job this one waits for: a job id, or the name of a job of the same submission."""
+
+    job: Annotated[str, Strict(), StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    on: Literal["success", "any"] = Field(
+        default="success",
+        description="success: run only if the dependency succeeded, else end CANCELLED; "
+        "any: run once the dependency ended, however it ended",
+    )
+    mode: DependencyMode = Field(
+        default=DependencyMode.ALL,
+        description="element: each child of this array waits for the same index of the "
+        "dependency's array (both arrays of one size)",
+    )
+
+
 class JobSpec(_Strict):
     """A training job as submitted."""
 
@@ -574,6 +665,20 @@ class JobSpec(_Strict):
     scale_on: ScaleOn | None = Field(
         default=None, description="A metric of the job's own that scales it out (elastic jobs)"
     )
+    array: ArraySize | None = Field(
+        default=None, description=f"Run N children of this spec, 1 to {MAX_ARRAY_SIZE}"
+    )
+    sweep: Sweep | None = Field(
+        default=None,
+        description="Run one child per point of a parameter grid or list (docs/arrays.md); "
+        "refused whole, with one error, when any part of it is wrong",
+    )
+    depends_on: list[Dependency] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="Jobs this one waits for (docs/arrays.md); a job whose dependency failed "
+        "ends CANCELLED and never runs",
+    )
     stages: list[Stage] = Field(
         default_factory=list,
         max_length=MAX_STAGES,
@@ -627,6 +732,38 @@ class JobSpec(_Strict):
         if both:
             raise ValueError(f"{', '.join(both)} named in both env and secrets")
         return self
+
+    @model_validator(mode="after")
+    def _array_fits(self) -> JobSpec:
+        if self.array is not None and self.sweep is not None:
+            raise ValueError("a sweep sets the array's size: give array or sweep, not both")
+        taken = {*self.env, *self.secrets, *INDEX_ENV_NAMES}
+        if self.sweep is not None:
+            clash = sorted(taken & set(self.sweep.parameters))
+            if clash:
+                raise ValueError(f"sweep parameter {clash[0]} is also an environment variable")
+        if self.array is not None or self.sweep is not None:
+            extra = len(INDEX_ENV_NAMES) + len(self.sweep.parameters if self.sweep else ())
+            widest = max([len(self.env), *(len(self.env | s.env) for s in self.stages)])
+            if widest + extra > MAX_ENV:
+                raise ValueError(
+                    f"a child runs with {widest + extra} environment variables (its index "
+                    f"and sweep values with the env); the limit is {MAX_ENV}"
+                )
+        if any(d.mode is DependencyMode.ELEMENT for d in self.depends_on) and self.size == 1:
+            raise ValueError("an element-by-element dependency is for an array")
+        return self
+
+    @property
+    def size(self) -> int:
+        """How many children the spec makes: 1 for a plain job."""
+        if self.sweep is not None:
+            return self.sweep.size
+        return self.array.size if self.array is not None else 1
+
+    @property
+    def is_array(self) -> bool:
+        return self.array is not None or self.sweep is not None
 
     @model_validator(mode="after")
     def _interval_needs_checkpoint(self) -> JobSpec:
@@ -739,11 +876,13 @@ def spec_from_mapping(document: object) -> JobSpec:
     try:
         spec = JobSpec.model_validate(document, by_alias=True, by_name=False)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        raise SpecError(
-            f"{len(errors)} invalid field(s) in the job spec",
-            [FieldError(field=_field_path(tuple(e["loc"])), message=str(e["msg"])) for e in errors],
-        ) from None
+        problems = _one_per_sweep(
+            [
+                FieldError(field=_field_path(tuple(e["loc"])), message=str(e["msg"]))
+                for e in exc.errors(include_url=False, include_input=False)
+            ]
+        )
+        raise SpecError(f"{len(problems)} invalid field(s) in the job spec", problems) from None
     stored = len(spec.stored_form().encode("utf-8"))
     if stored > MAX_SPEC_BYTES:
         raise SpecError(
@@ -751,6 +890,24 @@ def spec_from_mapping(document: object) -> JobSpec:
             [_largest_field(spec)],
         )
     return spec
+
+
+def _one_per_sweep(problems: list[FieldError]) -> list[FieldError]:
+    """A bad sweep is refused whole, with one error: its first problem, and how many more."""
+
+    def in_sweep(problem: FieldError) -> bool:
+        return problem.field == "sweep" or problem.field.startswith(("sweep.", "sweep["))
+
+    sweep = [p for p in problems if in_sweep(p)]
+    if len(sweep) <= 1:
+        return problems
+    one = FieldError(
+        field=sweep[0].field,
+        message=f"{sweep[0].message} (and {len(sweep) - 1} more in the sweep)",
+    )
+    others = [p for p in problems if not in_sweep(p)]
+    at = problems.index(sweep[0])
+    return [*others[:at], one, *others[at:]]
 
 
 def _largest_field(spec: JobSpec) -> FieldError:

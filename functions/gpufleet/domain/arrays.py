@@ -1,0 +1,177 @@
+"""Arrays, sweeps and dependencies between jobs (docs/arrays.md): the one place of their rules.
+
+- `child_spec`: what child `index` of an array or sweep runs (its index and sweep values in
+  the environment).
+- `submission_from_mapping`: one spec, or a top-level `jobs:` list of them; names unique,
+  dependencies resolvable and acyclic, element-by-element dependencies between arrays of one
+  size; refused whole otherwise (`SpecError`).
+- `dependency_verdict`: whether a job (or child) whose dependencies ended as they did waits,
+  may run, or ends CANCELLED with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet.domain.job import TERMINAL_STATUSES, JobStatus, is_job_id
+from gpufleet.domain.spec import (
+    ARRAY_INDEX_ENV,
+    BATCH_ARRAY_INDEX_ENV,
+    Dependency,
+    DependencyMode,
+    FieldError,
+    JobSpec,
+    SpecError,
+    SweepValue,
+    spec_from_mapping,
+)
+
+MAX_SUBMISSION_JOBS = 100
+
+
+def env_value(value: SweepValue) -> str:
+    """A sweep value as the child's environment holds it: a string as written, a number or a
+    flag in its JSON form (32, 0.001, true)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def child_env(spec: JobSpec, index: int) -> dict[str, str]:
+    """What child `index` finds in its environment besides the spec's env."""
+    if not 0 <= index < spec.size:
+        raise ValueError(f"child {index} of an array of {spec.size}")
+    env = {ARRAY_INDEX_ENV: str(index), BATCH_ARRAY_INDEX_ENV: str(index)}
+    if spec.sweep is not None:
+        env |= {name: env_value(value) for name, value in spec.sweep.point(index).items()}
+    return env
+
+
+def child_spec(spec: JobSpec, index: int) -> JobSpec:
+    """What child `index` runs: the spec without its array or sweep, its index and sweep values
+    laid over its env. Dependencies are the parent's (resolved per child by
+    `dependency_verdict`)."""
+    return spec.model_copy(
+        update={"env": {**spec.env, **child_env(spec, index)}, "array": None, "sweep": None}
+    )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The jobs one delivery submits, in an order where each comes after those it names."""
+
+    jobs: tuple[JobSpec, ...]
+
+    @property
+    def children(self) -> int:
+        return sum(spec.size for spec in self.jobs)
+
+
+def submission_from_mapping(document: object) -> Submission:
+    """One spec, or `{jobs: [spec, ...]}`; `SpecError` naming every problem otherwise."""
+    if not (isinstance(document, dict) and "jobs" in document):
+        return Submission(jobs=_ordered([spec_from_mapping(document)]))
+    listed = document["jobs"]
+    if set(document) != {"jobs"}:
+        raise SpecError("a submission of several jobs holds only `jobs`")
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_SUBMISSION_JOBS:
+        raise SpecError(f"`jobs` is a list of 1 to {MAX_SUBMISSION_JOBS} job specs")
+    specs: list[JobSpec] = []
+    problems: list[FieldError] = []
+    for at, item in enumerate(listed):
+        try:
+            specs.append(spec_from_mapping(item))
+        except SpecError as exc:
+            problems += [
+                FieldError(field=f"jobs[{at}].{p.field}", message=p.message)
+                for p in exc.fields or [FieldError(field="(document)", message=exc.message)]
+            ]
+    if problems:
+        raise SpecError(f"{len(problems)} invalid field(s) in the submission", problems)
+    return Submission(jobs=_ordered(specs))
+
+
+def _ordered(specs: Sequence[JobSpec]) -> tuple[JobSpec, ...]:
+    """The specs in dependency order (Kahn's algorithm), or `SpecError` for an unknown name,
+    a mismatched element-by-element dependency or a cycle."""
+    by_name = {spec.name: spec for spec in specs}
+    if len(by_name) != len(specs):
+        raise SpecError("the jobs of one submission have distinct names")
+    problems: list[FieldError] = []
+    for at, spec in enumerate(specs):
+        for d, dep in enumerate(spec.depends_on):
+            field = f"jobs[{at}].depends_on[{d}]" if len(specs) > 1 else f"depends_on[{d}]"
+            problem = _dependency_problem(spec, dep, by_name)
+            if problem:
+                problems.append(FieldError(field=field, message=problem))
+    if problems:
+        raise SpecError(f"{len(problems)} invalid dependenc(ies)", problems)
+    order: list[JobSpec] = []
+    waiting = {spec.name: {d.job for d in spec.depends_on if d.job in by_name} for spec in specs}
+    while waiting:
+        ready = [name for name, deps in waiting.items() if not deps]
+        if not ready:
+            raise SpecError(f"the dependencies form a cycle: {_cycle(waiting)}")
+        for name in ready:
+            order.append(by_name[name])
+            del waiting[name]
+        for deps in waiting.values():
+            deps.difference_update(ready)
+    return tuple(order)
+
+
+def _dependency_problem(spec: JobSpec, dep: Dependency, by_name: Mapping[str, JobSpec]) -> str:
+    if dep.job == spec.name:
+        return "a job cannot depend on itself"
+    named = by_name.get(dep.job)
+    if named is None and not is_job_id(dep.job):
+        return f"{dep.job!r} is neither a job id nor a job of this submission"
+    if dep.mode is DependencyMode.ELEMENT and named is not None and named.size != spec.size:
+        return (
+            f"element by element needs arrays of one size: {spec.name!r} has {spec.size} "
+            f"children, {dep.job!r} {named.size}"
+        )
+    return ""
+
+
+def _cycle(waiting: Mapping[str, set[str]]) -> str:
+    """One cycle among jobs that all still wait, as `a -> b -> a`."""
+    path = [min(waiting)]
+    while path.count(path[-1]) < 2:
+        path.append(min(waiting[path[-1]]))
+    start = path.index(path[-1])
+    return " -> ".join(path[start:])
+
+
+class Readiness(StrEnum):
+    WAIT = "wait"
+    RUN = "run"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class DependencyVerdict:
+    readiness: Readiness
+    reason: str = ""
+
+
+def dependency_verdict(
+    dependencies: Sequence[tuple[Dependency, Sequence[JobStatus]]], index: int | None = None
+) -> DependencyVerdict:
+    """Whether a job, or child `index` of an array, may run: each dependency with the statuses
+    of its children in index order (one status for a plain job). CANCEL, with the reason, as
+    soon as a success dependency ended otherwise; RUN once every dependency is met; else WAIT."""
+    waits = False
+    for dep, statuses in dependencies:
+        if dep.mode is DependencyMode.ELEMENT:
+            if index is None or not 0 <= index < len(statuses):
+                raise ValueError(f"no element {index} of {dep.job!r}'s {len(statuses)}")
+            statuses = [statuses[index]]
+        failed = [s for s in statuses if s.terminal and s is not JobStatus.SUCCEEDED]
+        if dep.on == "success" and failed:
+            return DependencyVerdict(
+                Readiness.CANCEL, f"dependency {dep.job} ended {failed[0].value}"
+            )
+        waits = waits or not all(s in TERMINAL_STATUSES for s in statuses)
+    return DependencyVerdict(Readiness.WAIT if waits else Readiness.RUN)
