@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from gpufleet.adapters.local.memory import RecordingWorkflow
 from gpufleet.domain.arrays import (
     Readiness,
     child_env,
@@ -23,6 +24,7 @@ from gpufleet.domain.spec import (
     parse_spec,
     spec_from_mapping,
 )
+from tests.helpers import intake_for, local_ports
 
 S, F, C, R, Q = (
     JobStatus.SUCCEEDED,
@@ -209,3 +211,23 @@ def test_an_element_dependency_looks_at_its_own_index_only() -> None:
 def test_every_dependency_must_be_met() -> None:
     done, running = Dependency(job="a"), Dependency(job="b", on="any")
     assert dependency_verdict([(done, [S]), (running, [R])]).readiness is Readiness.WAIT
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused_field"),
+    [
+        ({"array": {"size": 2}}, "array"),
+        ({"sweep": {"points": [{"A": 1}]}}, "sweep"),
+        ({"depends_on": [{"job": "j-" + "0" * 20}]}, "depends_on"),
+    ],
+)
+def test_intake_refuses_what_it_does_not_run_yet(
+    fields: dict[str, Any], refused_field: str
+) -> None:
+    ports = local_ports()
+    outcome = intake_for(ports).submit_document(
+        job(resources={"gpus": 0, "vcpus": 2}, **fields), "delivery-1", "event:1"
+    )
+    assert outcome.job_id is None and outcome.error is not None
+    assert [f["field"] for f in outcome.error["fields"]] == [refused_field]
+    assert cast(RecordingWorkflow, ports.workflow).inputs == {}
