@@ -96,6 +96,8 @@ def test_the_largest_array_is_accepted_and_one_more_is_not() -> None:
         ({"points": [{"A": 1}, {"B": 2}]}, "does not name the parameters"),
         ({"points": [{}]}, "at least one parameter"),
         ({"grid": {"lr": [[1]]}}, "valid"),
+        ({"points": [{"A": "x\nB=1"}]}, "one line"),
+        ({"points": [{"A": "\x00"}]}, "NUL"),
     ],
 )
 def test_a_bad_sweep_is_refused(sweep: dict[str, Any], says: str) -> None:

@@ -497,8 +497,20 @@ ARRAY_INDEX_ENV = "GPUFLEET_ARRAY_INDEX"
 BATCH_ARRAY_INDEX_ENV = "AWS_BATCH_JOB_ARRAY_INDEX"
 INDEX_ENV_NAMES = (ARRAY_INDEX_ENV, BATCH_ARRAY_INDEX_ENV)
 
-# A value as written: 32 stays the integer 32 (the child reads "32", never "32.0").
-SweepValue = Annotated[str, Strict(), StringConstraints(max_length=1024)] | Count | Number | Flag
+# A value as written: 32 stays the integer 32 (the child reads "32", never "32.0"); a string
+# becomes an environment value, so it is one (one line, no NUL).
+SweepValue = (
+    Annotated[
+        str,
+        Strict(),
+        StringConstraints(max_length=1024),
+        AfterValidator(_no_nul),
+        AfterValidator(_one_line),
+    ]
+    | Count
+    | Number
+    | Flag
+)
 
 
 class ArraySize(_Strict):
