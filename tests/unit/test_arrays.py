@@ -233,3 +233,14 @@ def test_intake_refuses_what_it_does_not_run_yet(
     assert outcome.job_id is None and outcome.error is not None
     assert [f["field"] for f in outcome.error["fields"]] == [refused_field]
     assert cast(RecordingWorkflow, ports.workflow).inputs == {}
+
+
+def test_intake_refuses_a_cycle_and_then_several_jobs_it_does_not_run_yet() -> None:
+    intake = intake_for(local_ports())
+    cycle = {"jobs": [job("a", depends_on=[{"job": "b"}]), job("b", depends_on=[{"job": "a"}])]}
+    outcome = intake.submit_document(cycle, "delivery-1", "event:1")
+    assert outcome.error is not None and "cycle: a -> b -> a" in outcome.error["message"]
+    pair = {"jobs": [job("a", resources={"gpus": 0, "vcpus": 2}), job("b", array={"size": 2})]}
+    outcome = intake.submit_document(pair, "delivery-2", "event:2")
+    assert outcome.error is not None
+    assert [f["field"] for f in outcome.error["fields"]] == ["jobs", "jobs[1].array"]

@@ -989,6 +989,12 @@ def _load(text: str, fmt: SpecFormat) -> object:
 
 def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
     """Parse and validate a YAML or JSON document into a JobSpec, or raise SpecError."""
+    return spec_from_mapping(load_document(raw, fmt))
+
+
+def load_document(raw: bytes | str, fmt: SpecFormat = "auto") -> object:
+    """The document an upload holds, within the spec's size, as UTF-8 YAML or JSON; or
+    SpecError."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(f"the spec is {len(data)} bytes; the limit is {MAX_SPEC_BYTES}")
@@ -1005,7 +1011,7 @@ def parse_spec(raw: bytes | str, fmt: SpecFormat = "auto") -> JobSpec:
     except (ValueError, RecursionError) as exc:
         kind = "JSON" if fmt == "json" else "YAML/JSON"
         raise SpecError(f"the spec is not valid {kind}: {syntax_error(exc)}") from None
-    return spec_from_mapping(document)
+    return document
 
 
 SCHEMA_RULES = (

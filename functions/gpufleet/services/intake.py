@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpufleet.domain.arrays import Submission, submission_from_mapping
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
 from gpufleet.domain.node_access import check_access
@@ -25,8 +26,7 @@ from gpufleet.domain.spec import (
     JobSpec,
     SpecError,
     format_for,
-    parse_spec,
-    spec_from_mapping,
+    load_document,
 )
 from gpufleet.domain.templates import apply_template
 from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports
@@ -97,7 +97,7 @@ class IntakeService:
             refusal = key_refusal(key)
             if refusal is not None:
                 raise refusal
-            spec = self._resolved(parse_spec(raw, format_for(key)))
+            spec = self._runnable(submission_from_mapping(load_document(raw, format_for(key))))
         except SpecError as exc:
             return self._reject(exc, source, **reject_as)
         return self._accept(spec, delivery_key, source)
@@ -105,16 +105,18 @@ class IntakeService:
     def submit_document(self, document: object, delivery_key: str, source: str) -> IntakeOutcome:
         """A spec that arrived already parsed, e.g. an EventBridge event's detail."""
         try:
-            spec = self._resolved(spec_from_mapping(document))
+            spec = self._runnable(submission_from_mapping(document))
         except SpecError as exc:
             return self._reject(exc, source)
         return self._accept(spec, delivery_key, source)
 
-    def _resolved(self, spec: JobSpec) -> JobSpec:
-        """The spec as stored: its template resolved, checked against what nodes can reach."""
-        refusal = _not_run_yet(spec)
+    def _runnable(self, submission: Submission) -> JobSpec:
+        """The submission's one job as stored: its template resolved, checked against what
+        nodes can reach."""
+        refusal = _not_run_yet(submission)
         if refusal is not None:
             raise refusal
+        spec = submission.jobs[0]
         return check_access(apply_template(spec, self._config.templates), self._config)
 
     def _accept(self, spec: JobSpec, delivery_key: str, source: str) -> IntakeOutcome:
@@ -171,14 +173,21 @@ def key_refusal(key: str) -> SpecError | None:
     return None
 
 
-def _not_run_yet(spec: JobSpec) -> SpecError | None:
-    """Arrays, sweeps and dependencies are checked by the spec (docs/arrays.md) but intake does
-    not make children or hold jobs for others yet: refused, never run as one plain job."""
+def _not_run_yet(submission: Submission) -> SpecError | None:
+    """Several jobs, arrays, sweeps and dependencies are checked (docs/arrays.md) but intake
+    does not make children or hold jobs for others yet: refused, never run as plain jobs."""
+    several = len(submission.jobs) > 1
     fields = [
-        FieldError(field=name, message="checked, but not run by this deployment yet")
+        FieldError(
+            field=f"jobs[{at}].{name}" if several else name,
+            message="checked, but not run by this deployment yet",
+        )
+        for at, spec in enumerate(submission.jobs)
         for name in ("array", "sweep", "depends_on")
         if getattr(spec, name)
     ]
+    if several:
+        fields.insert(0, FieldError(field="jobs", message="one job a submission, for now"))
     if not fields:
         return None
     return SpecError("arrays, sweeps and dependencies are not run yet (docs/arrays.md)", fields)
