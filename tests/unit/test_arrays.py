@@ -21,6 +21,7 @@ from gpufleet.domain.spec import (
     Dependency,
     DependencyMode,
     SpecError,
+    json_schema,
     parse_spec,
     spec_from_mapping,
 )
@@ -244,3 +245,10 @@ def test_intake_refuses_a_cycle_and_then_several_jobs_it_does_not_run_yet() -> N
     outcome = intake.submit_document(pair, "delivery-2", "event:2")
     assert outcome.error is not None
     assert [f["field"] for f in outcome.error["fields"]] == ["jobs", "jobs[1].array"]
+
+
+def test_the_schema_offers_the_new_fields_with_their_limits() -> None:
+    schema = json_schema()
+    assert {"array", "sweep", "depends_on"} <= schema["properties"].keys()
+    assert schema["properties"]["depends_on"]["maxItems"] == 20
+    assert schema["$defs"]["ArraySize"]["properties"]["size"]["maximum"] == MAX_ARRAY_SIZE

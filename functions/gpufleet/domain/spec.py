@@ -1021,7 +1021,8 @@ SCHEMA_RULES = (
     "numbers are those values, anything else plain is a string; aliases, merge keys, "
     "duplicate keys, non-string keys and tags for other types are refused. Values are taken as "
     "written: no number from a string, no integer from a fraction or a boolean. A stage's env "
-    f"laid over the job's holds at most {MAX_ENV} variables."
+    f"laid over the job's holds at most {MAX_ENV} variables (with an array child's index "
+    "and sweep values). A bad sweep is refused whole, as one error."
 )
 
 
