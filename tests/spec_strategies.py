@@ -70,12 +70,18 @@ SPECS = st.fixed_dictionaries(
         "expected_duration": DURATION,
         "budget_usd": st.floats(1, 1000),
         "stages": st.lists(STAGE, min_size=1, max_size=2, unique_by=lambda s: s["name"]),
+        "array": st.fixed_dictionaries({"size": st.integers(0, 10_001)}),
+        "sweep": st.fixed_dictionaries(
+            {"grid": st.dictionaries(ENV_NAME, st.lists(TEXT | st.integers(), max_size=3))}
+        ),
+        "depends_on": st.lists(st.fixed_dictionaries({"job": NAME}), max_size=2),
     },
 )
 
 TOP_FIELDS = ["name", "team", "priority", "image", "command", "env", "resources", "spot"]
 TOP_FIELDS += ["checkpoint", "max_retries", "timeout", "expected_duration", "budget_usd"]
 TOP_FIELDS += ["stages", "template", "retry_oom_with_more_memory", "scale_on"]
+TOP_FIELDS += ["array", "sweep", "depends_on"]
 COUNTS = ["gpus", "vcpus", "nodes"]
 # Characters whose encodings grow the most from one notation to another: UTF-8 to an ASCII
 # escape (emoji 4 -> 12 bytes), a control character (YAML "\x01", JSON "\u0001"), a quote.
