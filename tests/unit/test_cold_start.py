@@ -80,6 +80,29 @@ def test_importing_the_handlers_builds_no_client_and_reads_no_yaml() -> None:
     assert "gpufleet.services.factory" not in loaded["modules"]
 
 
+# What a handler's first event brings, not its import: the domain's code and models, the
+# services, the idempotency utility, Powertools' parser (its models of every AWS event).
+_FIRST_EVENT = (
+    "gpufleet.domain",
+    "gpufleet.services",
+    "gpufleet.adapters",
+    "gpufleet.handlers.models",
+    "aws_lambda_powertools.utilities.idempotency",
+    "aws_lambda_powertools.utilities.parser",
+)
+
+
+@pytest.mark.parametrize(
+    "handler", sorted({function.handler.rsplit(".", 1)[0] for function in topology.FUNCTIONS})
+)
+def test_a_handler_imports_no_domain_code_until_its_first_event(handler: str) -> None:
+    loaded = _run(_IMPORT_HANDLERS, handler)
+    assert isinstance(loaded, dict)
+    assert handler in loaded["modules"]
+    early = [m for m in loaded["modules"] if m.startswith(_FIRST_EVENT)]
+    assert early == []
+
+
 @pytest.mark.parametrize("builder", sorted(SERVICES))
 def test_a_builder_imports_its_own_service_and_no_other(builder: str) -> None:
     imported = _run(_BUILD_SERVICE, builder)

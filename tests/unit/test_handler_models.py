@@ -9,12 +9,10 @@ import pytest
 from aws_lambda_powertools.utilities.parser import envelopes, parse
 from pydantic import ValidationError
 
-from gpufleet.handlers.models import (
-    EnqueueTask,
+from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask
+from gpufleet.handlers.payloads import (
     ExecutionStatusChange,
     JobTask,
-    LaunchTask,
-    ReleaseTask,
     RequeueTask,
     S3Notification,
     SubmittedEvent,

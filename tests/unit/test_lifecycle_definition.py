@@ -13,7 +13,8 @@ from pydantic import BaseModel
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.spec import JobSpec
-from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask, RequeueTask, TokenTask
+from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask
+from gpufleet.handlers.payloads import RequeueTask, TokenTask
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.topology import (
     ENQUEUE,

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
-from aws_lambda_powertools.utilities.idempotency import (
-    DynamoDBPersistenceLayer,
-    IdempotencyConfig,
-    idempotent_function,
-)
 
 from gpufleet import telemetry
 
 if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.idempotency import (
+        DynamoDBPersistenceLayer,
+        IdempotencyConfig,
+    )
+
     from gpufleet.ports import Ports
     from gpufleet.services.backstop import BackstopService
     from gpufleet.services.dispatcher import DispatcherService
@@ -120,19 +120,29 @@ def backstop() -> BackstopService:
     return build_backstop(ports(), lifecycle())
 
 
+# The idempotency utility is imported by the first delivery that needs it: the functions that
+# do not take deliveries never import it.
 @cache
 def idempotency_store() -> DynamoDBPersistenceLayer:
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
     return DynamoDBPersistenceLayer(table_name=settings().idempotency_table)
 
 
-# A delivery is remembered for a day: S3 and EventBridge redeliver within minutes to hours.
-IDEMPOTENCY = IdempotencyConfig(event_key_jmespath="delivery_key", expires_after_seconds=86400)
+@cache
+def idempotency() -> IdempotencyConfig:
+    """A delivery is remembered for a day: S3 and EventBridge redeliver within minutes to
+    hours. One config per process: it holds the invocation's context, for the records' expiry."""
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
+
+    return IdempotencyConfig(event_key_jmespath="delivery_key", expires_after_seconds=86400)
+
 
 Answer = Callable[..., dict[str, Any]]
 
 
 def once_per_delivery(submit: Answer) -> Answer:
-    """`submit(delivery=...)` runs once per delivery key (IDEMPOTENCY); a repeated delivery gets
+    """`submit(delivery=...)` runs once per delivery key (`idempotency()`); a repeated delivery gets
     the first one's answer. The persistence layer, and its DynamoDB client, is built by the
     first delivery, not when the handler module is imported (a decorator built at import would
     build it at every cold start, before the handler runs). The records are keyed by `submit`'s
@@ -140,10 +150,12 @@ def once_per_delivery(submit: Answer) -> Answer:
 
     @functools.wraps(submit)
     def guarded(*, delivery: Any) -> dict[str, Any]:
+        from aws_lambda_powertools.utilities.idempotency import idempotent_function
+
         idempotent = idempotent_function(
             data_keyword_argument="delivery",
             persistence_store=idempotency_store(),
-            config=IDEMPOTENCY,
+            config=idempotency(),
         )
         answer: dict[str, Any] = idempotent(submit)(delivery=delivery)
         return answer

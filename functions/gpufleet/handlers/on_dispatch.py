@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
-
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import telemetry
 from gpufleet.handlers.common import count, dispatcher, logger, metrics, tracer
 from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_QUEUED
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 # Events that say where to look; anything else (the schedule) asks for a full pass, which also
 # catches whatever a lost event would have said.

@@ -4,25 +4,26 @@ repeated step reports none) and the launch failures, by category."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import telemetry
-from gpufleet.domain.planning import LaunchPlan
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
-from gpufleet.handlers.models import LaunchTask
 
 if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
     from gpufleet.services.launch_steps import Launched
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-@event_parser(model=LaunchTask)
-def handler(task: LaunchTask, context: LambdaContext) -> None:
+def handler(event: dict[str, Any], context: LambdaContext) -> None:
+    # The domain's models come with the first event, as the services that use them do.
+    from gpufleet.domain.planning import LaunchPlan
+    from gpufleet.handlers.models import LaunchTask
+
+    task = LaunchTask.model_validate(event)
     logger.append_keys(job_id=task.job_id)
     plan = LaunchPlan.model_validate(task.plan)
     failed = lifecycle().launch(

@@ -7,34 +7,33 @@ retry it, and costs one invocation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aws_lambda_powertools.utilities.parser import ValidationError, parse
-from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import ValidationError
 
 from gpufleet import telemetry
-from gpufleet.domain.job import DroppedReport
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
-from gpufleet.services.run_reports import NodeReport
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from gpufleet.domain.job import DroppedReport
 
 # What of a refused report goes in the log: where it is wrong, never what it says (a forged
 # report can be large, and is not ours to store).
 _LOGGED_PROBLEMS = 5
 
 
-class NodeReportEvent(EventBridgeModel):
-    """A `Node ...` event whose detail is a node report."""
-
-    detail: NodeReport
-
-
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The domain's models come with the first event, as the services that use them do.
+    from gpufleet.domain.job import DroppedReport
+    from gpufleet.handlers.models import NodeReportEvent
+
     try:
-        report = parse(event=event, model=NodeReportEvent).detail
+        report = NodeReportEvent.model_validate(event).detail
     except ValidationError as exc:
         problems = [
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"

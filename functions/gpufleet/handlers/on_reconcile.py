@@ -4,12 +4,13 @@ were lost."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
-
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import telemetry
 from gpufleet.handlers.common import count, logger, metrics, reconciler, tracer
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -3,21 +3,23 @@ status and cost."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import telemetry
 from gpufleet.handlers.common import count, lifecycle, logger, metrics, tracer
-from gpufleet.handlers.models import ReleaseTask
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-@event_parser(model=ReleaseTask)
-def handler(task: ReleaseTask, context: LambdaContext) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The domain's models come with the first event, as the services that use them do.
+    from gpufleet.handlers.models import ReleaseTask
+
+    task = ReleaseTask.model_validate(event)
     logger.append_keys(job_id=task.job_id)
     released = lifecycle().release(task.job_id, task.state)
     outcome = released.get("outcome")

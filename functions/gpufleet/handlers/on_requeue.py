@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.handlers.common import lifecycle, logger, tracer
-from gpufleet.handlers.models import RequeueTask
+from gpufleet.handlers.payloads import RequeueTask
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
-@event_parser(model=RequeueTask)
-def handler(task: RequeueTask, context: LambdaContext) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    task = RequeueTask.model_validate(event)
     logger.append_keys(job_id=task.job_id)
     # The attempt that launched the last run is spent: the next launch counts on from it.
     return lifecycle().requeue_input(task.job_id, task.attempt + 1, task.cycles, task.execution)

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aws_lambda_powertools.utilities.parser import parse
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
-from gpufleet.domain.job import s3_delivery_key
 from gpufleet.handlers.common import (
-    IDEMPOTENCY,
     count_submission,
+    idempotency,
     intake,
     logger,
     metrics,
@@ -18,13 +14,17 @@ from gpufleet.handlers.common import (
     settings,
     tracer,
 )
-from gpufleet.handlers.models import Delivery, S3Notification
-from gpufleet.services.intake import describe
+from gpufleet.handlers.payloads import Delivery, S3Notification
 from gpufleet.topology import INTAKE_PREFIX
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @once_per_delivery
 def submit(delivery: Delivery) -> dict[str, Any]:
+    from gpufleet.services.intake import describe
+
     assert delivery.object_key is not None
     outcome = intake().submit_object(
         delivery.object_key, delivery.delivery_key, delivery.source, delivery.version_id
@@ -38,8 +38,11 @@ def submit(delivery: Delivery) -> dict[str, Any]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    IDEMPOTENCY.register_lambda_context(context)
-    notification = parse(event=event, model=S3Notification)
+    idempotency().register_lambda_context(context)
+    # The domain's code comes with the first event, as the services that use it do.
+    from gpufleet.domain.job import s3_delivery_key
+
+    notification = S3Notification.model_validate(event)
     results = []
     for record in notification.Records:
         bucket, obj = record.s3.bucket.name, record.s3.object

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from aws_lambda_powertools.utilities.parser import parse
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.handlers.common import (
-    IDEMPOTENCY,
     count_submission,
+    idempotency,
     intake,
     logger,
     metrics,
     once_per_delivery,
     tracer,
 )
-from gpufleet.handlers.models import Delivery, SubmittedEvent
-from gpufleet.services.intake import describe
+from gpufleet.handlers.payloads import Delivery, SubmittedEvent
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @once_per_delivery
 def submit(delivery: Delivery) -> dict[str, Any]:
+    from gpufleet.services.intake import describe
+
     outcome = intake().submit_document(delivery.document, delivery.delivery_key, delivery.source)
     count_submission(outcome.accepted)
     return dict(describe(outcome))
@@ -31,8 +32,8 @@ def submit(delivery: Delivery) -> dict[str, Any]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    IDEMPOTENCY.register_lambda_context(context)
-    submitted = parse(event=event, model=SubmittedEvent)
+    idempotency().register_lambda_context(context)
+    submitted = SubmittedEvent.model_validate(event)
     # The event id names the delivery: EventBridge keeps it across its own retries.
     delivery = Delivery(
         delivery_key=f"event:{submitted.id}",

@@ -3,21 +3,23 @@ backstop ends the job the lifecycle left unsettled."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
-from gpufleet.domain.history import job_of_execution
 from gpufleet.handlers.common import backstop, logger, settings, tracer
-from gpufleet.handlers.models import ExecutionStatusChange
-from gpufleet.services.backstop import WorkflowEnd
+from gpufleet.handlers.payloads import ExecutionStatusChange
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
-@event_parser(model=ExecutionStatusChange)
-def handler(event: ExecutionStatusChange, context: LambdaContext) -> dict[str, Any]:
+def handler(raw: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The domain's code comes with the first event, as the services that use it do.
+    from gpufleet.domain.history import job_of_execution
+    from gpufleet.services.backstop import WorkflowEnd
+
+    event = ExecutionStatusChange.model_validate(raw)
     detail = event.detail
     job_id, _ = job_of_execution(detail.name)  # `<job_id>-<n>` when the job continued
     logger.append_keys(job_id=job_id, status=detail.status)
