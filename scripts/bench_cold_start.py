@@ -8,7 +8,8 @@ over the bare imports run alternately with the handler's:
 
 - import: the handler module imported, as Lambda's init phase does;
 - init: the import plus what its first event builds before any AWS call (settings, the ports,
-  the idempotency layer and the services the handler calls).
+  the idempotency layer and the services the handler calls) and the modules its handler imports
+  when called (the domain's code and models it parses its event with).
 
 Both with the gpufleet package as the code zip ships it (no bytecode: on Lambda it is compiled
 at every cold start) and compiled beforehand (pyc); the libraries keep their bytecode.
@@ -21,6 +22,7 @@ Target (issue 16): the worst handler's import at most 2x a bare `import boto3`.
 from __future__ import annotations
 
 import argparse
+import ast
 import compileall
 import json
 import os
@@ -47,8 +49,11 @@ import importlib
 module = importlib.import_module(sys.argv[1])
 imported = time.process_time() - start
 from gpufleet.handlers import common
-for builder in sys.argv[2:]:
-    getattr(common, builder)()
+for name in sys.argv[2:]:
+    if "." in name:
+        importlib.import_module(name)
+    else:
+        getattr(common, name)()
 print(imported, time.process_time() - start)
 """
 _BARE = "import time; s = time.process_time(); import boto3; print(time.process_time() - s)"
@@ -108,6 +113,7 @@ def _builders(handler_module: str) -> list[str]:
     names = (
         "settings",
         "ports",
+        "idempotency",
         "idempotency_store",
         "intake",
         "lifecycle",
@@ -116,7 +122,25 @@ def _builders(handler_module: str) -> list[str]:
         "reconciler",
         "backstop",
     )
-    return [name for name in names if hasattr(common, name) and f"{name}()" in source]
+    called = [name for name in names if hasattr(common, name) and f"{name}()" in source]
+    if "once_per_delivery" in source:  # its first delivery builds the persistence layer
+        called.append("idempotency_store")
+    return called
+
+
+def _first_event_imports(handler_module: str) -> list[str]:
+    """The modules the handler module imports inside its functions: its first event's."""
+    path = ROOT / "functions" / (handler_module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    return sorted(
+        {
+            node.module
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef)
+            for node in ast.walk(function)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+    )
 
 
 def _samples(argv: list[str], env: dict[str, str]) -> list[float]:
@@ -186,7 +210,8 @@ def main() -> int:
         }
         for handler, env in sorted(environments.items()):
             module = handler.rsplit(".", 1)[0]
-            argv = [sys.executable, "-c", _PROBE, module, *_builders(module)]
+            first_event = [*_first_event_imports(module), *_builders(module)]
+            argv = [sys.executable, "-c", _PROBE, module, *first_event]
             figures = {}
             for mode, folder in folders.items():
                 base = {

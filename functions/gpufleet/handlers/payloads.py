@@ -19,7 +19,13 @@ from urllib.parse import unquote_plus
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class EventBridgeEvent(BaseModel):
+class _Payload(BaseModel):
+    # Each model's validator is built by its first validation, not at import: a function
+    # imports every payload model and parses its event with one or two.
+    model_config = ConfigDict(defer_build=True)
+
+
+class EventBridgeEvent(_Payload):
     """What every EventBridge event carries; `detail` is typed by each event's model."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -36,7 +42,7 @@ class EventBridgeEvent(BaseModel):
     replay_name: str | None = Field(default=None, alias="replay-name")
 
 
-class _Open(BaseModel):
+class _Open(_Payload):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -79,7 +85,7 @@ class SubmittedEvent(EventBridgeEvent):
     detail: Any
 
 
-class Delivery(BaseModel):
+class Delivery(_Payload):
     """One delivery of one spec; `delivery_key` names it uniquely (the idempotency key)."""
 
     delivery_key: str
@@ -89,7 +95,7 @@ class Delivery(BaseModel):
     document: Any = None
 
 
-class JobTask(BaseModel):
+class JobTask(_Payload):
     job_id: str = Field(pattern=r"^j-[0-9a-f]{20}$")
 
 
