@@ -121,6 +121,7 @@ def _builders(handler_module: str) -> list[str]:
         "actions",
         "reconciler",
         "backstop",
+        "metric_watch",
     )
     called = [name for name in names if hasattr(common, name) and f"{name}()" in source]
     if "once_per_delivery" in source:  # its first delivery builds the persistence layer
