@@ -235,7 +235,11 @@ def test_only_the_instance_role_opens_a_session_and_only_with_both_tags(roles: R
     }
     sessions = [s for s in roles.statements[roles.instance_role] if s.get("Sid") == "JobSessions"]
     assert [s["Resource"] for s in sessions] == [[f"<{roles.job_role}.Arn>"]]
-    # The instance role itself no longer writes stage data or checkpoints.
-    assert not any(
-        "s3:PutObject" in _listify(s["Action"]) for s in roles.statements[roles.instance_role]
-    )
+    # The instance role itself writes no stage data or checkpoints: only its usage samples.
+    writes = [
+        r
+        for s in roles.statements[roles.instance_role]
+        if "s3:PutObject" in _listify(s["Action"])
+        for r in s["Resource"]
+    ]
+    assert writes == [f"{roles.bucket}/{topology.RUNS_PREFIX}*/usage/*"]
