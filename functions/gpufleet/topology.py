@@ -472,6 +472,11 @@ def environment_of(function: Function) -> tuple[str, ...]:
 # output, given to the agent as this variable); each run writes one stream per job and instance,
 # so every run of a job is found by the job's prefix.
 ENV_AGENT_LOG_GROUP = "GPUFLEET_AGENT_LOG_GROUP"
+# The role the node agent opens each job's session with (infra/constructs/job_role.py).
+ENV_JOB_ROLE = "GPUFLEET_JOB_ROLE"
+# The job containers' cgroup on a node: the boot script blocks the metadata service for it (the
+# containers share the host's network, so the hop limit alone does not keep them from it).
+JOBS_SLICE = "gpufleet-jobs.slice"
 
 
 def agent_log_stream_prefix(job_id: str) -> str:

@@ -32,6 +32,7 @@ from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import DataSources, FleetConfig
 from infra.config import GpuFleetConfig
 from infra.constructs import nag
+from infra.constructs.job_role import JobRole
 from infra.constructs.logs import retention
 from infra.constructs.node_access import grant_node_access
 
@@ -105,7 +106,15 @@ class Fleet(Construct):
             "Session Manager is the only way onto a node (no SSH, no inbound rules); this AWS "
             "managed policy is the documented minimum for the SSM agent and AWS maintains it.",
         )
-        self._grant_instance_role(config, bus, bucket, agent_code)
+        self._grant_instance_role(bus, bucket, agent_code)
+        self.job_role = JobRole(
+            self,
+            "JobRole",
+            instance_role=self.instance_role,
+            bucket=bucket,
+            checkpoints=config.checkpoints,
+        )
+        self.job_role.grant_assume(self.instance_role)
         grant_node_access(self, self.instance_role, self.security_group, fleet_config)
         if NEEDS_UBUNTU_ARCHIVE & set(volume_tools_for(fleet_config.data)):
             self.security_group.add_egress_rule(
@@ -121,6 +130,7 @@ class Fleet(Construct):
                 bus_name=bus.event_bus_name,
                 bucket_name=bucket.bucket_name,
                 log_group=self.agent_log_group.log_group_name,
+                job_role=self.job_role.role.role_arn,
                 code_bucket=agent_code.s3_bucket_name,
                 code_key=agent_code.s3_object_key,
                 pip_packages=config.agent_pip_packages,
@@ -172,7 +182,9 @@ class Fleet(Construct):
             security_group=None if efa else self.security_group,
             require_imdsv2=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=2,  # containers on the node reach IMDSv2 too
+            # The metadata service answers the host only: a container on a bridge network is one
+            # hop further; one on the host network is blocked by the boot script (_imds_block).
+            http_put_response_hop_limit=1,
             instance_metadata_tags=True,
             detailed_monitoring=True,
             ebs_optimized=True,
@@ -239,7 +251,6 @@ class Fleet(Construct):
 
     def _grant_instance_role(
         self,
-        config: GpuFleetConfig,
         bus: events.IEventBus,
         bucket: s3.IBucket,
         agent_code: s3_assets.Asset,
@@ -271,27 +282,10 @@ class Fleet(Construct):
         role.add_to_policy(
             iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[runs])
         )
-        # A stage writes what the next stage reads, under its job's runs/<job>/stages/ prefix.
-        stage_data = bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*/stages/*")
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="StageData",
-                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=[stage_data],
-            )
-        )
         # The agent keeps each run's usage (a sample a minute) in runs/<job>/usage/<instance>.json.
         usage = bucket.arn_for_objects(f"{topology.RUNS_PREFIX}*/usage/*")
         role.add_to_policy(
             iam.PolicyStatement(sid="UsageData", actions=["s3:PutObject"], resources=[usage])
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="ListStageData",
-                actions=["s3:ListBucket"],
-                resources=[bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{topology.RUNS_PREFIX}*/stages/*"]}},
-            )
         )
         role.add_to_policy(
             iam.PolicyStatement(
@@ -325,42 +319,10 @@ class Fleet(Construct):
         )
         nag.acknowledge_all(
             policy,
-            nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*/stages/*"),
-            "Stage outputs are written under runs/<job>/stages/ for unknown job ids; the node "
-            "writes there and nowhere else in the bucket.",
-        )
-        nag.acknowledge_all(
-            policy,
             nag.wildcard_resources(f"{nag.arn_of(bucket)}/{topology.RUNS_PREFIX}*/usage/*"),
             "Usage samples are written under runs/<job>/usage/ for unknown job ids; the node "
             "writes its own usage object there.",
         )
-        checkpoints = config.checkpoints
-        if checkpoints is not None:
-            objects = f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}/" + (
-                f"{checkpoints.prefix}/*" if checkpoints.prefix else "*"
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="Checkpoints",
-                    actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
-                    resources=[objects],
-                )
-            )
-            listing = iam.PolicyStatement(
-                sid="ListCheckpoints",
-                actions=["s3:ListBucket"],
-                resources=[f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}"],
-            )
-            if checkpoints.prefix:
-                listing.add_condition("StringLike", {"s3:prefix": [f"{checkpoints.prefix}/*"]})
-            role.add_to_policy(listing)
-            nag.acknowledge_all(
-                policy,
-                nag.wildcard_resources(f"arn:<AWS::Partition>:s3:::{objects.split(':::', 1)[1]}"),
-                "Checkpoints are objects the training job names under the configured prefix; "
-                "the prefix is the narrowest grant S3 can express for them.",
-            )
 
 
 # The agent's unit. Its exit status is the agent's own, never the run's (gpufleet.agent's
@@ -393,6 +355,7 @@ def _agent_bootstrap(
     bus_name: str,
     bucket_name: str,
     log_group: str,
+    job_role: str,
     code_bucket: str,
     code_key: str,
     pip_packages: str,
@@ -417,6 +380,7 @@ def _agent_bootstrap(
         f"{topology.ENV_EVENT_BUS}={bus_name}",
         f"{topology.ENV_INTAKE_BUCKET}={bucket_name}",
         f"{topology.ENV_AGENT_LOG_GROUP}={log_group}",
+        f"{topology.ENV_JOB_ROLE}={job_role}",
         "ENV",
         "if python3 -c 'import boto3' 2>/dev/null; then",
         f'  ln -sf "$(command -v python3)" {python}',
@@ -438,6 +402,7 @@ def _agent_bootstrap(
         f"'{code_bucket}', '{code_key}', '{AGENT_HOME}/agent.zip')",
         f"zipfile.ZipFile('{AGENT_HOME}/agent.zip').extractall('{AGENT_HOME}/app')",
         "PY",
+        *_imds_block(),
         "cat > /etc/systemd/system/gpufleet-agent.service <<'UNIT'",
         *AGENT_UNIT_HEAD,
         f"EnvironmentFile={AGENT_ENV_FILE}",
@@ -445,6 +410,7 @@ def _agent_bootstrap(
         # systemd expands ${VAR} from the EnvironmentFile; the values are the deployment's.
         f"ExecStart={python} -m {AGENT_MODULE} --bucket ${{{topology.ENV_INTAKE_BUCKET}}} "
         f"--bus ${{{topology.ENV_EVENT_BUS}}} --region ${{AWS_REGION}} "
+        f"--job-role ${{{topology.ENV_JOB_ROLE}}} "
         f"--state-dir /var/lib/{AGENT_STATE_DIRECTORY}",
         *AGENT_UNIT_RESTARTS,
         "[Install]",
@@ -528,6 +494,24 @@ _VOLUME_TOOLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 # Volume tools whose Ubuntu install takes packages from the distribution's archive, which EC2's
 # Ubuntu mirrors serve over HTTP only (apt checks the archive's signatures).
 NEEDS_UBUNTU_ARCHIVE = frozenset({"amazon-efs-utils", "mount-s3"})
+
+
+def _imds_block() -> list[str]:
+    """Keep the job's containers from the metadata service, and so from the instance role:
+    they run on the host network in topology.JOBS_SLICE (agent/docker.py), and packets of that
+    cgroup (v2) to 169.254.169.254 are rejected (iptables-extensions `cgroup --path`: the
+    cgroup and its descendants; the cgroup must exist when the rule is added, so the slice is
+    started first). The agent, in its own unit, keeps the service. The container gets its job's
+    credentials from the agent on the loopback instead (agent/credentials.py)."""
+    return [
+        f"cat > /etc/systemd/system/{topology.JOBS_SLICE} <<'SLICE'",
+        "[Unit]",
+        "Description=gpufleet job containers",
+        "SLICE",
+        "systemctl daemon-reload",
+        f"systemctl start {topology.JOBS_SLICE}",
+        f"iptables -I OUTPUT -m cgroup --path {topology.JOBS_SLICE} -d 169.254.169.254 -j REJECT",
+    ]
 
 
 def volume_tools_for(data: DataSources) -> list[str]:

@@ -9,6 +9,7 @@ unacknowledged finding instead of being silently covered.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
@@ -41,6 +42,11 @@ def wildcard_resources(*resources: str) -> list[str]:
     Use `arn_of(element)` for a `GetAtt X.Arn` and `ref_of(element)` for a `Ref X`.
     """
     return [f"AwsSolutions-IAM5[Resource::{resource}]" for resource in resources]
+
+
+def with_policy_variables(resource: str) -> str:
+    """How cdk-nag prints a resource that names IAM policy variables: `${aws:X}` as `<aws:X>`."""
+    return re.sub(r"\$\{([^}]*)\}", r"<\1>", resource)
 
 
 def arn_of(element: IConstruct) -> str:

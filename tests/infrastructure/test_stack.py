@@ -739,7 +739,7 @@ def test_launch_template_hardening(synth: Synth, key: str) -> None:
     data = _launch_template(synth, key)
     assert data["MetadataOptions"] == {
         "HttpTokens": "required",
-        "HttpPutResponseHopLimit": 2,
+        "HttpPutResponseHopLimit": 1,
         "InstanceMetadataTags": "enabled",
     }
     (root,) = data["BlockDeviceMappings"]
@@ -778,7 +778,9 @@ def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
     assert "-m gpufleet.agent" in text
     # The CloudWatch agent is set up with its NVIDIA GPU metrics (CWAgent nvidia_smi_*).
     assert '"nvidia_gpu"' in text and "utilization_gpu" in text and "temperature_gpu" in text
-    # Only deployment-wide values are interpolated: region, bus, bucket, log group, code zip.
+    # Only deployment-wide values are interpolated: region, bus, bucket, log group, code zip,
+    # the job role.
+    (job_role,) = [k for k in synth.of_type("AWS::IAM::Role") if k.startswith("FleetJobRole")]
     allowed = {
         "AWS::Region",
         synth.ref_target(topology.ENV_EVENT_BUS),
@@ -789,9 +791,19 @@ def test_user_data_is_fixed_per_deployment(synth: Synth) -> None:
         if isinstance(part, dict):
             if "Ref" in part:
                 assert part["Ref"] in allowed, part
+            elif "Fn::GetAtt" in part:
+                assert part == {"Fn::GetAtt": [job_role, "Arn"]}
             else:
                 assert part == {"Fn::Sub": "cdk-hnb659fds-assets-${AWS::AccountId}-${AWS::Region}"}
-    assert "job" not in " ".join(p for p in join[1] if isinstance(p, str)).replace("jobs/", "")
+    fixed = " ".join(p for p in join[1] if isinstance(p, str)).replace("jobs/", "")
+    # The words of the deployment's own names (the job role, the containers' slice), no job's.
+    for name in (topology.ENV_JOB_ROLE, "--job-role", topology.JOBS_SLICE, "job containers"):
+        fixed = fixed.replace(name, "")
+    assert "job" not in fixed
+    # The containers' slice is kept from the metadata service before the agent starts.
+    assert text.index(f"--path {topology.JOBS_SLICE} -d 169.254.169.254 -j REJECT") < text.index(
+        "systemctl enable --now gpufleet-agent.service"
+    )
 
 
 def _agent_unit(text: str) -> dict[str, dict[str, str]]:
@@ -863,14 +875,12 @@ def test_instance_role(synth: Synth) -> None:
         "StringEquals": {"cloudwatch:namespace": ["CWAgent", "GpuFleet/Jobs"]}
     }
     assert synth.render(by_sid["ReadRuns"]["Resource"]).endswith("/runs/*")
-    # Writes only under runs/<job>/stages/ (what one stage hands the next), lists only there.
-    assert synth.render(by_sid["StageData"]["Resource"]).endswith("/runs/*/stages/*")
-    assert by_sid["ListStageData"]["Condition"] == {
-        "StringLike": {"s3:prefix": ["runs/*/stages/*"]}
-    }
-    # Its usage object: written under runs/<job>/usage/ and nowhere else.
+    # Stage data and checkpoints are the job role's (tests/infrastructure/test_cross_tenant.py):
+    # the instance role writes only its usage object, under runs/<job>/usage/, and opens job
+    # sessions with their tags.
     assert synth.render(by_sid["UsageData"]["Resource"]).endswith("/runs/*/usage/*")
     assert by_sid["UsageData"]["Action"] == "s3:PutObject"
+    assert set(synth.actions_of(by_sid["JobSessions"])) == {"sts:AssumeRole", "sts:TagSession"}
     actions = {a for s in statements for a in synth.actions_of(s)}
     assert actions == {
         "events:PutEvents",
@@ -880,8 +890,8 @@ def test_instance_role(synth: Synth) -> None:
         "logs:DescribeLogStreams",
         "s3:GetObject",
         "s3:PutObject",
-        "s3:AbortMultipartUpload",
-        "s3:ListBucket",
+        "sts:AssumeRole",
+        "sts:TagSession",
         # Private images and secrets (infra/constructs/node_access.py).
         "ecr:GetAuthorizationToken",
         "ecr:BatchGetImage",

@@ -212,7 +212,12 @@ def test_the_agent_exits_0_when_the_job_fails(monkeypatch: pytest.MonkeyPatch) -
     runtime = FakeRuntime(RunOutcome(exit_code=7, reason="loss is nan"))
     agent = NodeAgent(FakeIdentity(), FakeManifests({RUN_KEY: RUN}), FakeReporter(), runtime)
     monkeypatch.setattr(agent_main, "build_agent", lambda _args: agent)
-    assert agent_main.main(["--bucket", "b", "--bus", "bus", "--region", "us-east-1"]) == 0
+    assert (
+        agent_main.main(
+            ["--bucket", "b", "--bus", "bus", "--region", "us-east-1", "--job-role", "r"]
+        )
+        == 0
+    )
     assert len(runtime.seen) == 1
 
 
@@ -224,7 +229,9 @@ def test_the_agent_exits_non_zero_only_when_the_agent_itself_fails(
     )
     monkeypatch.setattr(agent_main, "build_agent", lambda _args: agent)
     with pytest.raises(ConnectionError):  # Python exits 1: systemd restarts the agent
-        agent_main.main(["--bucket", "b", "--bus", "bus", "--region", "us-east-1"])
+        agent_main.main(
+            ["--bucket", "b", "--bus", "bus", "--region", "us-east-1", "--job-role", "r"]
+        )
     with pytest.raises(SystemExit) as usage:  # bad arguments: 2, which the unit never restarts
         agent_main.main(["--bucket", "b"])
     assert usage.value.code == 2

@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpufleet.agent.credentials import FULL_URI_VARIABLE, TOKEN_VARIABLE
 from gpufleet.agent.docker import DockerRuntime
 from gpufleet.agent.node import RunManifest, RunOutcome
 from gpufleet.domain.rendezvous import Peer
@@ -32,7 +36,7 @@ def node(tmp_path: Path, hardware: NodeHardware) -> tuple[str, dict[str, str]]:
 
 
 def run_on(
-    tmp_path: Path, hardware: NodeHardware, manifest: RunManifest
+    tmp_path: Path, hardware: NodeHardware, manifest: RunManifest, **options: Any
 ) -> tuple[RunOutcome, list[str]]:
     program, environment = node(tmp_path, hardware)
     lines: list[str] = []
@@ -42,6 +46,7 @@ def run_on(
         environment=environment,
         docker=program,
         journal=open(os.devnull, "w"),  # noqa: SIM115 - the test's process ends it
+        **options,
     )
     return runtime.run(manifest, threading.Event()), lines
 
@@ -70,6 +75,35 @@ def test_the_command_runs_as_a_process_with_the_env_the_agent_gave_it(tmp_path: 
     outcome, lines = run_on(tmp_path, GPU_NODE, run)
     assert outcome == RunOutcome(exit_code=0)
     assert lines == ["1 x $(reboot)\n"]  # its rank, and the job's value as it is
+
+
+def test_the_container_gets_its_jobs_credentials_endpoint_and_no_agent_keys(
+    tmp_path: Path,
+) -> None:
+    served: list[str] = []
+
+    @contextmanager
+    def endpoint(run: RunManifest) -> Iterator[dict[str, str]]:
+        served.append(run.job_id)
+        yield {FULL_URI_VARIABLE: "http://127.0.0.1:9/gpufleet/p", TOKEN_VARIABLE: "t0k"}
+
+    show = [
+        "python",
+        "-c",
+        "import os; print(os.environ.get('AWS_CONTAINER_CREDENTIALS_FULL_URI'), "
+        "os.environ.get('AWS_CONTAINER_AUTHORIZATION_TOKEN'), "
+        "os.environ.get('AWS_ACCESS_KEY_ID'))",
+    ]
+    # The job's env cannot point the SDK elsewhere: the agent's values win.
+    forged = {FULL_URI_VARIABLE: "http://169.254.169.254/", TOKEN_VARIABLE: "mine"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "AKIAAGENT")  # the agent's own keys stay its own
+        outcome, lines = run_on(
+            tmp_path, CPU_NODE, manifest(command=show, env=forged), credentials=endpoint
+        )
+    assert outcome == RunOutcome(exit_code=0)
+    assert lines == ["http://127.0.0.1:9/gpufleet/p t0k None\n"]
+    assert served == ["j-0123456789abcdef0123"]
 
 
 def test_the_exit_status_is_the_commands(tmp_path: Path) -> None:

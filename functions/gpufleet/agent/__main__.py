@@ -25,6 +25,7 @@ from gpufleet.agent.aws import (
     NvidiaSmi,
     S3Manifests,
 )
+from gpufleet.agent.credentials import job_credentials
 from gpufleet.agent.docker import ContainerLogs, DockerRuntime, docker_cli_environment
 from gpufleet.agent.ledger import RunLedger
 from gpufleet.agent.node import (
@@ -48,6 +49,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--bus", required=True)
     parser.add_argument("--region", required=True)
+    parser.add_argument("--job-role", required=True, help="the role each job's session opens")
     parser.add_argument("--heartbeat-seconds", type=float, default=DEFAULT_HEARTBEAT_SECONDS)
     parser.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
     return parser.parse_args(argv)
@@ -73,6 +75,9 @@ def build_agent(args: argparse.Namespace) -> NodeAgent:
             output=job_metrics.feed,
             logs=logs,
             preparation=functools.partial(prepare, runner=runner, aws=secrets),
+            credentials=functools.partial(
+                job_credentials, sts=session.client("sts"), role_arn=args.job_role
+            ),
         ),
         heartbeat_seconds=args.heartbeat_seconds,
         gpu_probe=NvidiaSmi(),

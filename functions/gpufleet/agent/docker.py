@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +30,7 @@ from typing import IO, Any
 from gpufleet.agent.node import RunManifest, RunOutcome
 from gpufleet.agent.prepare import PreparationFailed, Prepared
 from gpufleet.domain.rendezvous import Peer, node_environment
-from gpufleet.topology import agent_log_stream
+from gpufleet.topology import JOBS_SLICE, agent_log_stream
 
 RESUME_VARIABLE = "GPUFLEET_RESUME_FROM"
 # What PyTorch, TensorFlow, JAX and CUDA libraries print when the GPU runs out of memory.
@@ -175,13 +175,13 @@ def create_argv(
     docker: str = "docker",
 ) -> list[str]:
     """The argv for `docker create`: with the instance's accelerators, on the host network
-    (the run's nodes reach each other at their private IPs), the job's env read from
+    (the run's nodes reach each other at their private IPs) in JOBS_SLICE, the job's env read from
     `env_file` (no value is ever on a command line: `ps` shows command lines), the volumes the
     node prepared (`volume_args`), the image and the command as one argv element each, after
     `--`."""
     # No --rm: the container's last log lines are read after it exits (out-of-memory?).
     argv = [docker, "create", "--name", container_name(manifest), *device_options(manifest)]
-    argv += ["--network", "host", "--ipc", "host"]
+    argv += ["--network", "host", "--ipc", "host", "--cgroup-parent", JOBS_SLICE]
     if logs is not None:
         argv += logs.options(manifest.job_id)
     argv += [*volume_args, "--env-file", str(env_file), "--", manifest.image, *manifest.command]
@@ -225,9 +225,15 @@ class DockerRuntime:
         preparation: Callable[[RunManifest], Prepared] | None = None,
         docker: str = "docker",
         journal: IO[str] | None = None,
+        credentials: Callable[[RunManifest], AbstractContextManager[Mapping[str, str]]]
+        | None = None,
     ) -> None:
         """`preparation` logs in, mounts the volumes and reads the secrets before the container
-        is created (agent/prepare.py); without one, a run that needs any of them fails."""
+        is created (agent/prepare.py); without one, a run that needs any of them fails.
+        `credentials` serves the job's own credentials while its container runs and gives the
+        container's environment for them (agent/credentials.py); without it the container gets
+        no AWS credentials from the agent."""
+        self._credentials = credentials or _no_credentials
         self._docker_cli = docker
         self._journal = journal
         self._grace_seconds = grace_seconds
@@ -237,6 +243,12 @@ class DockerRuntime:
         self._preparation = preparation or _nothing_to_prepare
 
     def run(self, manifest: RunManifest, stop: threading.Event) -> RunOutcome:
+        with self._credentials(manifest) as job_credentials:
+            return self._run(manifest, stop, job_credentials)
+
+    def _run(
+        self, manifest: RunManifest, stop: threading.Event, job_credentials: Mapping[str, str]
+    ) -> RunOutcome:
         deadline = time.monotonic() + manifest.timeout_seconds
         try:
             prepared = self._preparation(manifest)
@@ -244,8 +256,11 @@ class DockerRuntime:
             return RunOutcome(exit_code=None, reason=f"could not prepare the node: {exc}")
         try:
             # The secrets' values join the job's env here, in the private file only; what the
-            # agent sets itself (where to resume from) is never replaced by one.
-            env_text = env_file_text({**prepared.env, **container_environment(manifest)})
+            # agent sets itself (where to resume from, where its credentials are) is never
+            # replaced by one.
+            env_text = env_file_text(
+                {**prepared.env, **container_environment(manifest), **job_credentials}
+            )
         except ValueError as exc:
             return RunOutcome(exit_code=None, reason=f"the job's env cannot reach docker: {exc}")
         with private_env_file(env_text) as env_file:
@@ -351,6 +366,11 @@ class DockerRuntime:
             errors="replace",
             check=False,
         )
+
+
+@contextmanager
+def _no_credentials(_manifest: RunManifest) -> Iterator[Mapping[str, str]]:
+    yield {}
 
 
 def _nothing_to_prepare(manifest: RunManifest) -> Prepared:

@@ -73,6 +73,7 @@ class RunManifest:
     name: str
     image: str
     command: list[str]
+    team: str = ""  # whose credentials the container gets (agent/credentials.py)
     env: dict[str, str] = field(default_factory=dict)
     gpus: int = 1  # per node
     timeout_seconds: int = 86400
@@ -102,6 +103,7 @@ class RunManifest:
         return cls(
             job_id=str(document["job_id"]),
             name=str(document.get("name", "")),
+            team=str(document.get("team", "")),
             image=str(document["image"]),
             command=[str(arg) for arg in document["command"]],
             env={str(k): str(v) for k, v in document.get("env", {}).items()},

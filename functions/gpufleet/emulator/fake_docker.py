@@ -70,6 +70,7 @@ _VALUED = {
     "--runtime",
     "--cap-add",
     "--security-opt",
+    "--cgroup-parent",
 }
 _FLAGS = {"--init", "--rm", "--privileged", "-t", "-i", "--tty", "--interactive"}
 

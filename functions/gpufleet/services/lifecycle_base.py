@@ -209,6 +209,7 @@ def run_manifest(
     return {
         "job_id": job.job_id,
         "name": spec.name,
+        "team": spec.team,
         "image": spec.image,
         "command": list(spec.command),
         "env": {**efa_env, **spec.env, **stage_env},

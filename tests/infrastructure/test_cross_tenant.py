@@ -1,0 +1,245 @@
+"""Cross-tenant suite (issue #19 point 4): what a job's container holds is its job's session of
+the job role, and IAM's evaluation of the synthesized policies, with the session's tags read
+into `${aws:PrincipalTag/...}`, lets it reach its own job's stage data and its own team's
+checkpoints, and nothing of another job or team: no run manifest, no checkpoint or stage data of
+theirs, no node report on the bus, no metrics.
+
+The evaluation is IAM's for identity policies with Allow statements only (no Deny, no resource
+policy grants the job role anything): an action is allowed when a statement's action and
+resource patterns match (`*` and `?`, actions case-insensitive) and its conditions hold.
+https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infra.app import build_app
+from infra.stack import STACK_NAME
+
+from gpufleet import topology
+from gpufleet.domain.tenancy import session_tags
+from gpufleet.services.lifecycle_base import control_key, run_manifest_key
+
+CHECKPOINTS = "s3://ckpt-bucket/gpufleet"
+CKPT = "arn:<AWS::Partition>:s3:::ckpt-bucket"
+MINE, THEIRS = "j-0000000000000000000a", "j-0000000000000000000b"
+TEAM, OTHER_TEAM = "vision", "speech"
+_VARIABLE = re.compile(r"\$\{aws:PrincipalTag/([^}]+)\}")
+
+
+@dataclass(frozen=True)
+class Session:
+    """A role session and what it was tagged with."""
+
+    statements: list[dict[str, Any]]
+    tags: Mapping[str, str]
+
+    def allows(self, action: str, resource: str, context: Mapping[str, str] | None = None) -> bool:
+        return any(
+            _matches(action, _listify(s["Action"]), case=False)
+            and _matches(resource, [self._resolve(r) for r in _listify(s["Resource"])])
+            and _conditions_hold(self._resolved(s.get("Condition", {})), context or {})
+            for s in self.statements
+            if s["Effect"] == "Allow"
+        )
+
+    def _resolved(self, conditions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """Conditions with the session's tags read into their values (IAM does so too)."""
+        return {
+            operator: {
+                key: [self._resolve(v) for v in _listify(values)] for key, values in keys.items()
+            }
+            for operator, keys in conditions.items()
+        }
+
+    def _resolve(self, pattern: str) -> str:
+        # A variable of a tag the session lacks makes the statement match nothing (IAM).
+        return _VARIABLE.sub(lambda m: self.tags.get(m.group(1), "\0"), pattern)
+
+
+def _listify(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _matches(value: str, patterns: list[str], *, case: bool = True) -> bool:
+    if not case:
+        return any(fnmatchcase(value.lower(), p.lower()) for p in patterns)
+    return any(fnmatchcase(value, p) for p in patterns)
+
+
+def _conditions_hold(
+    conditions: Mapping[str, Mapping[str, Any]], context: Mapping[str, str]
+) -> bool:
+    for operator, keys in conditions.items():
+        assert operator in ("StringLike", "StringEquals"), f"teach this test {operator}"
+        for key, expected in keys.items():
+            if key not in context:
+                return False
+            if operator == "StringLike" and not _matches(context[key], _listify(expected)):
+                return False
+            if operator == "StringEquals" and context[key] not in _listify(expected):
+                return False
+    return True
+
+
+@dataclass
+class Roles:
+    doc: dict[str, Any]
+    job_role: str
+    instance_role: str
+    bucket: str  # "<IntakeBucket....Arn>"
+    statements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def session(self, job_id: str, team: str) -> Session:
+        """The session the node agent opens for a job (its tags as domain.tenancy sets them),
+        with its resource patterns rendered as the template writes them, variables kept."""
+        tags = {t["Key"]: t["Value"] for t in session_tags(job_id, team)}
+        return Session(self.statements[self.job_role], tags)
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if "Ref" in value:
+        return f"<{value['Ref']}>"
+    if "Fn::GetAtt" in value:
+        return "<{}.{}>".format(*value["Fn::GetAtt"])
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(_render(p) for p in parts)
+    return json.dumps(value, sort_keys=True)  # matches no resource this suite asks about
+
+
+@pytest.fixture(scope="module")
+def roles(tmp_path_factory: pytest.TempPathFactory) -> Roles:
+    outdir = tmp_path_factory.mktemp("cross-tenant.cdk.out")
+    app, _ = build_app(context={"checkpoint_uri": CHECKPOINTS}, outdir=str(outdir))
+    app.synth()
+    doc = json.loads((Path(outdir) / f"{STACK_NAME}.template.json").read_text(encoding="utf-8"))
+    resources = doc["Resources"]
+    [job_role] = [
+        k
+        for k, r in resources.items()
+        if k.startswith("FleetJobRole") and r["Type"] == "AWS::IAM::Role"
+    ]
+    [profile] = [r for r in resources.values() if r["Type"] == "AWS::IAM::InstanceProfile"]
+    [instance_role] = [r["Ref"] for r in profile["Properties"]["Roles"]]
+    statements: dict[str, list[dict[str, Any]]] = {job_role: [], instance_role: []}
+    for resource in resources.values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for role in resource["Properties"]["Roles"]:
+            if role["Ref"] in statements:
+                for statement in _listify(resource["Properties"]["PolicyDocument"]["Statement"]):
+                    statements[role["Ref"]].append(
+                        {
+                            **statement,
+                            "Resource": [_render(r) for r in _listify(statement["Resource"])],
+                        }
+                    )
+    [bucket] = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "AWS::S3::Bucket" and k.startswith("IntakeBucket")
+    ]
+    return Roles(doc, job_role, instance_role, f"<{bucket}.Arn>", statements)
+
+
+def _stage_object(roles: Roles, job_id: str) -> str:
+    return f"{roles.bucket}/{topology.RUNS_PREFIX}{job_id}/stages/prepare/part-0"
+
+
+def _checkpoint(team: str) -> str:
+    return f"{CKPT}/gpufleet/{team}/{MINE}/step-100.pt"
+
+
+def test_a_job_reaches_its_own_stage_data_and_its_teams_checkpoints(roles: Roles) -> None:
+    mine = roles.session(MINE, TEAM)
+    for action in ("s3:GetObject", "s3:PutObject"):
+        assert mine.allows(action, _stage_object(roles, MINE))
+        assert mine.allows(action, _checkpoint(TEAM))
+    assert mine.allows("s3:ListBucket", CKPT, {"s3:prefix": f"gpufleet/{TEAM}/{MINE}/"})
+    assert mine.allows("s3:ListBucket", roles.bucket, {"s3:prefix": f"runs/{MINE}/stages/prepare/"})
+
+
+@pytest.mark.parametrize(
+    ("action", "what"),
+    [
+        ("s3:GetObject", "another team's checkpoint"),
+        ("s3:PutObject", "another team's checkpoint"),
+        ("s3:GetObject", "another job's stage data"),
+        ("s3:PutObject", "another job's stage data"),
+        ("s3:GetObject", "another job's run manifest"),
+        ("s3:GetObject", "its own run manifest"),
+        ("s3:PutObject", "another job's control file"),
+    ],
+)
+def test_a_job_cannot_touch_another_tenants_objects(roles: Roles, action: str, what: str) -> None:
+    resource = {
+        "another team's checkpoint": _checkpoint(OTHER_TEAM),
+        "another job's stage data": _stage_object(roles, THEIRS),
+        "another job's run manifest": f"{roles.bucket}/{run_manifest_key(THEIRS)}",
+        # The manifest names the job's secrets and env: the agent reads it, the container not.
+        "its own run manifest": f"{roles.bucket}/{run_manifest_key(MINE)}",
+        "another job's control file": f"{roles.bucket}/{control_key(THEIRS)}",
+    }[what]
+    assert not roles.session(MINE, TEAM).allows(action, resource)
+
+
+def test_a_job_cannot_list_another_tenants_prefixes(roles: Roles) -> None:
+    mine = roles.session(MINE, TEAM)
+    assert not mine.allows("s3:ListBucket", CKPT, {"s3:prefix": f"gpufleet/{OTHER_TEAM}/"})
+    assert not mine.allows("s3:ListBucket", CKPT, {"s3:prefix": "gpufleet/"})
+    assert not mine.allows("s3:ListBucket", roles.bucket, {"s3:prefix": f"runs/{THEIRS}/"})
+
+
+def test_a_job_cannot_report_for_a_job_or_put_its_metrics(roles: Roles) -> None:
+    """Node reports and per-job metrics are the agent's (the instance role's), not the
+    container's: its session has neither action on any resource."""
+    mine = roles.session(MINE, TEAM)
+    assert not mine.allows(
+        "events:PutEvents", "<IntakeBus>", {"events:source": topology.AGENT_SOURCE}
+    )
+    assert not mine.allows(
+        "cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "GpuFleet/Jobs"}
+    )
+    assert not any(
+        a.split(":")[0] in ("events", "cloudwatch", "sts", "iam")
+        for s in roles.statements[roles.job_role]
+        for a in _listify(s["Action"])
+    )
+
+
+def test_a_session_without_its_tags_reaches_nothing(roles: Roles) -> None:
+    untagged = Session(roles.statements[roles.job_role], {})
+    assert not untagged.allows("s3:GetObject", _stage_object(roles, MINE))
+    assert not untagged.allows("s3:GetObject", f"{CKPT}/gpufleet//x")
+
+
+def test_only_the_instance_role_opens_a_session_and_only_with_both_tags(roles: Roles) -> None:
+    trust = roles.doc["Resources"][roles.job_role]["Properties"]["AssumeRolePolicyDocument"]
+    [statement] = trust["Statement"]
+    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    assert statement["Principal"] == {"AWS": {"Fn::GetAtt": [roles.instance_role, "Arn"]}}
+    assert statement["Condition"] == {
+        "StringLike": {"aws:RequestTag/gpufleet-job": "?*", "aws:RequestTag/gpufleet-team": "?*"},
+        "ForAllValues:StringEquals": {"aws:TagKeys": ["gpufleet-job", "gpufleet-team"]},
+    }
+    sessions = [s for s in roles.statements[roles.instance_role] if s.get("Sid") == "JobSessions"]
+    assert [s["Resource"] for s in sessions] == [[f"<{roles.job_role}.Arn>"]]
+    # The instance role itself writes no stage data or checkpoints: only its usage samples.
+    writes = [
+        r
+        for s in roles.statements[roles.instance_role]
+        if "s3:PutObject" in _listify(s["Action"])
+        for r in s["Resource"]
+    ]
+    assert writes == [f"{roles.bucket}/{topology.RUNS_PREFIX}*/usage/*"]
