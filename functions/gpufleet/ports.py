@@ -225,7 +225,19 @@ class JobQueue(Protocol):
         """Take a waiting job out of the queue (cancel, resize); None if it was not waiting."""
         ...
 
-    def book(self, booking: Booking) -> None: ...
+    def book(self, booking: Booking, check: Callable[[list[Booking]], None]) -> None:
+        """Book it when `check` passes on the bookings as they are when it is written (`check`
+        raises to refuse: nothing is booked). Two bookings made at once are never both checked
+        against bookings that lack the other."""
+        ...
+
+    def cancel_booking(self, booking_id: str) -> Booking | None:
+        """Remove a booking; None if there is none by that id (cancelled or expired already)."""
+        ...
+
+    def expire_bookings(self, now: float) -> list[Booking]:
+        """Remove the bookings whose window ended by `now`; the ones removed."""
+        ...
 
     def first_notice(self, key: str) -> bool:
         """True the first time it is asked for `key` (a notice to send once, not every pass)."""

@@ -144,6 +144,21 @@ def test_book_then_queue_shows_the_booking(
     assert datetime.fromisoformat(booking["end"]) == datetime.fromisoformat(window[3])
 
 
+def test_book_list_and_cancel(
+    account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    window = ["--from", _hence(24), "--to", _hence(36)]
+    _, out, _ = book(capsys, config_file, "--team", "vision", "--gpus", "8", *window)
+    booking = json.loads(out)
+    code, out, _ = book(capsys, config_file, "--list")
+    assert code == 0 and booking in json.loads(out)["bookings"]
+    code, out, _ = book(capsys, config_file, "--cancel", booking["booking_id"])
+    assert code == 0 and json.loads(out) == booking
+    assert booking not in bookings(capsys, config_file)
+    code, out, err = book(capsys, config_file, "--cancel", booking["booking_id"])
+    assert code != 0 and out == "" and "does not exist" in err
+
+
 @pytest.mark.parametrize(
     ("flags", "problem"),
     [

@@ -172,9 +172,44 @@ def test_remove_takes_a_waiting_job_out_once(queue: JobQueue) -> None:
 
 def test_bookings_round_trip(queue: JobQueue) -> None:
     booking = Booking("b-1", "nlp", 8, NOW, NOW + 3600)
-    queue.book(booking)
+    queue.book(booking, lambda booked: None)
     assert queue.bookings() == [booking]
     assert queue.state().bookings == [booking]
+
+
+def test_a_booking_is_checked_against_one_made_meanwhile(queue: JobQueue) -> None:
+    """The check runs on the bookings as they are when the booking is written: a booking that
+    went in between the read and the write is seen (DynamoDB: the ledger's version moved)."""
+    first, second = (
+        Booking("b-1", "nlp", 8, NOW, NOW + 3600),
+        Booking("b-2", "nlp", 8, NOW, NOW + 60),
+    )
+    if not isinstance(queue, DynamoJobQueue):
+        pytest.skip("the memory queue checks and writes under one lock: nothing books between")
+    seen: list[list[Booking]] = []
+
+    def check(booked: list[Booking]) -> None:
+        seen.append(booked)
+        if len(seen) == 1:
+            queue.book(first, lambda _: None)  # another booking, between this read and write
+        elif any(b.booking_id == "b-1" for b in booked):
+            raise ValueError("overbooked")
+
+    with pytest.raises(ValueError, match="overbooked"):
+        queue.book(second, check)
+    assert seen[-1] == [first]
+    assert queue.bookings() == [first]
+
+
+def test_bookings_are_cancelled_once_and_expire_with_their_window(queue: JobQueue) -> None:
+    past, later = Booking("b-1", "nlp", 8, NOW, NOW + 60), Booking("b-2", "nlp", 4, NOW, NOW + 7200)
+    queue.book(past, lambda _: None)
+    queue.book(later, lambda _: None)
+    assert queue.expire_bookings(NOW + 60) == [past]
+    assert queue.expire_bookings(NOW + 60) == []
+    assert queue.cancel_booking("b-2") == later
+    assert queue.cancel_booking("b-2") is None
+    assert queue.bookings() == []
 
 
 def test_concurrent_dispatchers_never_admit_twice_or_exceed_the_quota(queue: JobQueue) -> None:

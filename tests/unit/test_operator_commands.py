@@ -234,7 +234,9 @@ POLICY = QueuePolicy(
 @pytest.fixture
 def bookings(fleet: Fleet) -> Fleet:
     assert fleet.ports.clock.now() == NOW
-    fleet.ports.queue.book(Booking("b-existing", "nlp", 10, NOW + 2 * HOUR, NOW + 4 * HOUR))
+    fleet.ports.queue.book(
+        Booking("b-existing", "nlp", 10, NOW + 2 * HOUR, NOW + 4 * HOUR), lambda booked: None
+    )
     return fleet
 
 

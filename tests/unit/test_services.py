@@ -807,7 +807,9 @@ def test_a_job_no_cap_of_the_fleet_can_ever_hold_is_refused_at_intake_with_the_n
     assert [e["name"] for e in refused] == ["whole", "over"]
     # Once vision has 8 GPUs booked (from tomorrow), the same shape can run then.
     clock = cast(ManualClock, ports.clock)
-    ports.queue.book(Booking("b-1", "vision", 8, clock.now() + 86400, clock.now() + 90000))
+    ports.queue.book(
+        Booking("b-1", "vision", 8, clock.now() + 86400, clock.now() + 90000), lambda booked: None
+    )
     assert verdict("booked", 8, 3) == (JobStatus.QUEUED, None)
     # A later stage no cap can hold is refused before the first runs.
     staged = SPEC_YAML + b"stages:\n  - {name: prep}\n  - {name: train, resources: {nodes: 17}}\n"

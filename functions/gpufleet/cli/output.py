@@ -144,7 +144,7 @@ def describe(exc: BaseException) -> CliError:
 def _domain_error(exc: BaseException) -> CliError | None:
     from gpufleet.domain.config import ConfigFileError
     from gpufleet.domain.job import JobNotFound
-    from gpufleet.domain.queueing import BookingRefused
+    from gpufleet.domain.queueing import BookingNotFound, BookingRefused
     from gpufleet.domain.selection import NoFeasibleOffering
     from gpufleet.domain.spec import SpecError
     from gpufleet.services.lifecycle_base import JobAlreadyEnded
@@ -155,6 +155,8 @@ def _domain_error(exc: BaseException) -> CliError | None:
         return CliError(exc.message, ErrorCode.INVALID_JOB_SPEC, details)
     if isinstance(exc, JobNotFound):
         return CliError(str(exc), ErrorCode.NOT_FOUND, {"job_id": exc.job_id})
+    if isinstance(exc, BookingNotFound):
+        return CliError(str(exc), ErrorCode.NOT_FOUND, {"booking_id": exc.booking_id})
     if isinstance(exc, JobAlreadyEnded | BookingRefused):
         return CliError(str(exc), ErrorCode.REFUSED)
     if isinstance(exc, NoFeasibleOffering):

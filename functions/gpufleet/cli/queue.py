@@ -39,13 +39,16 @@ def register(commands: Any) -> None:
     add_target_arguments(resize)
     resize.set_defaults(run=run_resize)
 
-    book = commands.add_parser("book", help="book GPUs for a team over a future window")
-    book.add_argument("--team", required=True)
-    book.add_argument("--gpus", type=int, required=True)
-    book.add_argument(
-        "--from", dest="start", required=True, help="ISO time, e.g. 2026-12-01T08:00Z"
+    book = commands.add_parser(
+        "book", help="book GPUs for a team over a future window; --list, --cancel ID"
     )
-    book.add_argument("--to", dest="end", required=True, help="ISO time")
+    action = book.add_mutually_exclusive_group()
+    action.add_argument("--list", action="store_true", help="the bookings, by start")
+    action.add_argument("--cancel", metavar="ID", help="cancel a booking")
+    book.add_argument("--team")
+    book.add_argument("--gpus", type=int)
+    book.add_argument("--from", dest="start", help="ISO time, e.g. 2026-12-01T08:00Z")
+    book.add_argument("--to", dest="end", help="ISO time")
     add_target_arguments(book)
     book.set_defaults(run=run_book)
 
@@ -113,9 +116,49 @@ def _parse_time(text: str) -> float:
     return moment.timestamp()
 
 
-def run_book(args: argparse.Namespace) -> int:
-    from gpufleet.services.bookings import book
+def _print_booking(args: argparse.Namespace, booking: Booking, verb: str) -> None:
+    shown = booking_document(booking)
+    if args.json:
+        print_json(shown)
+    else:
+        line = (
+            f"{verb} {booking.booking_id}: {booking.team} {booking.gpus} GPUs "
+            f"{shown['start']} .. {shown['end']}"
+        )
+        print(printable(line, False))
 
+
+def run_book(args: argparse.Namespace) -> int:
+    from gpufleet.services.bookings import book, cancel
+
+    if args.list or args.cancel:
+        if any(v is not None for v in (args.team, args.gpus, args.start, args.end)):
+            raise invalid("--list and --cancel take no --team, --gpus, --from or --to")
+        connection = connect(args)
+        if args.cancel:
+            _print_booking(args, cancel(connection.ports, args.cancel), "cancelled")
+            return 0
+        bookings = sorted(connection.ports.queue.bookings(), key=lambda b: b.start)
+        if args.json:
+            print_json({"bookings": [booking_document(b) for b in bookings]})
+            return 0
+        for booking in bookings:
+            _print_booking(args, booking, "booked")
+        if not bookings:
+            print("  (no booking)")
+        return 0
+    missing = [
+        f"--{n}"
+        for n, v in (
+            ("team", args.team),
+            ("gpus", args.gpus),
+            ("from", args.start),
+            ("to", args.end),
+        )
+        if v is None
+    ]
+    if missing:
+        raise invalid(f"a booking needs {', '.join(missing)}")
     try:
         start, end = _parse_time(args.start), _parse_time(args.end)
     except ValueError as exc:
@@ -124,11 +167,7 @@ def run_book(args: argparse.Namespace) -> int:
     booking = book(
         connection.ports, connection.settings.config.queue, args.team, args.gpus, start, end
     )
-    if args.json:
-        print_json(booking_document(booking))
-    else:
-        shown = booking_document(booking)
-        print(f"booked {booking.booking_id}: {shown['start']} .. {shown['end']}")
+    _print_booking(args, booking, "booked")
     return 0
 
 

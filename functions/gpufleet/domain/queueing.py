@@ -52,7 +52,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
-from gpufleet.errors import RefusedInput
+from gpufleet.errors import NotFound, RefusedInput
 
 CLASS_RANK: dict[Priority, int] = {
     Priority.CRITICAL: 3,
@@ -204,6 +204,14 @@ class Booking:
 class BookingRefused(RefusedInput, ValueError):
     """A booking the fleet could never honour: nothing is booked. The message says why, with
     the numbers."""
+
+
+class BookingNotFound(NotFound):
+    """No booking by that id: cancelled already, or expired with its window."""
+
+    def __init__(self, booking_id: str) -> None:
+        super().__init__(f"booking {booking_id} does not exist (cancelled, or its window ended)")
+        self.booking_id = booking_id
 
 
 def check_booking(

@@ -18,7 +18,7 @@ service events on a best-effort basis, and a delivery can end in a dead-letter q
 
 It also tends the warm pool, when the config has one: idle warm instances are nobody's orphans;
 the pool is topped up while launches ask for its type and released when they stop asking
-(`domain.warm_pool`).
+(`domain.warm_pool`). And it deletes the bookings whose window has ended.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gpufleet.domain.release import instance_gone, why_orphaned
 from gpufleet.domain.warm_pool import IdleInstance, warm_pool_change
 from gpufleet.ports import ManagedInstance, Ports
 from gpufleet.services.backstop import BackstopService
+from gpufleet.services.bookings import expire as expire_bookings
 from gpufleet.services.lifecycle import LifecycleService
 
 # The statuses of a job that its workflow has yet to settle.
@@ -49,6 +50,7 @@ class ReconcileResult:
     warm_released: list[str] = field(default_factory=list)
     runs_ended: dict[str, str] = field(default_factory=dict)  # job id -> the instance found gone
     jobs_ended: list[str] = field(default_factory=list)  # live jobs whose workflow had ended
+    bookings_expired: list[str] = field(default_factory=list)  # whose window has ended
 
 
 class ReconcilerService:
@@ -97,6 +99,7 @@ class ReconcilerService:
         result.jobs_ended = self._backstop.abandoned(live, now, self._abandoned_after)
         if self._warm_pool is not None:
             self._tend_warm_pool(self._warm_pool, now, result)
+        result.bookings_expired = [b.booking_id for b in expire_bookings(self._ports)]
         return result
 
     def _live_jobs(self, status: JobStatus) -> list[Job]:

@@ -50,7 +50,7 @@ from gpufleet.domain.queueing import (
     Shape,
 )
 from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
-from gpufleet.errors import ConditionFailed
+from gpufleet.errors import ConditionFailed, TransientError
 from gpufleet.ports import (
     AdmissionLimits,
     Freed,
@@ -73,6 +73,8 @@ _GLOBAL = "usage#global"
 _TEAM = "usage#team#"
 _NOMINEE = "nominee#"
 _BOOKING = "booking#"
+_LEDGER = "ledger#bookings"  # the bookings' version, which every new booking bumps
+BOOKING_TRIES = 5
 _SHORTAGE = "shortage"
 _QUEUE = "q#"
 _LOCATOR_SK = "at"
@@ -197,6 +199,10 @@ def _running(item: dict[str, Any]) -> RunningEntry:
     return RunningEntry(
         job=job, task_token=item["task_token"]["S"], notified=item["notified"]["BOOL"]
     )
+
+
+class BookingContended(TransientError):
+    """Other bookings kept going in while this one was checked: nothing was booked."""
 
 
 class DynamoJobQueue:
@@ -706,20 +712,67 @@ class DynamoJobQueue:
 
     # -- bookings ------------------------------------------------------------------------------
 
-    def book(self, booking: Booking) -> None:
-        self._write(
-            self._client.put_item,
-            TableName=self._table,
-            Item={
-                "pk": _s(_STATE),
-                "sk": _s(f"{_BOOKING}{booking.start:017.6f}#{booking.booking_id}"),
-                "booking_id": _s(booking.booking_id),
-                "team": _s(booking.team),
-                "gpus": _n(booking.gpus),
-                "start": _n(booking.start),
-                "end": _n(booking.end),
-            },
+    def book(self, booking: Booking, check: Callable[[list[Booking]], None]) -> None:
+        # Optimistic concurrency on the bookings ledger: every booking bumps its version, and
+        # is written only if the version is still the one read with the bookings it was checked
+        # against. Of two bookings made at once, the second is checked again, against the first.
+        for _ in range(BOOKING_TRIES):
+            ledger = self._client.get_item(
+                TableName=self._table,
+                Key={"pk": _s(_STATE), "sk": _s(_LEDGER)},
+                ConsistentRead=True,
+            ).get("Item", {})
+            seen = int(ledger.get("version", {}).get("N", "0"))
+            check([_booking(item) for item in self._booking_items()])
+            ledger_write = {
+                "Update": {
+                    "TableName": self._table,
+                    "Key": {"pk": _s(_STATE), "sk": _s(_LEDGER)},
+                    "UpdateExpression": "SET version = :next",
+                    "ConditionExpression": "attribute_not_exists(version) OR version = :seen",
+                    "ExpressionAttributeValues": {":seen": _n(seen), ":next": _n(seen + 1)},
+                }
+            }
+            put = {"Put": {"TableName": self._table, "Item": _booking_item(booking)}}
+            try:
+                self._transact([ledger_write, put])
+            except ConditionsFailed:
+                continue  # another booking went in meanwhile: check against it too
+            return
+        raise BookingContended(f"bookings kept changing over {BOOKING_TRIES} tries")
+
+    def _booking_items(self) -> list[dict[str, Any]]:
+        return list(
+            self._query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :booking)",
+                ExpressionAttributeValues={":pk": _s(_STATE), ":booking": _s(_BOOKING)},
+                ConsistentRead=True,
+            )
         )
+
+    def cancel_booking(self, booking_id: str) -> Booking | None:
+        found = [i for i in self._booking_items() if i["booking_id"]["S"] == booking_id]
+        return next(iter(self._delete_bookings(found)), None)
+
+    def expire_bookings(self, now: float) -> list[Booking]:
+        ended = [i for i in self._booking_items() if float(i["end"]["N"]) <= now]
+        return self._delete_bookings(ended)
+
+    def _delete_bookings(self, items: list[dict[str, Any]]) -> list[Booking]:
+        """Delete these booking items; the ones this call deleted (not another one meanwhile).
+        A removal needs no new version: a booking checked against one more booking than there
+        is was only checked the stricter way."""
+        deleted = []
+        for item in items:
+            old = self._write(
+                self._client.delete_item,
+                TableName=self._table,
+                Key={"pk": item["pk"], "sk": item["sk"]},
+                ReturnValues="ALL_OLD",
+            ).get("Attributes")
+            if old:
+                deleted.append(_booking(old))
+        return deleted
 
     def bookings(self) -> list[Booking]:
         return self.state().bookings
@@ -735,6 +788,18 @@ class DynamoJobQueue:
         except ConditionFailed:
             return False
         return True
+
+
+def _booking_item(booking: Booking) -> dict[str, Any]:
+    return {
+        "pk": _s(_STATE),
+        "sk": _s(f"{_BOOKING}{booking.start:017.6f}#{booking.booking_id}"),
+        "booking_id": _s(booking.booking_id),
+        "team": _s(booking.team),
+        "gpus": _n(booking.gpus),
+        "start": _n(booking.start),
+        "end": _n(booking.end),
+    }
 
 
 def _booking(item: dict[str, Any]) -> Booking:

@@ -574,9 +574,23 @@ class InMemoryJobQueue:
             self._nominees.pop(job_id, None)
             return self._waiting.pop(job_id, None)
 
-    def book(self, booking: Booking) -> None:
-        with self._lock:
+    def book(self, booking: Booking, check: Callable[[list[Booking]], None]) -> None:
+        with self._lock:  # checked and written under one lock: nothing books in between
+            check(list(self._bookings))
             self._bookings.append(booking)
+
+    def cancel_booking(self, booking_id: str) -> Booking | None:
+        with self._lock:
+            found = next((b for b in self._bookings if b.booking_id == booking_id), None)
+            if found is not None:
+                self._bookings.remove(found)
+            return found
+
+    def expire_bookings(self, now: float) -> list[Booking]:
+        with self._lock:
+            ended = [b for b in self._bookings if b.end <= now]
+            self._bookings = [b for b in self._bookings if b.end > now]
+            return ended
 
     def bookings(self) -> list[Booking]:
         with self._lock:
