@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpufleet.errors import RefusedInput
+
 LAYOUT_VERSION = 1
 USAGE_DIR = "usage"
 # Two weeks at a minute; a longer run's samples are merged pairwise.
@@ -43,8 +45,8 @@ EVENT_FINISHED = "finished"
 EVENTS = (EVENT_STARTED, EVENT_CHECKPOINT, EVENT_INTERRUPTED, EVENT_FINISHED)
 
 
-class UsageLayoutError(ValueError):
-    """A usage document that is not in this layout."""
+class UsageLayoutError(RefusedInput, ValueError):
+    """A usage document that is not in this layout (still a ValueError for the agent's readers)."""
 
 
 def usage_prefix(runs_prefix: str, job_id: str) -> str:
