@@ -15,7 +15,8 @@ from typing import Any
 STATEMACHINE_DIR = Path(__file__).resolve().parents[2] / "statemachines"
 
 # Sources and detail types of the events gpufleet reads and writes on its own bus.
-SUBMIT_SOURCE = "gpufleet"
+# Submissions come from one source per team, `gpufleet.team.<team>` (domain/submitters.py).
+SUBMIT_SOURCE_PREFIX = "gpufleet.team."
 CONTROL_PLANE_SOURCE = "gpufleet.control-plane"
 AGENT_SOURCE = "gpufleet.agent"
 DETAIL_JOB_SUBMITTED = "Job Submitted"
@@ -321,7 +322,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         construct_id="SubmitRule",
         description="Job submissions sent as events",
-        pattern={"source": [SUBMIT_SOURCE], "detail-type": [DETAIL_JOB_SUBMITTED]},
+        pattern={
+            "source": [{"prefix": SUBMIT_SOURCE_PREFIX}],
+            "detail-type": [DETAIL_JOB_SUBMITTED],
+        },
         target_function=INTAKE_FROM_EVENT.construct_id,
     ),
     Rule(

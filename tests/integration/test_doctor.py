@@ -142,7 +142,7 @@ def test_the_smoke_job_runs_on_the_cheapest_instance_and_reports_each_step(
     smoke = report["smoke"]
     assert code == 0 and smoke["ok"] is True, smoke
     assert smoke["status"] == "SUCCEEDED" and smoke["failure_reason"] is None
-    resources = parse_spec(SMOKE_SPEC.format(run="now").encode(), "auto").resources
+    resources = parse_spec(SMOKE_SPEC.format(run="now", team="doctor").encode(), "auto").resources
     cheapest = select(resources, "auto", load_bundled(), emulator.account.region).best
     assert smoke["instance_type"] == cheapest.instance_type.name
     assert smoke["cost_usd"] > 0

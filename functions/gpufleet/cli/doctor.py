@@ -36,7 +36,7 @@ from gpufleet.domain.readiness import (
     all_passed,
     smoke_timeline,
 )
-from gpufleet.topology import INTAKE_PREFIX
+from gpufleet.domain.submitters import upload_key
 
 if TYPE_CHECKING:
     from gpufleet.adapters.aws.account_probe import AwsAccountProbe
@@ -44,13 +44,14 @@ if TYPE_CHECKING:
 
 STEP_COLUMNS = (("name", "step"), ("at_seconds", "at_s"), ("latency_seconds", "latency_s"))
 # One CPU-only job that only prints a line: the cheapest instance selection finds for it.
-SMOKE_KEY = f"{INTAKE_PREFIX}gpufleet-doctor-smoke.yaml"
+SMOKE_TEAM = "doctor"
+SMOKE_KEY = upload_key(SMOKE_TEAM, "gpufleet-doctor-smoke.yaml")
 # The run's time makes each upload's content (and so its ETag) new: every run is a new job,
 # also where a notification names the upload by its ETag (the emulator's).
 SMOKE_SPEC = """\
 # gpufleet doctor --smoke: one CPU-only job end to end, on the cheapest instance.
 name: doctor-smoke
-team: doctor
+team: {team}
 image: public.ecr.aws/docker/library/busybox:stable
 command: [echo, "gpufleet doctor: the smoke job ran"]
 env: {{GPUFLEET_DOCTOR_RUN: "{run}"}}
@@ -173,7 +174,7 @@ def run_smoke(
     from gpufleet.domain.job import JobStatus
 
     started = time.monotonic()
-    spec = SMOKE_SPEC.format(run=datetime.now(UTC).isoformat())
+    spec = SMOKE_SPEC.format(run=datetime.now(UTC).isoformat(), team=SMOKE_TEAM)
     upload, job_id, job, report = submit_spec(
         connection, SMOKE_KEY, spec.encode(), min(timeout, 120.0)
     )

@@ -27,8 +27,8 @@ from gpufleet.cli.table import add_raw_argument, printable, render, render_field
 from gpufleet.cli.target import Connection, add_target_arguments, connect
 from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
 from gpufleet.domain.spec import SpecError, format_for, parse_spec
+from gpufleet.domain.submitters import spec_upload_key
 from gpufleet.services.intake import ERROR_SUFFIX, ErrorReport, key_refusal
-from gpufleet.topology import INTAKE_PREFIX
 
 if TYPE_CHECKING:
     from gpufleet.ports import JobStore
@@ -127,9 +127,10 @@ def submit_file(args: argparse.Namespace) -> tuple[Connection, Upload, str, Job 
         raw = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror}", ErrorCode.NOT_FOUND) from None
-    key = f"{INTAKE_PREFIX}{path.name}"
-    # The same checks intake makes, format chosen by the same rule: a spec refused here would
-    # be refused there, so it is not uploaded.
+    # Under its team's folder (jobs/<team>/: who may upload there is who may submit for the
+    # team). The same checks intake makes, format chosen by the same rule: a spec refused here
+    # would be refused there, so it is not uploaded.
+    key = spec_upload_key(raw, path.name)
     try:
         refusal = key_refusal(key)
         if refusal is not None:

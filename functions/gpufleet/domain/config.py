@@ -22,6 +22,7 @@ from gpufleet.domain.spec import (
     Resources,
     split_s3_uri,
 )
+from gpufleet.domain.submitters import TeamSubmitters
 from gpufleet.errors import RefusedInput
 from gpufleet.topology import AGENT_PERIOD_SECONDS
 
@@ -241,6 +242,9 @@ class FleetConfig(BaseModel):
     secrets_kms_keys: list[str] = Field(default_factory=list, max_length=10)
     # The account's ECR repositories nodes may pull from (none listed: all of them).
     ecr_repositories: list[str] = Field(default_factory=list, max_length=50)
+    # Who may submit for each team by event (domain/submitters.py); none named: the key prefix
+    # and event source decide alone. Named: only these teams submit.
+    submitters: dict[Name, TeamSubmitters] = Field(default_factory=dict, max_length=50)
 
     @model_validator(mode="after")
     def _named_resources(self) -> FleetConfig:

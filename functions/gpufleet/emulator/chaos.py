@@ -44,6 +44,7 @@ import yaml
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.job import Job
+from gpufleet.domain.submitters import team_source, upload_key
 from gpufleet.emulator.account import ACCOUNT_ID, BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.faults import (
     CapacityFaults,
@@ -70,11 +71,9 @@ from gpufleet.topology import (
     DISPATCH,
     INTAKE_FROM_EVENT,
     INTAKE_FROM_S3,
-    INTAKE_PREFIX,
     JOB_LIFECYCLE,
     JOBS_TABLE,
     SCHEDULES,
-    SUBMIT_SOURCE,
     TAG_JOB_ID,
     TAG_MANAGED,
     execution_arn,
@@ -565,7 +564,7 @@ def _submit(account: Account, job: ChaosJob) -> None:
             Entries=[
                 {
                     "EventBusName": account.bus,
-                    "Source": SUBMIT_SOURCE,
+                    "Source": team_source(job.document["team"]),
                     "DetailType": DETAIL_JOB_SUBMITTED,
                     "Detail": json.dumps(job.document),
                 }
@@ -575,7 +574,7 @@ def _submit(account: Account, job: ChaosJob) -> None:
     as_json = int(job.name.rsplit("-", 1)[-1]) % 2 == 0
     account.client("s3").put_object(
         Bucket=account.bucket,
-        Key=f"{INTAKE_PREFIX}{job.name}.{'json' if as_json else 'yaml'}",
+        Key=upload_key(job.document["team"], f"{job.name}.{'json' if as_json else 'yaml'}"),
         Body=(json.dumps(job.document) if as_json else yaml.safe_dump(job.document)).encode(),
     )
 

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job
+from gpufleet.domain.submitters import spec_upload_key
 from gpufleet.emulator.account import BUCKET_NAME, Account, embedded_account
 from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.faults import CapacityFaults, injected
@@ -24,7 +25,6 @@ from gpufleet.services.reports import job_detail
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     DETAIL_JOB_REJECTED,
-    INTAKE_PREFIX,
     JOB_LIFECYCLE,
     JOBS_TABLE,
     agent_log_stream_prefix,
@@ -237,10 +237,12 @@ class RejectionObserver:
 
 def _submit(account: Account, submission: Submission) -> None:
     if submission.via == "s3":
+        body = submission.path.read_bytes()
         account.client("s3").put_object(
             Bucket=account.bucket,
-            Key=f"{INTAKE_PREFIX}{submission.copy_as or submission.path.name}",
-            Body=submission.path.read_bytes(),
+            # Under its team's folder, as `gpufleet submit` puts it.
+            Key=spec_upload_key(body, submission.copy_as or submission.path.name),
+            Body=body,
         )
         return
     entry = json.loads(submission.path.read_text())

@@ -1,4 +1,4 @@
-"""S3 ObjectCreated under jobs/ -> intake."""
+"""S3 ObjectCreated under jobs/ (a team's jobs/<team>/) -> intake."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EventBridge `Job Submitted` (source gpufleet) -> intake."""
+"""EventBridge `Job Submitted` (source gpufleet.team.<team>) -> intake."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ if TYPE_CHECKING:
 def submit(delivery: Delivery) -> dict[str, Any]:
     from gpufleet.services.intake import describe
 
-    outcome = intake().submit_document(delivery.document, delivery.delivery_key, delivery.source)
+    outcome = intake().submit_event(
+        delivery.document,
+        delivery.delivery_key,
+        delivery.source,
+        delivery.event_source,
+        delivery.account,
+    )
     count_submission(outcome.accepted)
     return dict(describe(outcome))
 
@@ -39,6 +45,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         delivery_key=f"event:{submitted.id}",
         source=f"event:{submitted.id}",
         document=submitted.detail,
+        event_source=submitted.source,
+        account=submitted.account,
     )
     logger.append_keys(delivery=delivery.delivery_key)
     result: dict[str, Any] = submit(delivery=delivery)

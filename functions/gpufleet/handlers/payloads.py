@@ -93,6 +93,9 @@ class Delivery(_Payload):
     object_key: str | None = None
     version_id: str | None = None  # the uploaded object's version, read by intake
     document: Any = None
+    # An event's: who sent it (domain/submitters.py decides what team it may submit for).
+    event_source: str = ""
+    account: str = ""
 
 
 class JobTask(_Payload):

@@ -6,6 +6,11 @@ kinds of object are not submissions and are only logged: intake's own error repo
 under jobs/ too, so their notifications come back here) and the empty folder markers the S3
 console's "Create folder" leaves. A spec uploaded under a key ending in `.error.json` is not
 taken for a report: it is refused, its report next to it as for any other key.
+
+Who submits decides the team (`domain/submitters.py`): an upload outside `jobs/<team>/`, an
+event from a source other than `gpufleet.team.<team>` (or an account gpufleet.yaml's
+`submitters:` does not allow the team), and a spec claiming a team other than the one it was
+submitted as, are refused like any invalid spec.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from gpufleet.domain.spec import (
     SpecError,
     format_for,
     load_document,
+)
+from gpufleet.domain.submitters import (
+    Submitter,
+    event_submitter,
+    submission_refusal,
+    upload_submitter,
 )
 from gpufleet.domain.templates import apply_template
 from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports
@@ -93,27 +104,47 @@ class IntakeService:
         ignored = _not_a_submission(key, raw, source)
         if ignored is not None:
             return IntakeOutcome(job_id=None, ignored=ignored)
+        submitter = upload_submitter(key)
         try:
-            refusal = key_refusal(key)
+            refusal = key_refusal(key) or self._submitter_refusal(submitter, ())
             if refusal is not None:
                 raise refusal
-            spec = self._runnable(submission_from_mapping(load_document(raw, format_for(key))))
+            document = load_document(raw, format_for(key))
+            spec = self._runnable(submission_from_mapping(document), submitter)
         except SpecError as exc:
             return self._reject(exc, source, **reject_as)
         return self._accept(spec, delivery_key, source)
 
-    def submit_document(self, document: object, delivery_key: str, source: str) -> IntakeOutcome:
-        """A spec that arrived already parsed, e.g. an EventBridge event's detail."""
+    def submit_event(
+        self, document: object, delivery_key: str, source: str, event_source: str, account: str
+    ) -> IntakeOutcome:
+        """A spec sent as an event's detail, from `event_source`, put by a principal of
+        `account` (the event's own fields)."""
+        return self.submit_document(
+            document, delivery_key, source, event_submitter(event_source, account)
+        )
+
+    def submit_document(
+        self, document: object, delivery_key: str, source: str, submitter: Submitter
+    ) -> IntakeOutcome:
+        """A spec that arrived already parsed, made by `submitter`."""
         try:
-            spec = self._runnable(submission_from_mapping(document))
+            refusal = self._submitter_refusal(submitter, ())
+            if refusal is not None:
+                raise refusal
+            spec = self._runnable(submission_from_mapping(document), submitter)
         except SpecError as exc:
             return self._reject(exc, source)
         return self._accept(spec, delivery_key, source)
 
-    def _runnable(self, submission: Submission) -> JobSpec:
-        """The submission's one job as stored: its template resolved, checked against what
-        nodes can reach."""
-        refusal = _not_run_yet(submission)
+    def _submitter_refusal(self, submitter: Submitter, teams: tuple[str, ...]) -> SpecError | None:
+        return submission_refusal(submitter, teams, self._config.submitters)
+
+    def _runnable(self, submission: Submission, submitter: Submitter) -> JobSpec:
+        """The submission's one job as stored: made as its own team, its template resolved,
+        checked against what nodes can reach."""
+        teams = tuple(spec.team for spec in submission.jobs)
+        refusal = self._submitter_refusal(submitter, teams) or _not_run_yet(submission)
         if refusal is not None:
             raise refusal
         spec = submission.jobs[0]
