@@ -18,6 +18,7 @@ from infra.constructs.job_store import JobStore
 from infra.constructs.notifications import Notifications
 from infra.constructs.operations import Operations
 from infra.constructs.schedules import Schedules
+from infra.constructs.submitters import Submitters
 from infra.constructs.workflow import Workflow, executions_arn, state_machine_arn
 
 STACK_NAME = DEFAULT_STACK_NAME  # the default: -c stack_name=... names another
@@ -83,6 +84,9 @@ class GpuFleetStack(Stack):
             state_machine_arn(self, lifecycle), executions_arn(self, lifecycle)
         )
         intake.connect(functions.by_id())
+        submitters = Submitters(
+            self, "Submitters", fleet_config=fleet_config, bucket=intake.bucket, bus=intake.bus
+        )
         schedules = Schedules(
             self, "Schedules", functions=functions.by_id(), fleet_config=fleet_config
         )
@@ -104,6 +108,7 @@ class GpuFleetStack(Stack):
 
         self.job_store = job_store
         self.intake = intake
+        self.submitters = submitters
         self.fleet = fleet
         self.functions = functions
         self.workflow = workflow

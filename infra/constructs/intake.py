@@ -148,4 +148,16 @@ def _event_pattern(pattern: Mapping[str, object]) -> events.EventPattern:
     unknown = set(pattern) - set(known)
     if unknown:
         raise ValueError(f"event pattern keys not supported: {sorted(unknown)}")
-    return events.EventPattern(**{known[key]: value for key, value in pattern.items()})  # type: ignore[arg-type]
+    return events.EventPattern(
+        **{known[key]: _matcher(value) for key, value in pattern.items()}  # type: ignore[arg-type]
+    )
+
+
+def _matcher(value: object) -> object:
+    """A field's values, with a prefix matcher (`[{"prefix": P}]`) as EventPattern takes one."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+        [(operator, operand)] = value[0].items()
+        if operator != "prefix":
+            raise ValueError(f"event pattern matcher not supported: {operator}")
+        return events.Match.prefix(operand)
+    return value

@@ -2,7 +2,8 @@
 the job role, and IAM's evaluation of the synthesized policies, with the session's tags read
 into `${aws:PrincipalTag/...}`, lets it reach its own job's stage data and its own team's
 checkpoints, and nothing of another job or team: no run manifest, no checkpoint or stage data of
-theirs, no node report on the bus, no metrics.
+theirs, no node report on the bus, no metrics. And a team's submit policy submits as that
+team only: its own folder of the intake bucket and its own event source.
 
 The evaluation is IAM's for identity policies with Allow statements only (no Deny, no resource
 policy grants the job role anything): an action is allowed when a statement's action and
@@ -22,13 +23,17 @@ from typing import Any
 
 import pytest
 from infra.app import build_app
+from infra.constructs.submitters import submitting_teams
 from infra.stack import STACK_NAME
 
 from gpufleet import topology
+from gpufleet.domain.config import config_from_yaml
+from gpufleet.domain.submitters import team_source, upload_key
 from gpufleet.domain.tenancy import session_tags
 from gpufleet.services.lifecycle_base import control_key, run_manifest_key
 
 CHECKPOINTS = "s3://ckpt-bucket/gpufleet"
+CONFIG = Path(__file__).resolve().parents[2] / "gpufleet.yaml"
 CKPT = "arn:<AWS::Partition>:s3:::ckpt-bucket"
 MINE, THEIRS = "j-0000000000000000000a", "j-0000000000000000000b"
 TEAM, OTHER_TEAM = "vision", "speech"
@@ -243,3 +248,46 @@ def test_only_the_instance_role_opens_a_session_and_only_with_both_tags(roles: R
         for r in s["Resource"]
     ]
     assert writes == [f"{roles.bucket}/{topology.RUNS_PREFIX}*/usage/*"]
+
+
+def _team_policies(roles: Roles) -> dict[str, list[dict[str, Any]]]:
+    """Each team's submit policy (infra/constructs/submitters.py), by team, resources rendered."""
+    policies = {}
+    for resource in roles.doc["Resources"].values():
+        name = resource["Properties"].get("ManagedPolicyName", "")
+        if resource["Type"] == "AWS::IAM::ManagedPolicy" and "-submit-" in name:
+            policies[name.rsplit("-submit-", 1)[1]] = [
+                {**s, "Resource": [_render(r) for r in _listify(s["Resource"])]}
+                for s in _listify(resource["Properties"]["PolicyDocument"]["Statement"])
+            ]
+    return policies
+
+
+def _submission_event(team: str) -> dict[str, str]:
+    return {"events:source": team_source(team), "events:detail-type": "Job Submitted"}
+
+
+def test_each_team_of_the_config_gets_a_submit_policy(roles: Roles) -> None:
+    assert sorted(_team_policies(roles)) == submitting_teams(config_from_yaml(CONFIG.read_text()))
+
+
+def test_a_team_submits_as_itself_only(roles: Roles) -> None:
+    """Submit as another team: neither its folder of the intake bucket nor its event source."""
+    policies = _team_policies(roles)
+    bus = _render(_bus_arn(roles))
+    for team, statements in policies.items():
+        holder = Session(statements, {})
+        assert holder.allows("s3:PutObject", f"{roles.bucket}/{upload_key(team, 'a.yaml')}")
+        assert holder.allows("events:PutEvents", bus, _submission_event(team))
+        for other in set(policies) - {team}:
+            assert not holder.allows("s3:PutObject", f"{roles.bucket}/{upload_key(other, 'a')}")
+            assert not holder.allows("events:PutEvents", bus, _submission_event(other))
+        assert not holder.allows("s3:PutObject", f"{roles.bucket}/{topology.INTAKE_PREFIX}a.yaml")
+        assert not holder.allows("s3:GetObject", f"{roles.bucket}/{run_manifest_key(MINE)}")
+        agent_event = {"events:source": topology.AGENT_SOURCE, "events:detail-type": "Node Started"}
+        assert not holder.allows("events:PutEvents", bus, agent_event)
+
+
+def _bus_arn(roles: Roles) -> Any:
+    [bus] = [k for k, r in roles.doc["Resources"].items() if r["Type"] == "AWS::Events::EventBus"]
+    return {"Fn::GetAtt": [bus, "Arn"]}

@@ -33,7 +33,9 @@ _TEAM = r"[a-z0-9][a-z0-9._-]{0,62}"
 AccountId = Annotated[str, StringConstraints(pattern=r"^[0-9]{12}$")]
 RoleArn = Annotated[
     str,
-    StringConstraints(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}$"),
+    StringConstraints(
+        max_length=2048, pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]+$"
+    ),
 ]
 
 
