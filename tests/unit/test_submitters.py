@@ -1,0 +1,134 @@
+"""Who submits decides the team (domain/submitters.py): an upload's folder under jobs/ and an
+event's source name the team a submission is made as; a spec may claim only that team, and
+gpufleet.yaml's `submitters:` decides which accounts' events may submit for a team."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gpufleet.domain.submitters import (
+    Submitter,
+    TeamSubmitters,
+    event_submitter,
+    spec_upload_key,
+    submission_refusal,
+    team_source,
+    upload_key,
+    upload_submitter,
+)
+
+ACCOUNT, OTHER_ACCOUNT = "123456789012", "210987654321"
+VISION_CI = "arn:aws:iam::333333333333:role/ci/vision-ci"
+
+
+@pytest.mark.parametrize(
+    ("key", "team"),
+    [
+        ("jobs/vision/resnet.yaml", "vision"),
+        ("jobs/vision/nested/deeper/a.json", "vision"),
+        ("jobs/nlp.v2/a.yaml", "nlp.v2"),
+        ("jobs/resnet.yaml", None),  # not under a team's folder
+        ("jobs/Vision/a.yaml", None),  # no team is named so
+        ("jobs/../vision/a.yaml", None),
+        ("jobs/vision/", None),  # the folder itself
+        ("runs/vision/a.yaml", None),
+        ("jobs//a.yaml", None),
+    ],
+)
+def test_an_upload_is_made_as_the_team_of_its_folder(key: str, team: str | None) -> None:
+    assert upload_submitter(key) == Submitter("upload", team)
+
+
+@pytest.mark.parametrize(
+    ("source", "team"),
+    [
+        ("gpufleet.team.vision", "vision"),
+        ("gpufleet.team.nlp-research", "nlp-research"),
+        ("gpufleet", None),
+        ("gpufleet.team.", None),
+        ("gpufleet.agent", None),
+        ("gpufleet.team.Vision", None),
+        ("xgpufleet.team.vision", None),
+    ],
+)
+def test_an_event_is_made_as_the_team_of_its_source(source: str, team: str | None) -> None:
+    assert event_submitter(source, ACCOUNT) == Submitter("event", team, ACCOUNT)
+
+
+def test_the_key_and_source_of_a_team_are_the_ones_read_back() -> None:
+    assert upload_submitter(upload_key("audio", "asr.yaml")).team == "audio"
+    assert event_submitter(team_source("audio"), ACCOUNT).team == "audio"
+
+
+def test_a_spec_goes_under_the_folder_of_the_team_it_names() -> None:
+    assert spec_upload_key(b"name: a\nteam: nlp\n", "a.yaml") == "jobs/nlp/a.yaml"
+    assert spec_upload_key(b'{"team": "audio"}', "a.json") == "jobs/audio/a.json"
+    # No team that can be read: under jobs/ itself, where intake refuses it.
+    for body in (b"name: a\n", b"name: [", b"- a\n", b"team: 3\n"):
+        assert spec_upload_key(body, "a.yaml") == "jobs/a.yaml"
+
+
+def test_a_team_submits_its_own_jobs() -> None:
+    for submitter in (
+        upload_submitter("jobs/vision/a.yaml"),
+        event_submitter(team_source("vision"), ACCOUNT),
+    ):
+        assert submission_refusal(submitter, (), {}) is None
+        assert submission_refusal(submitter, ["vision"], {}) is None
+
+
+def test_a_spec_claiming_another_team_is_refused_on_its_team_field() -> None:
+    for submitter in (
+        upload_submitter("jobs/vision/a.yaml"),
+        event_submitter(team_source("vision"), ACCOUNT),
+    ):
+        refusal = submission_refusal(submitter, ["nlp"], {})
+        assert refusal is not None
+        assert "submitted as team vision, the spec claims team nlp" in refusal.message
+        assert [(f.field, f.message) for f in refusal.fields] == [("team", "must be vision")]
+        # One job of several claiming another team is enough.
+        assert submission_refusal(submitter, ["vision", "audio"], {}) is not None
+
+
+def test_a_submission_that_names_no_team_is_refused() -> None:
+    upload = submission_refusal(upload_submitter("jobs/a.yaml"), (), {})
+    event = submission_refusal(event_submitter("gpufleet", ACCOUNT), (), {})
+    assert upload is not None and "jobs/<team>/" in upload.message
+    assert event is not None and "gpufleet.team.<team>" in event.message
+
+
+def test_events_come_from_the_accounts_the_config_allows_the_team() -> None:
+    submitters = {"vision": TeamSubmitters(accounts=[ACCOUNT], roles=[VISION_CI])}
+    source = team_source("vision")
+    assert submission_refusal(event_submitter(source, ACCOUNT), (), submitters) is None
+    # A role's account is allowed too.
+    assert submission_refusal(event_submitter(source, "333333333333"), (), submitters) is None
+    refusal = submission_refusal(event_submitter(source, OTHER_ACCOUNT), (), submitters)
+    assert refusal is not None and f"account {OTHER_ACCOUNT}" in refusal.message
+    # Uploads carry no account: the folder's policy decides who put them.
+    assert submission_refusal(upload_submitter("jobs/vision/a.yaml"), (), submitters) is None
+
+
+def test_the_configs_submitters_name_every_team_that_may_submit() -> None:
+    submitters = {"vision": TeamSubmitters(accounts=[ACCOUNT])}
+    for submitter in (
+        upload_submitter("jobs/nlp/a.yaml"),
+        event_submitter(team_source("nlp"), ACCOUNT),
+    ):
+        refusal = submission_refusal(submitter, ["nlp"], submitters)
+        assert refusal is not None and "team nlp may not submit" in refusal.message
+
+
+@pytest.mark.parametrize(
+    "grant",
+    [
+        {"accounts": ["12345"]},
+        {"roles": ["arn:aws:iam::123456789012:user/alice"]},
+        {"roles": ["vision-ci"]},
+        {"users": ["alice"]},
+    ],
+)
+def test_the_config_refuses_what_names_no_account_or_role(grant: dict[str, list[str]]) -> None:
+    with pytest.raises(ValidationError):
+        TeamSubmitters.model_validate(grant)
