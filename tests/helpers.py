@@ -14,6 +14,7 @@ from gpufleet.adapters.local.memory import FakeFleet, RecordingWorkflow, in_memo
 from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.job import Job
 from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.submitters import Submitter, event_submitter, team_source
 from gpufleet.ports import JobStore, Ports
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
@@ -30,6 +31,22 @@ command: [python, train.py]
 resources: {gpus: 1, gpu_memory_gib: 16}
 timeout: 1h
 """
+
+
+# The account of the embedded account's principals (moto's), and of events put on its bus.
+ACCOUNT = "123456789012"
+
+
+def sent_as(team: str, account: str = ACCOUNT) -> Submitter:
+    """The submitter of an event from team `team`'s source, put from `account`."""
+    return event_submitter(team_source(team), account)
+
+
+def sent_by_its_team(document: object) -> Submitter:
+    """The submitter of an event from the source of the team `document` names (a test of
+    another rule than who submits); a document naming none gets the source of team `none`."""
+    team = document.get("team") if isinstance(document, dict) else None
+    return sent_as(team if isinstance(team, str) else "none")
 
 
 def local_ports(fleet: FakeFleet | None = None) -> Ports:

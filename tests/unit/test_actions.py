@@ -42,7 +42,7 @@ class Running:
 
     def __init__(self, body: str = "") -> None:
         self.ports = local_ports()
-        key = "jobs/job.yaml"
+        key = "jobs/vision/job.yaml"
         spec = f"name: train\nteam: vision\nimage: img\ncommand: [python, train.py]\n{body}"
         cast(InMemoryObjects, self.ports.objects).objects[key] = spec.encode()
         job_id = intake_for(self.ports, SETTINGS).submit_object(key, key, key).job_id

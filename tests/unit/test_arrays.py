@@ -25,7 +25,7 @@ from gpufleet.domain.spec import (
     parse_spec,
     spec_from_mapping,
 )
-from tests.helpers import intake_for, local_ports
+from tests.helpers import intake_for, local_ports, sent_as
 
 S, F, C, R, Q = (
     JobStatus.SUCCEEDED,
@@ -229,7 +229,7 @@ def test_intake_refuses_what_it_does_not_run_yet(
 ) -> None:
     ports = local_ports()
     outcome = intake_for(ports).submit_document(
-        job(resources={"gpus": 0, "vcpus": 2}, **fields), "delivery-1", "event:1"
+        job(resources={"gpus": 0, "vcpus": 2}, **fields), "delivery-1", "event:1", sent_as("vision")
     )
     assert outcome.job_id is None and outcome.error is not None
     assert [f["field"] for f in outcome.error["fields"]] == [refused_field]
@@ -239,10 +239,10 @@ def test_intake_refuses_what_it_does_not_run_yet(
 def test_intake_refuses_a_cycle_and_then_several_jobs_it_does_not_run_yet() -> None:
     intake = intake_for(local_ports())
     cycle = {"jobs": [job("a", depends_on=[{"job": "b"}]), job("b", depends_on=[{"job": "a"}])]}
-    outcome = intake.submit_document(cycle, "delivery-1", "event:1")
+    outcome = intake.submit_document(cycle, "delivery-1", "event:1", sent_as("vision"))
     assert outcome.error is not None and "cycle: a -> b -> a" in outcome.error["message"]
     pair = {"jobs": [job("a", resources={"gpus": 0, "vcpus": 2}), job("b", array={"size": 2})]}
-    outcome = intake.submit_document(pair, "delivery-2", "event:2")
+    outcome = intake.submit_document(pair, "delivery-2", "event:2", sent_as("vision"))
     assert outcome.error is not None
     assert [f["field"] for f in outcome.error["fields"]] == ["jobs", "jobs[1].array"]
 

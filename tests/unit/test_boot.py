@@ -153,10 +153,12 @@ def test_settings_boot_what_their_templates_name() -> None:
 def test_intake_fails_a_spec_only_unbootable_types_fit_naming_why() -> None:
     ports = local_ports()
     body = SPEC_YAML.replace(b"gpu_memory_gib: 16", b"gpu_models: [Trainium]")
-    cast(InMemoryObjects, ports.objects).objects["jobs/trn.yaml"] = body
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/trn.yaml"] = body
     nvidia_only = make_settings(launch_templates={"x86_64-nvidia": "lt-1"})
     outcome = intake_for(ports, nvidia_only).submit_object(
-        "jobs/trn.yaml", "s3://bucket/jobs/trn.yaml#etag", "s3://bucket/jobs/trn.yaml"
+        "jobs/vision/trn.yaml",
+        "s3://bucket/jobs/vision/trn.yaml#etag",
+        "s3://bucket/jobs/vision/trn.yaml",
     )
     job = ports.jobs.get(outcome.job_id)
     assert job.status is JobStatus.FAILED

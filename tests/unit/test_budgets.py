@@ -40,8 +40,8 @@ def run_job(ports: Any, lifecycle: Any, dispatcher: Any, intake: Any, extra: str
         "name: train\nteam: ml\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
         f"checkpoint: s3://ckpt/train/\n{extra}"
     ).encode()
-    cast(InMemoryObjects, ports.objects).objects["jobs/train.yaml"] = body
-    job_id = intake.submit_object("jobs/train.yaml", "d1", "s3://b/jobs/train.yaml").job_id
+    cast(InMemoryObjects, ports.objects).objects["jobs/ml/train.yaml"] = body
+    job_id = intake.submit_object("jobs/ml/train.yaml", "d1", "s3://b/jobs/ml/train.yaml").job_id
     assert job_id is not None
     plan = plan_of(ports, job_id)
     enqueue(lifecycle, ports, job_id, "enqueue-1", plan)

@@ -81,7 +81,7 @@ class World:
             f"name: {name}\nteam: {team}\npriority: {priority}\nimage: img\ncommand: [x]\n"
             f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n{expected}"
         ).encode()
-        key = f"jobs/{name}-{self.clock.now()}.yaml"
+        key = f"jobs/{team}/{name}-{self.clock.now()}.yaml"
         cast(InMemoryObjects, self.ports.objects).objects[key] = body
         job_id = self.intake.submit_object(key, key, key).job_id
         assert job_id is not None

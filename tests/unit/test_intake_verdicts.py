@@ -29,7 +29,7 @@ from gpufleet.domain.spec import MAX_REPORTED_FIELDS
 from gpufleet.ports import Ports
 from gpufleet.services.intake import ERROR_SUFFIX, MAX_KEY_BYTES, IntakeOutcome, describe
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED
-from tests.helpers import intake_for, local_ports
+from tests.helpers import intake_for, local_ports, sent_by_its_team
 from tests.limits import DYNAMODB_ITEM_LIMIT, PUT_EVENTS_ENTRY_LIMIT, dynamodb_item_size
 from tests.spec_strategies import DETAILS, Upload, uploads
 
@@ -105,6 +105,8 @@ def test_any_upload_gets_a_job_or_a_bounded_refusal(upload: Upload) -> None:
 @given(detail=DETAILS | st.lists(st.integers()) | st.text() | st.none())
 def test_any_event_detail_gets_a_job_or_a_bounded_refusal(detail: Any) -> None:
     ports = local_ports()
-    outcome = intake_for(ports).submit_document(detail, "event:1", "event:1")
+    outcome = intake_for(ports).submit_document(
+        detail, "event:1", "event:1", sent_by_its_team(detail)
+    )
     assert outcome.ignored is None
     assert_a_verdict(ports, outcome, "event:1")

@@ -48,8 +48,10 @@ def finished_run(exit_code: int) -> tuple[LifecycleService, Any, str, dict[str, 
     holds it."""
     ports = local_ports()
     service = build_lifecycle(ports, SETTINGS)
-    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
-    job_id = build_intake(ports, SETTINGS, service).submit_object("jobs/a.yaml", "a", "a").job_id
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
+    job_id = (
+        build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
+    )
     assert job_id is not None
     assert service.launch(job_id, plan_of(ports, job_id), 0, 2, task_token="run") is None
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
@@ -115,8 +117,10 @@ def launch_task(plan: LaunchPlan, job_id: str, step: int, attempt: int, token: s
 def launchable(fleet: FakeFleet) -> tuple[LifecycleService, Any, str, LaunchPlan]:
     ports = local_ports(fleet)
     service = build_lifecycle(ports, SETTINGS)
-    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
-    job_id = build_intake(ports, SETTINGS, service).submit_object("jobs/a.yaml", "a", "a").job_id
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
+    job_id = (
+        build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
+    )
     assert job_id is not None
     return service, ports, job_id, plan_of(ports, job_id)
 

@@ -13,7 +13,9 @@ from gpufleet.domain.job import JobStatus
 from gpufleet.domain.node_access import access_problems, ecr_image, manifest_access, registry_of
 from gpufleet.domain.spec import SpecError, spec_from_mapping
 from gpufleet.services.lifecycle_base import run_manifest
-from tests.helpers import intake_for, local_ports, make_settings
+from tests.helpers import intake_for, local_ports, make_settings, sent_as
+
+VISION = sent_as("vision")
 
 FSX = "fs-0123456789abcdef0"
 EFS = "fs-0a1b2c3d"
@@ -244,7 +246,7 @@ def test_intake_refuses_what_the_nodes_cannot_reach_and_stores_nothing() -> None
     ports = local_ports()
     intake = intake_for(ports, make_settings(config=CONFIG))
     refused = intake.submit_document(
-        _spec(secrets={"DB": "secretsmanager:prod/db"}), "delivery-1", "event:1"
+        _spec(secrets={"DB": "secretsmanager:prod/db"}), "delivery-1", "event:1", VISION
     )
     assert not refused.accepted and refused.error is not None
     assert [f["field"] for f in refused.error["fields"]] == ["secrets.DB"]
@@ -256,7 +258,7 @@ def test_an_accepted_job_is_stored_and_run_with_references_only() -> None:
     intake = intake_for(ports, make_settings(config=CONFIG))
     secrets = {"HF_TOKEN": "secretsmanager:gpufleet/hf"}
     accepted = intake.submit_document(
-        _spec(volumes=VOLUMES[:1], secrets=secrets), "delivery-2", "event:2"
+        _spec(volumes=VOLUMES[:1], secrets=secrets), "delivery-2", "event:2", VISION
     )
     assert accepted.job_id is not None
     job = ports.jobs.get(accepted.job_id)
@@ -275,7 +277,7 @@ def test_intake_fails_a_scratch_job_no_type_with_nvme_instance_store_can_run() -
     intake = intake_for(ports, make_settings(config=CONFIG))
     # The catalog's CPU-only families (c5, m6i, c7g, ...) are all EBS-only.
     cpu = _spec(volumes=SCRATCH, resources={"gpus": 0, "vcpus": 4})
-    outcome = intake.submit_document(cpu, "delivery-3", "event:3")
+    outcome = intake.submit_document(cpu, "delivery-3", "event:3", VISION)
     job = ports.jobs.get(outcome.job_id or "")
     assert job.status is JobStatus.FAILED
     assert job.failure_reason is not None
@@ -284,7 +286,9 @@ def test_intake_fails_a_scratch_job_no_type_with_nvme_instance_store_can_run() -
         job.failure_reason
     )
     # The same job without the scratch volume is queued.
-    plain = intake.submit_document(_spec(resources={"gpus": 0, "vcpus": 4}), "delivery-4", "e:4")
+    plain = intake.submit_document(
+        _spec(resources={"gpus": 0, "vcpus": 4}), "delivery-4", "e:4", VISION
+    )
     assert ports.jobs.get(plain.job_id or "").status is JobStatus.QUEUED
 
 
@@ -293,7 +297,9 @@ def test_a_scratch_job_is_planned_only_on_types_with_nvme_instance_store() -> No
     intake = intake_for(ports, make_settings(config=CONFIG))
     v100 = {"gpus": 1, "gpu_models": ["V100"]}  # p3.2xlarge is EBS-only, p3dn has NVMe disks
     for delivery, volumes in (("delivery-5", []), ("delivery-6", SCRATCH)):
-        outcome = intake.submit_document(_spec(volumes=volumes, resources=v100), delivery, "e")
+        outcome = intake.submit_document(
+            _spec(volumes=volumes, resources=v100), delivery, "e", VISION
+        )
         assert ports.jobs.get(outcome.job_id or "").status is JobStatus.QUEUED
     workflow = cast(RecordingWorkflow, ports.workflow)
     planned = [

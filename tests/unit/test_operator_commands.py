@@ -47,7 +47,7 @@ class Fleet:
     lifecycle: LifecycleService
 
     def submit(self, name: str, resources: str = "{gpus: 1}", extra: str = "") -> str:
-        key = f"jobs/{name}.yaml"
+        key = f"jobs/vision/{name}.yaml"
         body = (SPEC.format(name=name, resources=resources) + extra).encode()
         cast(InMemoryObjects, self.ports.objects).objects[key] = body
         job_id = build_intake(self.ports, SETTINGS, self.lifecycle).submit_object(key, key, key)

@@ -46,7 +46,7 @@ def test_orphans_are_terminated_and_held_instances_are_kept() -> None:
     intake = build_intake(ports, SETTINGS, lifecycle)
     jobs = []
     for name in ("running", "ended", "stuck"):
-        key = f"jobs/{name}.yaml"
+        key = f"jobs/vision/{name}.yaml"
         cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
         job_id = intake.submit_object(key, key, key).job_id
         assert job_id is not None
@@ -118,7 +118,7 @@ def test_the_warm_pool_is_kept_full_while_in_demand_and_released_after_its_ttl()
 def launched_job(ports: Ports, name: str = "a") -> tuple[str, str]:
     """A job launched and started on its node, with its instance: (job, instance)."""
     lifecycle = build_lifecycle(ports, SETTINGS)
-    key = f"jobs/{name}.yaml"
+    key = f"jobs/vision/{name}.yaml"
     cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
     job_id = build_intake(ports, SETTINGS, lifecycle).submit_object(key, key, key).job_id
     assert job_id is not None
@@ -155,9 +155,13 @@ def test_a_live_job_whose_workflow_ended_long_ago_is_ended_and_its_instance_rele
 def test_a_job_whose_workflow_never_started_is_ended_once_it_is_old_enough() -> None:
     ports = local_ports()
     clock = cast(ManualClock, ports.clock)
-    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
     lifecycle = build_lifecycle(ports, SETTINGS)
-    job_id = build_intake(ports, SETTINGS, lifecycle).submit_object("jobs/a.yaml", "k", "k").job_id
+    job_id = (
+        build_intake(ports, SETTINGS, lifecycle)
+        .submit_object("jobs/vision/a.yaml", "k", "k")
+        .job_id
+    )
     assert job_id is not None
     cast(RecordingWorkflow, ports.workflow).started.clear()  # intake crashed before the start
     reconciler = reconciler_for(ports)

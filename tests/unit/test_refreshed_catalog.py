@@ -38,10 +38,12 @@ def _refreshed(generated: date, factor: float) -> dict[str, Any]:
 def _first_choice(ports: Ports, **settings: Any) -> LaunchOverride:
     """The first offering of the plan intake makes for the sample spec."""
     objects = cast(InMemoryObjects, ports.objects)
-    version = objects.upload("jobs/a.yaml", SPEC_YAML)
+    version = objects.upload("jobs/vision/a.yaml", SPEC_YAML)
     job_id = (
         intake_for(ports, make_settings(**settings))
-        .submit_object("jobs/a.yaml", f"jobs/a.yaml#{version}", "s3", version_id=version)
+        .submit_object(
+            "jobs/vision/a.yaml", f"jobs/vision/a.yaml#{version}", "s3", version_id=version
+        )
         .job_id
     )
     assert job_id is not None

@@ -32,12 +32,12 @@ from gpufleet.services.lifecycle_base import control_key, queued_job, run_manife
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
-from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of
+from tests.helpers import SPEC_YAML, intake_for, local_ports, make_settings, plan_of, sent_as
 
 SETTINGS = make_settings(max_launch_attempts=4, retry_wait_seconds=5)
 
 
-def submit(ports: Any, key: str = "jobs/a.yaml", body: bytes = SPEC_YAML) -> Any:
+def submit(ports: Any, key: str = "jobs/vision/a.yaml", body: bytes = SPEC_YAML) -> Any:
     cast(InMemoryObjects, ports.objects).objects[key] = body
     return intake_for(ports, SETTINGS).submit_object(
         key, f"s3://bucket/{key}#etag", f"s3://bucket/{key}"
@@ -66,7 +66,7 @@ def test_a_valid_upload_is_stored_queued_and_its_lifecycle_starts_with_its_plan(
 def test_a_spec_nothing_in_the_catalog_can_run_is_stored_failed_and_starts_nothing() -> None:
     ports = local_ports()
     body = SPEC_YAML.replace(b"gpu_memory_gib: 16", b"gpu_memory_gib: 1000")
-    outcome = submit(ports, "jobs/huge-gpus.yaml", body)
+    outcome = submit(ports, "jobs/vision/huge-gpus.yaml", body)
     assert outcome.accepted  # a valid spec: the job exists, so its submitter can see why
     job = ports.jobs.get(outcome.job_id)
     assert job.status is JobStatus.FAILED
@@ -113,20 +113,22 @@ def test_a_redelivery_starts_the_lifecycle_a_crashed_first_delivery_did_not() ->
 
 def test_a_bad_spec_writes_an_error_report_emits_rejected_and_changes_nothing_else() -> None:
     ports = local_ports()
-    outcome = submit(ports, "jobs/bad.yaml", b"name: Bad Name\nteam: t\nimage: i\ncommand: x\n")
+    outcome = submit(
+        ports, "jobs/vision/bad.yaml", b"name: Bad Name\nteam: t\nimage: i\ncommand: x\n"
+    )
     assert not outcome.accepted
     objects = cast(InMemoryObjects, ports.objects).objects
-    assert "jobs/bad.yaml.error.json" in objects
-    assert b'"field": "name"' in objects["jobs/bad.yaml.error.json"]
+    assert "jobs/vision/bad.yaml.error.json" in objects
+    assert b'"field": "name"' in objects["jobs/vision/bad.yaml.error.json"]
     rejected = cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_REJECTED)
-    assert rejected[0]["source"] == "s3://bucket/jobs/bad.yaml"
+    assert rejected[0]["source"] == "s3://bucket/jobs/vision/bad.yaml"
     assert ports.jobs.list_jobs() == []
     assert cast(RecordingWorkflow, ports.workflow).started == []
 
 
 def test_an_oversized_upload_is_rejected_without_being_parsed() -> None:
     ports = local_ports()
-    outcome = submit(ports, "jobs/huge.yaml", b"x" * (300 * 1024))
+    outcome = submit(ports, "jobs/vision/huge.yaml", b"x" * (300 * 1024))
     assert not outcome.accepted
     assert "limit" in outcome.error["message"]
 
@@ -135,10 +137,10 @@ def test_error_reports_are_recognised_so_they_never_loop_back_into_intake() -> N
     ports = local_ports()
     intake = intake_for(ports, SETTINGS)
     objects = cast(InMemoryObjects, ports.objects).objects
-    objects["jobs/a.yaml"] = b"name: [unclosed"
-    assert intake.submit_object("jobs/a.yaml", "a#1", "s3://bucket/jobs/a.yaml").error
+    objects["jobs/vision/a.yaml"] = b"name: [unclosed"
+    assert intake.submit_object("jobs/vision/a.yaml", "a#1", "s3://bucket/jobs/vision/a.yaml").error
     # The report's own notification comes back to intake: it is recognised, not refused.
-    report = "jobs/a.yaml.error.json"
+    report = "jobs/vision/a.yaml.error.json"
     outcome = intake.submit_object(report, "r#1", f"s3://bucket/{report}")
     assert outcome.ignored == "intake's own error report"
     assert report + ".error.json" not in objects
@@ -148,12 +150,15 @@ def test_an_event_submission_takes_the_same_path() -> None:
     ports = local_ports()
     intake = intake_for(ports, SETTINGS)
     outcome = intake.submit_document(
-        {"name": "a", "team": "b", "image": "i", "command": ["x"]}, "event:1", "event:1"
+        {"name": "a", "team": "b", "image": "i", "command": ["x"]},
+        "event:1",
+        "event:1",
+        sent_as("b"),
     )
     assert outcome.accepted
     assert ports.jobs.get(outcome.job_id).status is JobStatus.QUEUED
     assert cast(RecordingWorkflow, ports.workflow).started == [outcome.job_id]
-    bad = intake.submit_document("not a mapping", "event:2", "event:2")
+    bad = intake.submit_document("not a mapping", "event:2", "event:2", sent_as("b"))
     assert not bad.accepted and bad.error["error"] == "InvalidJobSpec"
 
 
@@ -417,13 +422,13 @@ def test_offerings_without_capacity_are_skipped_by_later_launches_until_they_exp
     assert remembered == {f"spot:{t}:us-east-1" for t in tried}
 
     # A second job, a minute later: its spot launch avoids every remembered offering.
-    second = submit(ports, "jobs/b.yaml").job_id
+    second = submit(ports, "jobs/vision/b.yaml").job_id
     cast(ManualClock, ports.clock).advance(60)
     service.launch(second, plan, step=0, attempt=0, task_token="second")
     assert not tried & {o.instance_type for o in fleet.requests[-1].overrides}
 
     # Once the memory expires, spot is tried again on the best offerings.
-    third = submit(ports, "jobs/c.yaml").job_id
+    third = submit(ports, "jobs/vision/c.yaml").job_id
     cast(ManualClock, ports.clock).advance(SETTINGS.capacity_memory_seconds)
     service.launch(third, plan, step=0, attempt=0, task_token="third")
     assert fleet.requests[-1].capacity_type == "spot"
@@ -435,13 +440,13 @@ def test_without_an_expected_duration_the_teams_similar_runs_set_it() -> None:
     assert plan_of(ports, first).expected_source == "default"
     # Three finished runs of the same image and resources, of 20, 30 and 40 minutes.
     for index, minutes in enumerate((20, 30, 40)):
-        job_id = submit(ports, f"jobs/past-{index}.yaml").job_id
+        job_id = submit(ports, f"jobs/vision/past-{index}.yaml").job_id
         assert service.launch(job_id, plan_of(ports, job_id), 0, 0, task_token=job_id) is None
         cast(ManualClock, ports.clock).advance(minutes * 60)
         instance = ports.jobs.get(job_id).placement.instance_ids[0]
         service.node_report(finished(job_id, instance))
         service.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
-    new = submit(ports, "jobs/new.yaml").job_id
+    new = submit(ports, "jobs/vision/new.yaml").job_id
     plan = plan_of(ports, new)
     assert plan.expected_source == "history"
     assert plan.expected_seconds == 30 * 60
@@ -466,7 +471,7 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
         assert job_id is not None
         return job_id
 
-    first, second = submit_here("jobs/1.yaml"), submit_here("jobs/2.yaml")
+    first, second = submit_here("jobs/vision/1.yaml"), submit_here("jobs/vision/2.yaml")
     # Both were planned while the reservation was free: both plans start with it.
     plans = {job_id: plan_of(ports, job_id) for job_id in (first, second)}
     assert {p.steps[0].capacity_type for p in plans.values()} == {CapacityType.RESERVED}
@@ -485,7 +490,7 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
 
     service.node_report(finished(first, placed[first].instance_ids[0]))
     service.release(first, WorkflowState.model_validate({"run": {"exit_code": 0}}))
-    third = submit_here("jobs/3.yaml")
+    third = submit_here("jobs/vision/3.yaml")
     service.launch(third, plan_of(ports, third), 0, 0, task_token=third)
     assert ports.jobs.get(third).placement.reservation_id == reservation.id
 
@@ -628,7 +633,7 @@ SPEC_MAX_RETRIES = 3
 @pytest.mark.parametrize(("policy", "status"), [("flag", "SUCCEEDED"), ("release", "CANCELLED")])
 def test_idle_gpus_flag_the_job_and_release_it_when_its_spec_says(policy: str, status: str) -> None:
     ports = local_ports()
-    key = "jobs/idle.yaml"
+    key = "jobs/vision/idle.yaml"
     cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML + f"on_idle: {policy}\n".encode()
     job_id = intake_for(ports, SETTINGS).submit_object(key, key, key).job_id
     service = build_lifecycle(ports, SETTINGS)
@@ -781,7 +786,7 @@ def test_a_job_no_cap_of_the_fleet_can_ever_hold_is_refused_at_intake_with_the_n
             b"resources: {gpus: 1, gpu_memory_gib: 16}",
             f"resources: {{gpus: {gpus}, gpu_memory_gib: 16, nodes: {nodes}}}".encode(),
         )
-        key = f"jobs/{name}.yaml"
+        key = f"jobs/vision/{name}.yaml"
         cast(InMemoryObjects, ports.objects).objects[key] = body
         outcome = intake_for(ports, settings).submit_object(key, f"s3://b/{key}#1", key)
         job = ports.jobs.get(outcome.job_id)
@@ -813,7 +818,7 @@ def test_a_job_no_cap_of_the_fleet_can_ever_hold_is_refused_at_intake_with_the_n
     assert verdict("booked", 8, 3) == (JobStatus.QUEUED, None)
     # A later stage no cap can hold is refused before the first runs.
     staged = SPEC_YAML + b"stages:\n  - {name: prep}\n  - {name: train, resources: {nodes: 17}}\n"
-    key = "jobs/staged.yaml"
+    key = "jobs/vision/staged.yaml"
     cast(InMemoryObjects, ports.objects).objects[key] = staged.replace(b"resnet", b"staged")
     job = ports.jobs.get(intake_for(ports, settings).submit_object(key, key, key).job_id)
     assert (job.status, job.failure_reason) == (

@@ -163,8 +163,10 @@ class World:
         return cast(InMemoryObjects, self.ports.objects).objects
 
     def submit(self, spec: str) -> tuple[str, LaunchPlan]:
-        self.objects["jobs/p.yaml"] = spec.encode()
-        job_id = self.intake.submit_object("jobs/p.yaml", "p#1", "s3://bucket/jobs/p.yaml").job_id
+        self.objects["jobs/nlp/p.yaml"] = spec.encode()
+        job_id = self.intake.submit_object(
+            "jobs/nlp/p.yaml", "p#1", "s3://bucket/jobs/nlp/p.yaml"
+        ).job_id
         assert job_id is not None
         return job_id, plan_of(self.ports, job_id)
 
@@ -320,8 +322,8 @@ def test_a_job_cancelled_between_stages_keeps_the_cost_of_those_that_ran() -> No
 def test_a_stage_nothing_can_run_fails_the_job_at_intake_naming_the_stage() -> None:
     world = World()
     spec = HEAD + "stages: [{name: a}, {name: b, resources: {gpus: 1, gpu_models: [Z999]}}]\n"
-    world.objects["jobs/p.yaml"] = spec.encode()
-    job_id = world.intake.submit_object("jobs/p.yaml", "p#1", "s3://b/jobs/p.yaml").job_id
+    world.objects["jobs/nlp/p.yaml"] = spec.encode()
+    job_id = world.intake.submit_object("jobs/nlp/p.yaml", "p#1", "s3://b/jobs/nlp/p.yaml").job_id
     assert job_id is not None
     job = world.ports.jobs.get(job_id)
     assert job.status is JobStatus.FAILED

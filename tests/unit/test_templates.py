@@ -23,7 +23,7 @@ from gpufleet.domain.selection import select
 from gpufleet.domain.spec import Resources, SpecError, parse_spec
 from gpufleet.domain.templates import UnknownTemplate, apply_template, resolve_resources
 from gpufleet.topology import DETAIL_JOB_REJECTED
-from tests.helpers import intake_for, local_ports, make_settings, plan_of
+from tests.helpers import intake_for, local_ports, make_settings, plan_of, sent_as
 
 REPO_CONFIG = config_from_yaml(
     (Path(__file__).resolve().parents[2] / "gpufleet.yaml").read_text(encoding="utf-8")
@@ -161,7 +161,7 @@ def _intake_with_repo_templates() -> tuple[Any, Any]:
 
 def test_intake_stores_a_templated_spec_with_the_resolved_resources() -> None:
     ports, intake = _intake_with_repo_templates()
-    key = "jobs/finetune.yaml"
+    key = "jobs/nlp/finetune.yaml"
     body = SPEC_HEAD + "template: gpu-train-large\nresources: {gpu_models: [H100]}\n"
     cast(InMemoryObjects, ports.objects).objects[key] = body.encode()
     outcome = intake.submit_object(key, f"s3://bucket/{key}#etag", f"s3://bucket/{key}")
@@ -193,14 +193,14 @@ def test_intake_resolves_templates_in_event_documents_too() -> None:
         "command": ["python", "prep.py"],
         "template": "cpu-preprocess",
     }
-    outcome = intake.submit_document(document, "event:1", "event:1")
+    outcome = intake.submit_document(document, "event:1", "event:1", sent_as("nlp"))
     assert outcome.accepted
     assert ports.jobs.get(outcome.job_id).spec.resources == REPO_CONFIG.templates["cpu-preprocess"]
 
 
 def test_intake_refuses_an_unknown_template_with_the_known_names() -> None:
     ports, intake = _intake_with_repo_templates()
-    key = "jobs/typo.yaml"
+    key = "jobs/nlp/typo.yaml"
     cast(InMemoryObjects, ports.objects).objects[key] = (
         SPEC_HEAD + "template: gpu-trian\n"
     ).encode()
