@@ -16,6 +16,7 @@ import yaml
 from hypothesis import strategies as st
 
 from gpufleet.domain.spec import MAX_ENV, MAX_RUN_SECONDS, MAX_SPEC_BYTES
+from gpufleet.domain.submitters import spec_upload_key, upload_key
 
 NAME = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True)
 ENV_NAME = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
@@ -139,7 +140,7 @@ def mutations(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Upload:
-    """What one upload under jobs/ carries."""
+    """What one upload under jobs/ (a team's jobs/<team>/, most of them) carries."""
 
     key: str
     body: bytes
@@ -155,6 +156,7 @@ def uploads(draw: st.DrawFn) -> Upload:
     """An upload: a (mutated) spec in one of the notations, or bytes that are no spec at all."""
     document = draw(mutations(draw(SPECS)))
     name = draw(NAME)
+    broken = upload_key("t", name)  # under a team's folder: refused for what it holds
     notation = draw(
         st.sampled_from(["json", "json-ascii", "yaml-block", "yaml-flow", "duplicate", "broken"])
     )
@@ -162,24 +164,24 @@ def uploads(draw: st.DrawFn) -> Upload:
         body = json.dumps(document, ensure_ascii=notation == "json-ascii").encode(
             "utf-8", "surrogatepass"
         )
-        return Upload(f"jobs/{name}.json", body)
+        return Upload(spec_upload_key(body, f"{name}.json"), body)
     if notation == "broken":
         return draw(
             st.sampled_from(
                 [
-                    Upload(f"jobs/{name}.yaml", b"name: x\ntag: !" + b"t" * 200_000 + b"\n"),
-                    Upload(f"jobs/{name}.yaml", b""),
-                    Upload(f"jobs/{name}/", b""),
-                    Upload(f"jobs/{name}.error.json", json.dumps(document).encode()),
-                    Upload(f"jobs/{name}.yaml", b"\t" + b"x" * 200_000),
+                    Upload(f"{broken}.yaml", b"name: x\ntag: !" + b"t" * 200_000 + b"\n"),
+                    Upload(f"{broken}.yaml", b""),
+                    Upload(f"{broken}/", b""),
+                    Upload(f"{broken}.error.json", json.dumps(document).encode()),
+                    Upload(f"{broken}.yaml", b"\t" + b"x" * 200_000),
                 ]
             )
-            | st.builds(Upload, st.just(f"jobs/{name}.yaml"), st.binary(max_size=512))
+            | st.builds(Upload, st.just(f"{broken}.yaml"), st.binary(max_size=512))
         )
     body = _yaml(document, notation == "yaml-flow", draw(st.booleans()))
     if notation == "duplicate":  # block style: a second line for a key already given
         body += b"name: again\n"
-    return Upload(f"jobs/{name}.yaml", body)
+    return Upload(spec_upload_key(body, f"{name}.yaml"), body)
 
 
 # An event's detail: what EventBridge carries (a JSON object of at most 256 KiB).
