@@ -14,7 +14,10 @@ from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.cli import main
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
+from gpufleet.domain.submitters import team_source, upload_key
 from gpufleet.emulator.account import Account
+from gpufleet.emulator.demo import RejectionObserver
+from gpufleet.services.intake import ERROR_SUFFIX
 from gpufleet.topology import INTAKE_FROM_EVENT, INTAKE_FROM_S3, JOB_LIFECYCLE, JOBS_TABLE
 from tests.helpers import SPEC_YAML, jobs_from, wait_for
 from tests.s3_delivery import held_s3_notifications
@@ -54,8 +57,8 @@ def executions_for(account: Account, job_id: str) -> list[dict[str, Any]]:
 
 def test_an_upload_under_jobs_starts_one_lifecycle(account: Account, store: DynamoJobStore) -> None:
     s3 = account.client("s3")
-    s3.put_object(Bucket=account.bucket, Key="jobs/upload-once.yaml", Body=SPEC_YAML)
-    source = f"s3://{account.bucket}/jobs/upload-once.yaml"
+    s3.put_object(Bucket=account.bucket, Key="jobs/vision/upload-once.yaml", Body=SPEC_YAML)
+    source = f"s3://{account.bucket}/jobs/vision/upload-once.yaml"
     [job] = wait_for(lambda: jobs_from(store, source))
     assert job.spec.name == "resnet"
     [execution] = executions_for(account, job.job_id)
@@ -76,7 +79,7 @@ def test_a_spec_nothing_can_run_is_stored_failed_without_a_lifecycle(
         "version": "0",
         "id": "77777777-2222-3333-4444-555555555555",
         "detail-type": "Job Submitted",
-        "source": "gpufleet",
+        "source": "gpufleet.team.t",
         "account": "123456789012",
         "time": "2026-11-29T17:31:30Z",
         "region": "us-east-1",
@@ -102,10 +105,10 @@ def test_the_same_s3_notification_delivered_twice_creates_one_job(
     account: Account, store: DynamoJobStore
 ) -> None:
     s3 = account.client("s3")
-    upload = s3.put_object(Bucket=account.bucket, Key="jobs/twice.yaml", Body=SPEC_YAML)
-    source = f"s3://{account.bucket}/jobs/twice.yaml"
+    upload = s3.put_object(Bucket=account.bucket, Key="jobs/vision/twice.yaml", Body=SPEC_YAML)
+    source = f"s3://{account.bucket}/jobs/vision/twice.yaml"
     wait_for(lambda: jobs_from(store, source))
-    notification = s3_notification(account.bucket, "jobs/twice.yaml", upload)
+    notification = s3_notification(account.bucket, "jobs/vision/twice.yaml", upload)
     first = invoke(account, INTAKE_FROM_S3.construct_id, notification)
     second = invoke(account, INTAKE_FROM_S3.construct_id, notification)
     assert first == second
@@ -121,7 +124,7 @@ def test_the_same_event_delivered_twice_creates_one_job(
         "version": "0",
         "id": "11111111-2222-3333-4444-555555555555",
         "detail-type": "Job Submitted",
-        "source": "gpufleet",
+        "source": "gpufleet.team.t",
         "account": "123456789012",
         "time": "2026-11-29T17:31:30Z",
         "region": "us-east-1",
@@ -140,7 +143,7 @@ def test_put_events_on_the_bus_reaches_intake(account: Account, store: DynamoJob
         Entries=[
             {
                 "EventBusName": account.bus,
-                "Source": "gpufleet",
+                "Source": "gpufleet.team.t",
                 "DetailType": "Job Submitted",
                 "Detail": json.dumps(
                     {"name": "via-bus", "team": "t", "image": "img", "command": ["x"]}
@@ -158,15 +161,15 @@ def test_a_bad_upload_gets_an_error_report_and_nothing_else_happens(
     s3 = account.client("s3")
     s3.put_object(
         Bucket=account.bucket,
-        Key="jobs/bad.yaml",
+        Key="jobs/t/bad.yaml",
         Body=b"name: Bad!\nteam: t\nimage: i\ncommand: 'rm -rf /'\nresources: {gpus: 99}\n",
     )
     report = json.loads(
-        s3.get_object(Bucket=account.bucket, Key="jobs/bad.yaml.error.json")["Body"].read()
+        s3.get_object(Bucket=account.bucket, Key="jobs/t/bad.yaml.error.json")["Body"].read()
     )
     assert report["error"] == "InvalidJobSpec"
     assert {f["field"] for f in report["fields"]} == {"name", "command", "resources.gpus"}
-    assert jobs_from(store, f"s3://{account.bucket}/jobs/bad.yaml") == []
+    assert jobs_from(store, f"s3://{account.bucket}/jobs/t/bad.yaml") == []
     # The error report itself is not taken for a spec.
     assert not any(
         k["Key"].endswith(".error.json.error.json")
@@ -179,7 +182,7 @@ def test_a_bad_event_is_refused_without_a_job(account: Account, store: DynamoJob
         "version": "0",
         "id": "99999999-2222-3333-4444-555555555555",
         "detail-type": "Job Submitted",
-        "source": "gpufleet",
+        "source": "gpufleet.team.t",
         "account": "123456789012",
         "time": "2026-11-29T17:31:30Z",
         "region": "us-east-1",
@@ -192,13 +195,89 @@ def test_a_bad_event_is_refused_without_a_job(account: Account, store: DynamoJob
     assert jobs_from(store, f"event:{event['id']}") == []
 
 
+# -- who submits decides the team (domain/submitters.py) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rejections(account: Account) -> RejectionObserver:
+    return RejectionObserver(account, "intake-rejections")
+
+
+def executions_started(account: Account) -> int:
+    sfn = account.client("stepfunctions")
+    arn = account.state_machine_arns[JOB_LIFECYCLE.construct_id]
+    return len(sfn.list_executions(stateMachineArn=arn)["executions"])
+
+
+@pytest.mark.parametrize(
+    ("key", "problem", "field"),
+    [
+        # SPEC_YAML is team vision's: uploaded to team nlp's folder, it claims another team.
+        (upload_key("nlp", "claims-vision.yaml"), "submitted as team nlp", "team"),
+        ("jobs/loose.yaml", "submit under jobs/<team>/", "(submitter)"),
+    ],
+    ids=["another-teams-folder", "no-teams-folder"],
+)
+def test_an_upload_outside_its_teams_folder_is_rejected_and_nothing_else_happens(
+    account: Account,
+    store: DynamoJobStore,
+    rejections: RejectionObserver,
+    key: str,
+    problem: str,
+    field: str,
+) -> None:
+    s3 = account.client("s3")
+    started = executions_started(account)
+    s3.put_object(Bucket=account.bucket, Key=key, Body=SPEC_YAML)  # intake runs within
+    source = f"s3://{account.bucket}/{key}"
+    [rejected] = wait_for(lambda: rejections.of(source))
+    assert problem in rejected["message"]
+    assert [f["field"] for f in rejected["fields"]] == [field]
+    report = s3.get_object(Bucket=account.bucket, Key=key + ERROR_SUFFIX)["Body"].read()
+    assert json.loads(report) == rejected
+    assert jobs_from(store, source) == []
+    assert executions_started(account) == started
+
+
+def put_submission(account: Account, source: str, name: str) -> str:
+    """A `Job Submitted` event of team vision's spec from `source`: the event's id."""
+    detail = {"name": name, "team": "vision", "image": "img", "command": ["x"]}
+    [entry] = account.client("events").put_events(
+        Entries=[
+            {
+                "EventBusName": account.bus,
+                "Source": source,
+                "DetailType": "Job Submitted",
+                "Detail": json.dumps(detail),
+            }
+        ]
+    )["Entries"]
+    event_id: str = entry["EventId"]
+    return event_id
+
+
+def test_an_event_from_another_teams_source_is_rejected_its_own_accepted(
+    account: Account, store: DynamoJobStore, rejections: RejectionObserver
+) -> None:
+    started = executions_started(account)
+    claimed = put_submission(account, team_source("nlp"), "claims-vision")
+    [rejected] = wait_for(lambda: rejections.of(f"event:{claimed}"))
+    assert "submitted as team nlp, the spec claims team vision" in rejected["message"]
+    assert jobs_from(store, f"event:{claimed}") == []
+    assert executions_started(account) == started
+    own = put_submission(account, team_source("vision"), "its-own")
+    [job] = wait_for(lambda: jobs_from(store, f"event:{own}"))
+    assert (job.spec.team, job.status) == ("vision", JobStatus.QUEUED)
+    assert executions_started(account) == started + 1
+
+
 def test_two_quick_uploads_to_one_key_each_run_their_own_version(
     account: Account, store: DynamoJobStore
 ) -> None:
     """S3 notifies late: both uploads are in the bucket when intake hears of the first. Each
     delivery reads the version it names, so each spec runs once."""
     s3 = account.client("s3")
-    key, source = "jobs/quick.yaml", f"s3://{account.bucket}/jobs/quick.yaml"
+    key, source = "jobs/vision/quick.yaml", f"s3://{account.bucket}/jobs/vision/quick.yaml"
     with held_s3_notifications() as held:
         for name in ("first", "second"):
             s3.put_object(
@@ -212,19 +291,21 @@ def test_two_quick_uploads_to_one_key_each_run_their_own_version(
 
 def test_a_refusal_names_the_version_it_refused(account: Account, store: DynamoJobStore) -> None:
     s3 = account.client("s3")
-    upload = s3.put_object(Bucket=account.bucket, Key="jobs/versioned-bad.yaml", Body=b"name: [")
+    upload = s3.put_object(
+        Bucket=account.bucket, Key="jobs/vision/versioned-bad.yaml", Body=b"name: ["
+    )
     report = json.loads(
-        s3.get_object(Bucket=account.bucket, Key="jobs/versioned-bad.yaml.error.json")[
+        s3.get_object(Bucket=account.bucket, Key="jobs/vision/versioned-bad.yaml.error.json")[
             "Body"
         ].read()
     )
     assert report["version_id"] == upload["VersionId"]
-    assert report["source"] == f"s3://{account.bucket}/jobs/versioned-bad.yaml"
+    assert report["source"] == f"s3://{account.bucket}/jobs/vision/versioned-bad.yaml"
 
 
 @pytest.mark.parametrize(
     ("bucket", "key"),
-    [("someone-elses-bucket", "jobs/theirs.yaml"), (None, "runs/theirs.yaml")],
+    [("someone-elses-bucket", "jobs/vision/theirs.yaml"), (None, "runs/theirs.yaml")],
     ids=["other-bucket", "outside-the-prefix"],
 )
 def test_a_record_for_another_bucket_or_prefix_is_dropped(
@@ -284,7 +365,7 @@ def test_submit_reports_the_refusal_of_its_own_upload_not_an_earlier_one(
         deliver()
     report = json.loads(
         account.client("s3")
-        .get_object(Bucket=account.bucket, Key="jobs/verdict.yaml.error.json")["Body"]
+        .get_object(Bucket=account.bucket, Key="jobs/vision/verdict.yaml.error.json")["Body"]
         .read()
     )
     assert report["version_id"] == submitted["version_id"]
@@ -297,7 +378,7 @@ def test_submit_refuses_a_name_intake_keeps_for_its_reports(
     path = spec_file(tmp_path, "train.error.json", json.dumps(valid))
     code, _, err = gpufleet(capsys, "submit", path)
     assert code == 2 and "error reports" in err
-    assert keys_under(account, "jobs/train.error") == []
+    assert keys_under(account, "jobs/vision/train.error") == []
 
 
 def test_a_duration_too_large_for_a_float_is_refused_before_upload(
@@ -306,7 +387,7 @@ def test_a_duration_too_large_for_a_float_is_refused_before_upload(
     path = spec_file(tmp_path, "forever.yaml", CLI_SPEC.format(name="x") + "timeout: 1" + "0" * 400)
     code, _, err = gpufleet(capsys, "submit", path)
     assert code == 2 and "timeout:" in err and "Traceback" not in err
-    assert keys_under(account, "jobs/forever") == []
+    assert keys_under(account, "jobs/vision/forever") == []
 
 
 def test_control_characters_in_a_key_are_printed_escaped_unless_raw(
@@ -321,6 +402,6 @@ def test_control_characters_in_a_key_are_printed_escaped_unless_raw(
     job_id = out.split()[0]
     code, out, _ = gpufleet(capsys, "status", job_id)
     [source] = [line for line in out.splitlines() if line.startswith("source:")]
-    assert source.endswith("jobs/red\\x1b[31m\\u202e.yaml")
+    assert source.endswith("jobs/vision/red\\x1b[31m\\u202e.yaml")
     code, out, _ = gpufleet(capsys, "status", job_id, "--raw")
-    assert f"jobs/{name}" in out
+    assert f"jobs/vision/{name}" in out
