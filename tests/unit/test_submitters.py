@@ -4,9 +4,13 @@ gpufleet.yaml's `submitters:` decides which accounts' events may submit for a te
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from pydantic import ValidationError
 
+from gpufleet.adapters.local.memory import RecordingPublisher, RecordingWorkflow
+from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.submitters import (
     Submitter,
     TeamSubmitters,
@@ -17,6 +21,9 @@ from gpufleet.domain.submitters import (
     upload_key,
     upload_submitter,
 )
+from gpufleet.services.factory import build_lifecycle
+from gpufleet.services.intake import IntakeService
+from tests.helpers import local_ports, make_settings
 
 ACCOUNT, OTHER_ACCOUNT = "123456789012", "210987654321"
 VISION_CI = "arn:aws:iam::333333333333:role/ci/vision-ci"
@@ -132,3 +139,19 @@ def test_the_configs_submitters_name_every_team_that_may_submit() -> None:
 def test_the_config_refuses_what_names_no_account_or_role(grant: dict[str, list[str]]) -> None:
     with pytest.raises(ValidationError):
         TeamSubmitters.model_validate(grant)
+
+
+def test_intake_refuses_an_event_from_an_account_the_team_is_not_allowed_and_does_nothing() -> None:
+    config = FleetConfig(submitters={"vision": TeamSubmitters(accounts=[OTHER_ACCOUNT])})
+    ports = local_ports()
+    intake = IntakeService(ports, build_lifecycle(ports, make_settings()).prepare, config)
+    spec = {"name": "a", "team": "vision", "image": "img", "command": ["x"]}
+    refused = intake.submit_event(spec, "event:1", "event:1", team_source("vision"), ACCOUNT)
+    assert refused.job_id is None and refused.error is not None
+    assert f"account {ACCOUNT} may not submit for team vision" in refused.error["message"]
+    published = cast(RecordingPublisher, ports.events).events
+    assert [detail_type for _, detail_type, _ in published] == ["Job Rejected"]
+    assert ports.jobs.list_jobs() == []
+    assert cast(RecordingWorkflow, ports.workflow).started == []
+    allowed = intake.submit_event(spec, "event:2", "event:2", team_source("vision"), OTHER_ACCOUNT)
+    assert allowed.job_id is not None
