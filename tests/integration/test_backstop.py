@@ -47,7 +47,7 @@ def _store(account: Account) -> DynamoJobStore:
 def _running_job(account: Account, name: str) -> Job:
     account.client("s3").put_object(
         Bucket=account.bucket,
-        Key=f"{INTAKE_PREFIX}{name}.yaml",
+        Key=f"{INTAKE_PREFIX}vision/{name}.yaml",
         Body=SPEC_YAML.replace(b"name: resnet", f"name: {name}".encode()),
     )
     store = _store(account)

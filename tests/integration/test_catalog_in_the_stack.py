@@ -62,8 +62,10 @@ def test_the_refresh_writes_the_regions_catalog_and_the_next_plan_uses_it(
     store = DynamoJobStore(
         account.client("dynamodb"), account.table_names[topology.JOBS_TABLE.construct_id]
     )
-    account.client("s3").put_object(Bucket=account.bucket, Key="jobs/priced.yaml", Body=SPEC_YAML)
-    [job] = wait_for(lambda: jobs_from(store, f"s3://{account.bucket}/jobs/priced.yaml"))
+    account.client("s3").put_object(
+        Bucket=account.bucket, Key="jobs/vision/priced.yaml", Body=SPEC_YAML
+    )
+    [job] = wait_for(lambda: jobs_from(store, f"s3://{account.bucket}/jobs/vision/priced.yaml"))
     sfn = account.client("stepfunctions")
     arn = account.state_machine_arns[topology.JOB_LIFECYCLE.construct_id]
     [execution] = wait_for(

@@ -63,7 +63,9 @@ def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 def submit(account: Account, name: str, team: str = "vision", gpus: int = 4) -> None:
     body = f"name: {name}\nteam: {team}\nimage: img\ncommand: [x]\nresources: {{gpus: {gpus}}}\n"
-    account.client("s3").put_object(Bucket=account.bucket, Key=f"jobs/{name}.yaml", Body=body)
+    account.client("s3").put_object(
+        Bucket=account.bucket, Key=f"jobs/{team}/{name}.yaml", Body=body
+    )
 
 
 def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:

@@ -39,7 +39,7 @@ def test_concurrent_dispatchers_admit_each_job_once_within_quotas(account: Accou
     tokens: dict[str, str] = {}
     for index in range(24):
         team = "vision" if index % 2 else "nlp"
-        key = f"jobs/{index}.yaml"
+        key = f"jobs/{team}/{index}.yaml"
         objects.objects[key] = (
             f"name: j{index}\nteam: {team}\nimage: img\ncommand: [x]\nresources: {{gpus: 2}}\n"
         ).encode()

@@ -729,9 +729,9 @@ def test_a_launch_retried_after_it_died_records_live_instances_only(
         fleet=Ec2Fleet(ec2, account.launch_templates, account.subnet_ids),
     )
     settings = make_settings()
-    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
     delivery = job_id()  # a delivery of its own: a job (and client tokens) of its own
-    job = intake_for(ports, settings).submit_object("jobs/a.yaml", delivery, delivery).job_id
+    job = intake_for(ports, settings).submit_object("jobs/vision/a.yaml", delivery, delivery).job_id
     assert job is not None
     service, plan = build_lifecycle(ports, settings), plan_of(ports, job)
     with pytest.raises(RuntimeError, match="died"):

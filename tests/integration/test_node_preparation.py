@@ -55,7 +55,7 @@ def launched(account: Account) -> tuple[str, bytes]:
     account.client("ssm").put_parameter(
         Name="/gpufleet/wandb", Value=WANDB_KEY, Type="SecureString"
     )
-    key = "jobs/with-secrets.json"
+    key = "jobs/nlp/with-secrets.json"
     account.client("s3").put_object(Bucket=account.bucket, Key=key, Body=json.dumps(SPEC))
     store = DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
     [job] = wait_for(lambda: jobs_from(store, f"s3://{account.bucket}/{key}"))

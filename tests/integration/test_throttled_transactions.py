@@ -85,7 +85,7 @@ def fleet(dynamodb: tuple[Any, str]) -> Fleet:
         queue=dynamo_queue(client, jobs_table, backoff),
         fleet=FakeFleet(),
     )
-    key = f"jobs/{uuid.uuid4().hex}.yaml"  # a job of its own: the jobs table is the module's
+    key = f"jobs/vision/{uuid.uuid4().hex}.yaml"  # a job of its own: the jobs table is the module's
     cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
     job_id = intake_for(ports, SETTINGS).submit_object(key, f"{key}#etag", f"s3://b/{key}").job_id
     assert job_id is not None
