@@ -68,6 +68,7 @@ class Permission(enum.Enum):
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
     READ_METRICS = "read the running jobs' GPU metrics (cloudwatch:GetMetricData)"
     NOTIFY = "publish alerts to the stack's SNS topic"
+    NOTIFY_TEAMS = "publish status changes to the teams' topics (gpufleet.yaml teams)"
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
     READ_WORKFLOWS = "list the lifecycle's running executions and describe one (by its job)"
@@ -141,6 +142,8 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     ),
     # Reads the region's prices and specs and writes the catalog the planners read.
     topology.CATALOG_REFRESH.construct_id: frozenset({P.REFRESH_CATALOG}),
+    # Tells each team of its jobs' status changes, from the event alone (no table read).
+    topology.NOTIFY.construct_id: frozenset({P.NOTIFY_TEAMS}),
 }
 # The DynamoDB item operations each function makes, by table (Powertools' idempotency records
 # apart). No function scans; only intake creates a job (a conditional put); a Query on the jobs
@@ -309,6 +312,10 @@ class Functions(Construct):
             )
             if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
                 environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic.topic_arn
+            if topology.ENV_TEAM_TOPICS in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_TEAM_TOPICS] = alerts.team_topics_value()
+            if topology.ENV_ACCOUNT in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_ACCOUNT] = stack.account
             function = lambda_.Function(
                 self,
                 cid,
@@ -555,6 +562,22 @@ class Functions(Construct):
                     resources=[self._alerts.key.key_arn],
                 )
             )
+        if P.NOTIFY_TEAMS in grants and self._alerts.notify_topic_arns:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="PublishToTeams",
+                    actions=["sns:Publish"],
+                    resources=list(self._alerts.notify_topic_arns),
+                )
+            )
+            if self._alerts.team_topics:
+                role.add_to_policy(
+                    iam.PolicyStatement(
+                        sid="EncryptTeamNotifications",
+                        actions=list(PUBLISH_KEY_ACTIONS),
+                        resources=[self._alerts.key.key_arn],
+                    )
+                )
         if P.READ_METRICS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpufleet.domain.notify import TeamNotify
 from gpufleet.domain.queueing import QueuePolicy
 from gpufleet.domain.spec import (
     FILE_SYSTEM_ID_PATTERN,
@@ -241,6 +242,8 @@ class FleetConfig(BaseModel):
     secrets_kms_keys: list[str] = Field(default_factory=list, max_length=10)
     # The account's ECR repositories nodes may pull from (none listed: all of them).
     ecr_repositories: list[str] = Field(default_factory=list, max_length=50)
+    # Where each team's jobs' status changes go (docs/notifications.md).
+    teams: dict[Name, TeamNotify] = Field(default_factory=dict, max_length=32)
 
     @model_validator(mode="after")
     def _named_resources(self) -> FleetConfig:

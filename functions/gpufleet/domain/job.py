@@ -270,6 +270,24 @@ class Job(BaseModel):
             "stages": self.stage_summaries(),
         }
 
+    def status_event(self, previous: JobStatus | None) -> dict[str, Any]:
+        """The detail of the `Job Status Changed` event of its move from `previous` (None: as
+        it was created): what the Notify function tells people (domain/notify.py), so that it
+        needs no read of the job."""
+        detail: dict[str, Any] = {
+            "job_id": self.job_id,
+            "name": self.spec.name,
+            "team": self.spec.team,
+            "status": self.status.value,
+            "reason": self.failure_reason,
+            "cost_usd": self.cost_usd,
+        }
+        if previous is not None:
+            detail["previous"] = previous.value
+        if self.spec.notify is not None:
+            detail["notify"] = self.spec.notify
+        return detail
+
     def stage_summaries(self) -> list[dict[str, Any]]:
         """One line per stage of the spec, in order: the ended ones as recorded, the current
         one with the job's status and placement, the others pending (or skipped, once the job
