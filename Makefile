@@ -44,7 +44,9 @@ browser:
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium; }
 
-test: lint typecheck browser
+# Chromium's download overlaps the lint and the type-check (one core each, or the network).
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 lint typecheck browser
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 unit: $(STAMP)

@@ -641,12 +641,13 @@ class Functions(Construct):
             )
 
     def _ec2_arn(self, resource: str, name: str) -> str:
-        return self._stack.format_arn(
+        arn: str = self._stack.format_arn(
             service="ec2",
             resource=resource,
             resource_name=name,
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
+        return arn
 
     @staticmethod
     def _nag_arn(resource: str, name: str) -> str:
