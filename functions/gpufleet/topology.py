@@ -133,6 +133,9 @@ INTAKE_PREFIX = "jobs/"
 # cold start, when a function first plans) in place of the bundled snapshot while fresh.
 CATALOG_KEY = "catalog/current.json"
 RUNS_PREFIX = "runs/"
+# Each run's secret key (runs/<job>/node-key): the agent signs its reports with it
+# (domain/node_reports.py); the instance role, Launch and NodeReport read it, a job's role cannot.
+NODE_KEY_NAME = "node-key"
 # The control instruction (runs/<job>/control.json) that has a node which just finished a stage
 # of a multi-stage job run the next one on the same instance.
 CONTROL_RUN_STAGE = "run-stage"

@@ -61,6 +61,7 @@ class Permission(enum.Enum):
     TASK_HEARTBEAT = "tell the lifecycle's waiting task that the node is alive"
     INTAKE_OBJECTS = "read specs and write error reports under jobs/"
     WRITE_RUNS = "write run manifests under runs/"
+    READ_NODE_KEYS = "read the node key of a run (runs/<job>/node-key) its reports are signed with"
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
@@ -98,6 +99,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     # A job requeued past its execution's budget continues in a new execution
     # (domain/history.py).
     topology.REQUEUE.construct_id: frozenset({P.PUBLISH, P.START_WORKFLOW, P.READ_CATALOG}),
+    # Launch makes each run's node key (reading it first: a launch tried again keeps its run's).
     # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
     # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
@@ -105,6 +107,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.PUBLISH,
             P.TASK_RESPONSE,
             P.WRITE_RUNS,
+            P.READ_NODE_KEYS,
             P.LAUNCH_FLEET,
             P.TERMINATE,
             P.CAPACITY_MEMORY,
@@ -117,7 +120,10 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.METRIC_WATCH.construct_id: frozenset(
         {P.READ_METRICS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.READ_CATALOG}
     ),
-    topology.NODE_REPORT.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT}),
+    # A report is heard only when signed with its run's key (domain/node_reports.py).
+    topology.NODE_REPORT.construct_id: frozenset(
+        {P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT, P.READ_NODE_KEYS}
+    ),
     topology.RELEASE.construct_id: frozenset(
         {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.READ_CATALOG}
     ),
@@ -458,6 +464,21 @@ class Functions(Construct):
                 )
             )
             wildcards.append(f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*")
+        if P.READ_NODE_KEYS in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadNodeKeys",
+                    actions=["s3:GetObject"],
+                    resources=[
+                        self._bucket.arn_for_objects(
+                            f"{topology.RUNS_PREFIX}*/{topology.NODE_KEY_NAME}"
+                        )
+                    ],
+                )
+            )
+            wildcards.append(
+                f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*/{topology.NODE_KEY_NAME}"
+            )
         if P.READ_CATALOG in grants:
             role.add_to_policy(
                 iam.PolicyStatement(

@@ -11,6 +11,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpufleet.domain import node_reports
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
 from gpufleet.errors import Conflict, NotFound, RefusedInput
@@ -84,6 +85,10 @@ class DroppedReport(StrEnum):
     UNKNOWN_JOB = "unknown-job"
     UNKNOWN_INSTANCE = "unknown-instance"  # not one the job holds: stale, or forged
     INVALID = "invalid"  # NodeReport refuses it (an exit code out of range, a bad job id...)
+    # Not signed with the key of the job's current run (domain/node_reports.py).
+    UNSIGNED = node_reports.UNSIGNED
+    OTHER_RUN = node_reports.OTHER_RUN
+    BAD_SIGNATURE = node_reports.BAD_SIGNATURE
 
 
 def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
