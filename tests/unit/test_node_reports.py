@@ -104,9 +104,7 @@ def test_a_report_of_an_earlier_run_is_refused() -> None:
     assert refusal(signed(key=earlier)) == OTHER_RUN
 
 
-@pytest.mark.parametrize(
-    "signature", [None, "", 7, ["a"]], ids=["none", "empty", "number", "list"]
-)
+@pytest.mark.parametrize("signature", [None, "", 7, ["a"]], ids=["none", "empty", "number", "list"])
 def test_an_unsigned_report_is_refused(signature: object) -> None:
     report = {**FINISH, "run": 3, "sent_ms": 1}
     if signature is not None:
