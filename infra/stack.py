@@ -44,7 +44,7 @@ class GpuFleetStack(Stack):
             )
 
         job_store = JobStore(self, "JobStore")
-        notifications = Notifications(self, "Notifications")
+        notifications = Notifications(self, "Notifications", teams=fleet_config.teams)
         intake = Intake(self, "Intake", config=config)
         # One zip of the package: the functions run it and the node agent downloads it.
         code_zip = code_asset(self, "Code", code)

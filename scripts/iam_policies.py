@@ -7,8 +7,9 @@ docs/iam/deployer.json), and CloudFormation creates the stack's resources with t
 (AdministratorAccess unless told otherwise). Those policies are `cfn-execution-N.json`, derived
 from the synthesized template:
 
-- every resource type in it: the permissions its CloudFormation registry schema lists for the
-  create, read, update and delete handlers (cfn-lint ships the schemas);
+- every resource type in it, and those gpufleet.yaml may add (`CONFIG_RESOURCE_TYPES`): the
+  permissions its CloudFormation registry schema lists for the create, read, update and delete
+  handlers (cfn-lint ships the schemas);
 - a custom resource (`Custom::...`): `lambda:InvokeFunction` (CloudFormation invokes its
   handler with the execution role's permissions);
 - a parameter of type `AWS::SSM::Parameter::Value<...>`: `ssm:GetParameters`;
@@ -96,6 +97,9 @@ NOT_NEEDED: dict[str, str] = {
         )
     },
 }
+# Resource types gpufleet.yaml may add to the template, which the policies cover whatever the
+# config: the subscriptions of the teams' e-mail addresses (`teams.<team>.notify`).
+CONFIG_RESOURCE_TYPES = ("AWS::SNS::Subscription",)
 # IAM actions on the stack's roles and instance profiles: scoped to them.
 _IAM_RESOURCES = [
     "arn:aws:iam::ACCOUNT_ID:role/STACK_NAME-*",
@@ -116,7 +120,8 @@ def needed_actions(template: Mapping[str, Any]) -> dict[str, set[str]]:
     resources and resolve its parameters, with the resource types (or parameters) that need it."""
     folder, index = _schemas()
     needed: dict[str, set[str]] = {}
-    for resource_type in sorted({r["Type"] for r in template["Resources"].values()}):
+    types = {r["Type"] for r in template["Resources"].values()} | set(CONFIG_RESOURCE_TYPES)
+    for resource_type in sorted(types):
         if resource_type.startswith("Custom::"):
             actions = ["lambda:InvokeFunction"]
         else:

@@ -262,6 +262,10 @@ class Notifier(Protocol):
         """Tell the people who run the fleet (the alerts SNS topic)."""
         ...
 
+    def publish(self, topic_arn: str, subject: str, message: str) -> None:
+        """Tell the people behind one of the teams' topics (domain/notify.py)."""
+        ...
+
 
 class EventPublisher(Protocol):
     def publish(self, source: str, detail_type: str, detail: Mapping[str, Any]) -> None: ...

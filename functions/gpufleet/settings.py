@@ -27,6 +27,10 @@ class Settings(BaseModel):
     # Launch template id by template key (gpufleet.domain.boot.TemplateKey.name).
     launch_templates: dict[str, str] = Field(default_factory=dict)
     notify_topic_arn: str = ""
+    # The deployment's account (intake holds a spec's notify topic to it), and each team's
+    # own topic (team -> ARN), for its e-mail addresses.
+    account_id: str = ""
+    team_topics: dict[str, str] = Field(default_factory=dict)
     subnet_ids: list[str] = Field(default_factory=list)
     config: FleetConfig = Field(default_factory=FleetConfig)
     # Launch policy: how often and how long to wait for capacity before a job fails.
@@ -70,6 +74,10 @@ class Settings(BaseModel):
                 env.get(topology.ENV_LAUNCH_TEMPLATES, "")
             ),
             notify_topic_arn=env.get(topology.ENV_NOTIFY_TOPIC, ""),
+            account_id=env.get(topology.ENV_ACCOUNT, ""),
+            team_topics=topology.parse_pairs(
+                topology.ENV_TEAM_TOPICS, env.get(topology.ENV_TEAM_TOPICS, "")
+            ),
             subnet_ids=[s for s in env.get(topology.ENV_SUBNETS, "").split(",") if s],
             config=config_from_env(env.get(topology.ENV_CONFIG)),
             max_launch_attempts=int(env.get("GPUFLEET_MAX_LAUNCH_ATTEMPTS", "20")),

@@ -25,7 +25,8 @@ CAPACITY_TYPE = "CapacityType"  # spot | on-demand | reserved
 ERROR_CATEGORY = "Category"  # capacity | quota | configuration | unknown
 # The Category of a launch that failed without an EC2 error code to classify.
 UNKNOWN_ERROR_CATEGORY = "unknown"
-# Why a node report was dropped: a DroppedReport value (unknown-job | unknown-instance | invalid).
+# Why a node report was dropped: a DroppedReport value (unknown-job | unknown-instance | invalid |
+# unsigned | other-run | bad-signature).
 REPORT_PROBLEM = "Problem"
 
 

@@ -90,16 +90,25 @@ BOOT_IMAGES: tuple[BootImage, ...] = (
 )
 
 
+def pairs_value(pairs: dict[str, str]) -> str:
+    """A variable's value for {key: value}: `KEY=VALUE,KEY=VALUE`, sorted by key."""
+    return ",".join(f"{key}={pairs[key]}" for key in sorted(pairs))
+
+
+def parse_pairs(variable: str, value: str) -> dict[str, str]:
+    pairs = [item.partition("=") for item in value.split(",") if item]
+    if any(not key or not named for key, _, named in pairs):
+        raise ValueError(f"{variable} must be KEY=VALUE,KEY=VALUE, not {value!r}")
+    return {key: named for key, _, named in pairs}
+
+
 def launch_templates_value(templates: dict[str, str]) -> str:
     """ENV_LAUNCH_TEMPLATES's value for {template key: launch template id}."""
-    return ",".join(f"{key}={templates[key]}" for key in sorted(templates))
+    return pairs_value(templates)
 
 
 def parse_launch_templates(value: str) -> dict[str, str]:
-    pairs = [item.partition("=") for item in value.split(",") if item]
-    if any(not key or not template for key, _, template in pairs):
-        raise ValueError(f"{ENV_LAUNCH_TEMPLATES} must be KEY=lt-...,KEY=lt-..., not {value!r}")
-    return {key: template for key, _, template in pairs}
+    return parse_pairs(ENV_LAUNCH_TEMPLATES, value)
 
 
 # Warm-pool instances: "true" while idle, "claimed" once a launch took one (it then has a job).
@@ -125,6 +134,9 @@ INTAKE_PREFIX = "jobs/"
 # cold start, when a function first plans) in place of the bundled snapshot while fresh.
 CATALOG_KEY = "catalog/current.json"
 RUNS_PREFIX = "runs/"
+# Each run's secret key (runs/<job>/node-key): the agent signs its reports with it
+# (domain/node_reports.py); the instance role, Launch and NodeReport read it, a job's role cannot.
+NODE_KEY_NAME = "node-key"
 # The control instruction (runs/<job>/control.json) that has a node which just finished a stage
 # of a multi-stage job run the next one on the same instance.
 CONTROL_RUN_STAGE = "run-stage"
@@ -302,6 +314,11 @@ CATALOG_REFRESH = Function(
     timeout_seconds=300,
     memory_mb=1024,
 )
+NOTIFY = Function(
+    "Notify",
+    "gpufleet.handlers.on_status_changed.handler",
+    "Sends each job's status changes to the SNS topics its team names in gpufleet.yaml",
+)
 FUNCTIONS: tuple[Function, ...] = (
     INTAKE_FROM_S3,
     INTAKE_FROM_EVENT,
@@ -316,6 +333,7 @@ FUNCTIONS: tuple[Function, ...] = (
     RELEASE,
     WORKFLOW_ENDED,
     CATALOG_REFRESH,
+    NOTIFY,
 )
 
 RULES: tuple[Rule, ...] = (
@@ -376,6 +394,12 @@ RULES: tuple[Rule, ...] = (
         },
         target_function=WORKFLOW_ENDED.construct_id,
         on_default_bus=True,
+    ),
+    Rule(
+        construct_id="NotifyRule",
+        description="Job status changes, for the teams' notifications",
+        pattern={"source": [CONTROL_PLANE_SOURCE], "detail-type": [DETAIL_JOB_STATUS_CHANGED]},
+        target_function=NOTIFY.construct_id,
     ),
 )
 
@@ -441,6 +465,11 @@ ENV_LAUNCH_TEMPLATES = "LAUNCH_TEMPLATES"
 ENV_SUBNETS = "SUBNET_IDS"
 ENV_CONFIG = "GPUFLEET_CONFIG"  # the validated policy config (gpufleet.yaml) as compact JSON
 ENV_NOTIFY_TOPIC = "NOTIFY_TOPIC_ARN"  # SNS topic for alerts people must see
+# The SNS topic of each team with e-mail addresses in gpufleet.yaml (`teams.<team>.notify`),
+# `TEAM=arn:...` comma-separated: the stack makes them (docs/notifications.md).
+ENV_TEAM_TOPICS = "TEAM_TOPICS"
+# The deployment's account: a spec's notify topic must be in it.
+ENV_ACCOUNT = "GPUFLEET_ACCOUNT_ID"
 # Optional: each node's root volume size in GiB, for storage cost (default 200, as the stack).
 ENV_ROOT_VOLUME = "GPUFLEET_ROOT_VOLUME_GIB"
 COMMON_ENV: tuple[str, ...] = (
@@ -453,8 +482,8 @@ COMMON_ENV: tuple[str, ...] = (
     ENV_LAUNCH_TEMPLATES,
 )
 EXTRA_ENV: dict[str, tuple[str, ...]] = {
-    INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE,),
-    INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE,),
+    INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT),
+    INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT),
     LAUNCH.construct_id: (ENV_SUBNETS, ENV_ROOT_VOLUME),
     # The reconciler launches the warm pool's instances, and looks for lifecycles that ended.
     RECONCILE.construct_id: (ENV_SUBNETS, ENV_STATE_MACHINE),
@@ -464,6 +493,7 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     METRIC_WATCH.construct_id: (ENV_NOTIFY_TOPIC,),
     # Budgets reached (a job's, a team's month) are told to the operators.
     DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),
+    NOTIFY.construct_id: (ENV_TEAM_TOPICS,),
 }
 
 
@@ -481,6 +511,11 @@ ENV_JOB_ROLE = "GPUFLEET_JOB_ROLE"
 # The job containers' cgroup on a node: the boot script blocks the metadata service for it (the
 # containers share the host's network, so the hop limit alone does not keep them from it).
 JOBS_SLICE = "gpufleet-jobs.slice"
+
+
+def team_topic_id(team: str) -> str:
+    """The construct id (the stack) and the name's tail (the emulator) of a team's topic."""
+    return f"Team-{team}"
 
 
 def agent_log_stream_prefix(job_id: str) -> str:

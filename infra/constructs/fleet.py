@@ -226,13 +226,14 @@ class Fleet(Construct):
 
     # ARNs the Launch function's policy names -------------------------------------------------
     def arn(self, resource: str, name: str, *, account: bool = True) -> str:
-        return Stack.of(self).format_arn(
+        arn: str = Stack.of(self).format_arn(
             service="ec2",
             resource=resource,
             resource_name=name,
             account=None if account else "",
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
+        return arn
 
     def launch_template_arns(self) -> list[str]:
         return [

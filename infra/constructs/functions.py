@@ -61,6 +61,7 @@ class Permission(enum.Enum):
     TASK_HEARTBEAT = "tell the lifecycle's waiting task that the node is alive"
     INTAKE_OBJECTS = "read specs and write error reports under jobs/"
     WRITE_RUNS = "write run manifests under runs/"
+    READ_NODE_KEYS = "read the node key of a run (runs/<job>/node-key) its reports are signed with"
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
@@ -68,6 +69,7 @@ class Permission(enum.Enum):
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
     READ_METRICS = "read the running jobs' GPU metrics (cloudwatch:GetMetricData)"
     NOTIFY = "publish alerts to the stack's SNS topic"
+    NOTIFY_TEAMS = "publish status changes to the teams' topics (gpufleet.yaml teams)"
     WARM_POOL = "read and write the warm pool's claims (the queue table's warm partition only)"
     CLAIM_WARM = "tag an idle warm-pool instance with the job that claimed it"
     READ_WORKFLOWS = "list the lifecycle's running executions and describe one (by its job)"
@@ -97,6 +99,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     # A job requeued past its execution's budget continues in a new execution
     # (domain/history.py).
     topology.REQUEUE.construct_id: frozenset({P.PUBLISH, P.START_WORKFLOW, P.READ_CATALOG}),
+    # Launch makes each run's node key (reading it first: a launch tried again keeps its run's).
     # Launch also terminates what a partial (all-or-nothing) launch left behind, and completes
     # its own task when the launch got no capacity (or the node finished before a retry).
     topology.LAUNCH.construct_id: frozenset(
@@ -104,6 +107,7 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.PUBLISH,
             P.TASK_RESPONSE,
             P.WRITE_RUNS,
+            P.READ_NODE_KEYS,
             P.LAUNCH_FLEET,
             P.TERMINATE,
             P.CAPACITY_MEMORY,
@@ -116,7 +120,10 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     topology.METRIC_WATCH.construct_id: frozenset(
         {P.READ_METRICS, P.PUBLISH, P.WRITE_RUNS, P.NOTIFY, P.READ_CATALOG}
     ),
-    topology.NODE_REPORT.construct_id: frozenset({P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT}),
+    # A report is heard only when signed with its run's key (domain/node_reports.py).
+    topology.NODE_REPORT.construct_id: frozenset(
+        {P.PUBLISH, P.TASK_RESPONSE, P.TASK_HEARTBEAT, P.READ_NODE_KEYS}
+    ),
     topology.RELEASE.construct_id: frozenset(
         {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.READ_CATALOG}
     ),
@@ -141,6 +148,8 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     ),
     # Reads the region's prices and specs and writes the catalog the planners read.
     topology.CATALOG_REFRESH.construct_id: frozenset({P.REFRESH_CATALOG}),
+    # Tells each team of its jobs' status changes, from the event alone (no table read).
+    topology.NOTIFY.construct_id: frozenset({P.NOTIFY_TEAMS}),
 }
 # The DynamoDB item operations each function makes, by table (Powertools' idempotency records
 # apart). No function scans; only intake creates a job (a conditional put); a Query on the jobs
@@ -309,6 +318,10 @@ class Functions(Construct):
             )
             if topology.ENV_NOTIFY_TOPIC in topology.EXTRA_ENV.get(cid, ()):
                 environment[topology.ENV_NOTIFY_TOPIC] = alerts.topic.topic_arn
+            if topology.ENV_TEAM_TOPICS in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_TEAM_TOPICS] = alerts.team_topics_value()
+            if topology.ENV_ACCOUNT in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_ACCOUNT] = stack.account
             function = lambda_.Function(
                 self,
                 cid,
@@ -451,6 +464,21 @@ class Functions(Construct):
                 )
             )
             wildcards.append(f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*")
+        if P.READ_NODE_KEYS in grants:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadNodeKeys",
+                    actions=["s3:GetObject"],
+                    resources=[
+                        self._bucket.arn_for_objects(
+                            f"{topology.RUNS_PREFIX}*/{topology.NODE_KEY_NAME}"
+                        )
+                    ],
+                )
+            )
+            wildcards.append(
+                f"{nag.arn_of(self._bucket)}/{topology.RUNS_PREFIX}*/{topology.NODE_KEY_NAME}"
+            )
         if P.READ_CATALOG in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
@@ -555,6 +583,22 @@ class Functions(Construct):
                     resources=[self._alerts.key.key_arn],
                 )
             )
+        if P.NOTIFY_TEAMS in grants and self._alerts.notify_topic_arns:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="PublishToTeams",
+                    actions=["sns:Publish"],
+                    resources=list(self._alerts.notify_topic_arns),
+                )
+            )
+            if self._alerts.team_topics:
+                role.add_to_policy(
+                    iam.PolicyStatement(
+                        sid="EncryptTeamNotifications",
+                        actions=list(PUBLISH_KEY_ACTIONS),
+                        resources=[self._alerts.key.key_arn],
+                    )
+                )
         if P.READ_METRICS in grants:
             role.add_to_policy(
                 iam.PolicyStatement(
@@ -618,12 +662,13 @@ class Functions(Construct):
             )
 
     def _ec2_arn(self, resource: str, name: str) -> str:
-        return self._stack.format_arn(
+        arn: str = self._stack.format_arn(
             service="ec2",
             resource=resource,
             resource_name=name,
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
+        return arn
 
     @staticmethod
     def _nag_arn(resource: str, name: str) -> str:

@@ -148,9 +148,7 @@ def _event_pattern(pattern: Mapping[str, object]) -> events.EventPattern:
     unknown = set(pattern) - set(known)
     if unknown:
         raise ValueError(f"event pattern keys not supported: {sorted(unknown)}")
-    return events.EventPattern(
-        **{known[key]: _matcher(value) for key, value in pattern.items()}  # type: ignore[arg-type]
-    )
+    return events.EventPattern(**{known[key]: _matcher(value) for key, value in pattern.items()})
 
 
 def _matcher(value: object) -> object:

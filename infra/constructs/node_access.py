@@ -44,12 +44,13 @@ def grant_node_access(
 
 
 def _arn(stack: Stack, service: str, resource: str, name: str, *, sep: str = "/") -> str:
-    return stack.format_arn(
+    arn: str = stack.format_arn(
         service=service,
         resource=resource,
         resource_name=name,
         arn_format=ArnFormat.SLASH_RESOURCE_NAME if sep == "/" else ArnFormat.COLON_RESOURCE_NAME,
     )
+    return arn
 
 
 def _grant_registry(stack: Stack, role: iam.Role, config: FleetConfig) -> None:

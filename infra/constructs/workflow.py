@@ -52,22 +52,24 @@ def state_machine_arn(stack: Stack, spec: topology.StateMachine) -> str:
     A function that the state machine invokes and that also completes its tasks (AwaitNode)
     would otherwise make a cycle: function -> role policy -> state machine -> function.
     """
-    return stack.format_arn(
+    arn: str = stack.format_arn(
         service="states",
         resource="stateMachine",
         resource_name=state_machine_name(stack, spec),
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
+    return arn
 
 
 def executions_arn(stack: Stack, spec: topology.StateMachine) -> str:
     """The ARN pattern of the state machine's executions (one per job, named after it)."""
-    return stack.format_arn(
+    arn: str = stack.format_arn(
         service="states",
         resource="execution",
         resource_name=f"{state_machine_name(stack, spec)}:*",
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
+    return arn
 
 
 class Workflow(Construct):

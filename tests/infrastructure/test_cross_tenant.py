@@ -29,6 +29,7 @@ from infra.stack import STACK_NAME
 from gpufleet import topology
 from gpufleet.domain.config import config_from_yaml
 from gpufleet.domain.submitters import team_source, upload_key
+from gpufleet.domain.node_reports import node_key_object
 from gpufleet.domain.tenancy import session_tags
 from gpufleet.services.lifecycle_base import control_key, run_manifest_key
 
@@ -185,6 +186,9 @@ def test_a_job_reaches_its_own_stage_data_and_its_teams_checkpoints(roles: Roles
         ("s3:GetObject", "another job's run manifest"),
         ("s3:GetObject", "its own run manifest"),
         ("s3:PutObject", "another job's control file"),
+        ("s3:GetObject", "its own run's node key"),
+        ("s3:GetObject", "another job's node key"),
+        ("s3:PutObject", "another job's node key"),
     ],
 )
 def test_a_job_cannot_touch_another_tenants_objects(roles: Roles, action: str, what: str) -> None:
@@ -195,6 +199,9 @@ def test_a_job_cannot_touch_another_tenants_objects(roles: Roles, action: str, w
         # The manifest names the job's secrets and env: the agent reads it, the container not.
         "its own run manifest": f"{roles.bucket}/{run_manifest_key(MINE)}",
         "another job's control file": f"{roles.bucket}/{control_key(THEIRS)}",
+        # What the agent signs its reports with: a container holding it could forge them.
+        "its own run's node key": f"{roles.bucket}/{node_key_object(MINE)}",
+        "another job's node key": f"{roles.bucket}/{node_key_object(THEIRS)}",
     }[what]
     assert not roles.session(MINE, TEAM).allows(action, resource)
 
@@ -221,6 +228,41 @@ def test_a_job_cannot_report_for_a_job_or_put_its_metrics(roles: Roles) -> None:
         for s in roles.statements[roles.job_role]
         for a in _listify(s["Action"])
     )
+
+
+def test_the_agent_on_the_host_holds_the_key_and_puts_the_jobs_metrics(roles: Roles) -> None:
+    """What the container may not do, the instance role (the agent's, on the host) does: it
+    reads its run's node key and puts the job's metrics, in the agent's namespaces only."""
+    instance = Session(roles.statements[roles.instance_role], {})
+    assert instance.allows("s3:GetObject", f"{roles.bucket}/{node_key_object(MINE)}")
+    jobs_namespace = {"cloudwatch:namespace": topology.METRICS_NAMESPACE}
+    assert instance.allows("cloudwatch:PutMetricData", "*", jobs_namespace)
+    assert not instance.allows("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "AWS/EC2"})
+    assert not instance.allows("s3:PutObject", f"{roles.bucket}/{node_key_object(MINE)}")
+
+
+def test_only_launch_nodereport_and_the_instances_read_a_runs_key(roles: Roles) -> None:
+    """Every role of the stack, judged on a job's node key: Launch makes it, NodeReport
+    verifies with it, the instance's agent signs with it; no other role reads it."""
+    by_role: dict[str, list[dict[str, Any]]] = {}
+    for resource in roles.doc["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for role in resource["Properties"]["Roles"]:
+            for statement in _listify(resource["Properties"]["PolicyDocument"]["Statement"]):
+                rendered = [_render(r) for r in _listify(statement["Resource"])]
+                by_role.setdefault(role["Ref"], []).append({**statement, "Resource": rendered})
+    key = f"{roles.bucket}/{node_key_object(THEIRS)}"
+    readers = sorted(
+        name
+        for name, statements in by_role.items()
+        if Session(statements, {}).allows("s3:GetObject", key)
+    )
+    launch, report = topology.LAUNCH.construct_id, topology.NODE_REPORT.construct_id
+    assert len(readers) == 3
+    assert roles.instance_role in readers
+    assert sum(name.startswith(f"Functions{launch}") for name in readers) == 1, readers
+    assert sum(name.startswith(f"Functions{report}") for name in readers) == 1, readers
 
 
 def test_a_session_without_its_tags_reaches_nothing(roles: Roles) -> None:

@@ -105,6 +105,7 @@ def test_functions_match_handlers_and_deployment_variables(synth: Synth, account
                 topology.ENV_CONFIG: "{}",
                 topology.ENV_ROOT_VOLUME: template_env.get(topology.ENV_ROOT_VOLUME, "200"),
                 topology.ENV_LAUNCH_TEMPLATES: "x86_64-nvidia=lt-0",
+                topology.ENV_TEAM_TOPICS: "vision=arn:aws:sns:us-east-1:123456789012:t",
             }
         )
         if topology.ENV_STATE_MACHINE in topology.environment_of(function):

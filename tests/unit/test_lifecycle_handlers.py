@@ -14,6 +14,7 @@ from gpufleet import telemetry
 from gpufleet.adapters.local.memory import FakeFleet, InMemoryObjects, RecordingWorkflow
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.launch import LaunchRequest
+from gpufleet.domain.node_reports import NodeKey, node_key_object, sign_report
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.emulator.metrics import emf_metrics
 from gpufleet.handlers import (
@@ -175,6 +176,102 @@ def node_event(**detail: Any) -> dict[str, Any]:
     return event
 
 
+def run_key(ports: Any, job_id: str) -> NodeKey:
+    """The key Launch made for the job's run (what its agent signs with)."""
+    return NodeKey.from_document(ports.objects.get_bytes(node_key_object(job_id), 1024))
+
+
+def signed_event(key: NodeKey, **detail: Any) -> dict[str, Any]:
+    """A node event as the agent holding `key` sends it."""
+    event = node_event(**detail)
+    event["detail"] = sign_report(event["detail"], key, sent_ms=1_800_000_000_000)
+    return event
+
+
+def launched_run(
+    earlier_try: NodeKey | None = None,
+) -> tuple[LifecycleService, Any, str, str]:
+    """A job whose instance launched and has not reported yet; `earlier_try`: the key an
+    earlier try of this launch wrote before it died."""
+    ports = local_ports()
+    service = build_lifecycle(ports, SETTINGS)
+    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
+    job_id = build_intake(ports, SETTINGS, service).submit_object("jobs/a.yaml", "a", "a").job_id
+    assert job_id is not None
+    if earlier_try is not None:
+        ports.objects.put_json(node_key_object(job_id), earlier_try.document())
+    assert service.launch(job_id, plan_of(ports, job_id), 0, 2, task_token="run") is None
+    return service, ports, job_id, ports.jobs.get(job_id).placement.instance_ids[0]
+
+
+def test_a_launch_makes_a_random_key_per_run_kept_out_of_the_job_and_its_manifest() -> None:
+    _service, ports, job_id, _instance = launched_run()
+    key = run_key(ports, job_id)
+    assert key.run == ports.jobs.get(job_id).attempts == 1
+    assert key.secret.hex() not in json.dumps(ports.jobs.get(job_id).model_dump(mode="json"))
+    manifest = cast(InMemoryObjects, ports.objects).objects[f"runs/{job_id}/run.json"]
+    assert key.secret.hex() not in manifest.decode()
+    _other_service, other_ports, other_job, _ = launched_run()
+    assert run_key(other_ports, other_job).secret != key.secret  # random, not derived
+
+
+def test_a_launch_tried_again_keeps_its_runs_key_and_a_new_run_gets_a_new_one() -> None:
+    """The instances of a launch that died before recording them may have read its key."""
+    earlier = NodeKey(run=1, secret=bytes(range(32)))
+    _service, ports, job_id, _instance = launched_run(earlier_try=earlier)
+    assert run_key(ports, job_id) == earlier
+    stale = NodeKey(run=7, secret=bytes(range(32)))  # another run's: never reused
+    _service, ports, job_id, _instance = launched_run(earlier_try=stale)
+    assert run_key(ports, job_id).run == 1
+    assert run_key(ports, job_id).secret != stale.secret
+
+
+def forgeries(job_id: str, instance: str, key: NodeKey) -> dict[str, dict[str, Any]]:
+    """Finish reports for the job that its agent did not send, by what is wrong with them."""
+    finish = {"job_id": job_id, "instance_id": instance, "exit_code": 0}
+    another_jobs_key = NodeKey(run=key.run, secret=bytes(32))
+    return {
+        "unsigned": node_event(**finish),
+        "another job's key": signed_event(another_jobs_key, **finish),
+        "changed after signing": signed_event(key, **finish)
+        | {"detail": signed_event(key, **finish)["detail"] | {"exit_code": 1}},
+        "replayed from another job": signed_event(key, **finish)
+        | {"detail": signed_event(key, **finish)["detail"] | {"job_id": "j-" + "f" * 20}},
+        "another run's": signed_event(NodeKey(run=key.run + 1, secret=key.secret), **finish),
+    }
+
+
+def test_a_forged_report_changes_nothing_and_the_agents_own_is_heard(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    service, ports, job_id, instance = launched_run()
+    monkeypatch.setattr(on_node_report, "lifecycle", lambda: service)
+    key = run_key(ports, job_id)
+    before = ports.jobs.get(job_id)
+    capsys.readouterr()
+    answers = {
+        why: on_node_report.handler(event, Context())
+        for why, event in forgeries(job_id, instance, key).items()
+    }
+    assert answers == {
+        "unsigned": {"dropped": "unsigned"},
+        "another job's key": {"dropped": "bad-signature"},
+        "changed after signing": {"dropped": "bad-signature"},
+        "replayed from another job": {"dropped": "other-run"},  # that job has no run
+        "another run's": {"dropped": "other-run"},
+    }
+    assert ports.jobs.get(job_id) == before
+    assert "run" not in cast(RecordingWorkflow, ports.workflow).completed
+    assert sorted(dropped_metrics(capsys.readouterr().out)) == sorted(
+        a["dropped"] for a in answers.values()
+    )
+    heard = on_node_report.handler(
+        signed_event(key, job_id=job_id, instance_id=instance, exit_code=0), Context()
+    )
+    assert heard == {"job_id": job_id, "phase": "finished"}
+    assert cast(RecordingWorkflow, ports.workflow).completed["run"]["exit_code"] == 0
+
+
 def dropped_metrics(output: str) -> list[str]:
     """The Problem of every NodeReportsDropped the handler published (embedded metric format)."""
     problems = []
@@ -189,7 +286,7 @@ def dropped_metrics(output: str) -> list[str]:
 @pytest.mark.parametrize(
     ("detail", "problem"),
     [
-        ({"job_id": "j-" + "0" * 20}, "unknown-job"),
+        ({"job_id": "j-" + "0" * 20}, "other-run"),  # a job with no run has no key
         ({"instance_id": "i-not-its-own"}, "unknown-instance"),
         ({"exit_code": 256}, "invalid"),
         ({"exit_code": 10**40}, "invalid"),
@@ -210,7 +307,9 @@ def test_a_report_that_cannot_be_heard_is_dropped_once_and_counted(
     before = ports.jobs.get(job_id)
     monkeypatch.setattr(on_node_report, "lifecycle", lambda: service)
     capsys.readouterr()
-    event = node_event(**{"job_id": job_id, "instance_id": instance, **detail})
+    event = signed_event(
+        run_key(ports, job_id), **{"job_id": job_id, "instance_id": instance, **detail}
+    )
     # It returns: Lambda does not retry a report that can never be heard.
     assert on_node_report.handler(event, Context()) == {"dropped": problem}
     assert ports.jobs.get(job_id) == before

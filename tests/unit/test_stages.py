@@ -39,6 +39,7 @@ from gpufleet.topology import (
     JOB_LIFECYCLE,
 )
 from tests.helpers import local_ports, make_settings, plan_of
+from tests.node_keys import NODE_KEY_DOCUMENT, is_node_key
 
 TEMPLATES = {
     "cpu-preprocess": Resources(gpus=0, vcpus=32, memory_gib=64),
@@ -488,6 +489,8 @@ class Objects:
 
     def fetch(self, key: str) -> bytes:
         self.fetched.append(key)
+        if is_node_key(key) and key not in self.documents:
+            return NODE_KEY_DOCUMENT  # every run has one
         return self.documents[key]
 
     def put(self, key: str, document: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ from gpufleet.domain.usage_layout import (
     usage_key,
 )
 from tests.manual_clock import ManualClock
+from tests.node_keys import NODE_KEY_DOCUMENT, is_node_key
 from tests.unit.test_agent import (
     JOB,
     RUN,
@@ -163,6 +164,8 @@ class FakeObjects:
     writes: int = 0
 
     def fetch(self, key: str) -> bytes:
+        if is_node_key(key) and key not in self.documents:
+            return NODE_KEY_DOCUMENT  # every run has one
         return self.documents[key]
 
     def store(self, key: str, body: bytes) -> None:

@@ -26,6 +26,11 @@ times, for as long as its instance lives: the control plane releases the instanc
 seconds of the first report that arrives, so the copies stop with the instance, and a report
 lost on the way (an event that ended in a dead-letter queue) is made up for by the next copy.
 A manifest that cannot be read is reported once, and the agent stops.
+
+Every report is signed with the run's key (`runs/<job>/node-key`, which the instance role reads
+and the job's container cannot: `domain/node_reports.py`); the control plane hears no other.
+A key that cannot be read is reported as the manifest's failure is, unsigned (the control
+plane refuses it: the run's task times out, as for a node never heard), and nothing runs.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufleet.agent.ledger import RunLedger, manifest_key, run_key
 from gpufleet.agent.prepare import RegistryLogin, VolumeMount
+from gpufleet.domain.node_reports import InvalidNodeKey, NodeKey, node_key_object, sign_report
 from gpufleet.domain.rendezvous import MASTER_PORT, Peer
 from gpufleet.domain.usage_layout import (
     EVENT_CHECKPOINT,
@@ -335,6 +341,7 @@ class NodeAgent:
         self._usage_seconds = usage_seconds
         self._wall_clock = wall_clock
         self._usage: UsageRecorder | None = None
+        self._key: NodeKey | None = None  # the run's, read with its manifest
 
     def run(self) -> RunOutcome:
         """Run the job's runs on this instance, each at most once, and report how each ended.
@@ -368,10 +375,19 @@ class NodeAgent:
         for attempt in range(MANIFEST_FETCH_ATTEMPTS):
             if attempt:
                 self._clock.wait(self._going, self._manifest_retry_seconds * 2 ** (attempt - 1))
+            reading = "the run's node key"
             try:
+                if self._key is None:
+                    self._key = NodeKey.from_document(
+                        self._manifests.fetch(node_key_object(job_id))
+                    )
+                reading = "the run manifest"
                 raw = self._manifests.fetch(key)
+            except InvalidNodeKey as exc:  # for good
+                problem = f"the run's node key is not valid: {exc}"
+                break
             except Exception as exc:  # not there, or not reachable: tried again
-                problem = f"could not read the run manifest: {exc}"
+                problem = f"could not read {reading}: {exc}"
                 continue
             try:
                 manifest = RunManifest.from_json(raw)
@@ -402,7 +418,7 @@ class NodeAgent:
                 exit_code=None,
                 reason="the node agent restarted during the run; the run is not started again",
             )
-            finish = _detail(base, "finished", restarted)
+            finish = self._signed(_detail(base, "finished", restarted))
             self._ledger.note_finished(key, finish)
         if finish is None:
             return self._run_once(manifest, base, key)
@@ -488,6 +504,7 @@ class NodeAgent:
         self._mark_usage(EVENT_FINISHED)
         if moved_on.is_set():
             finish[_MOVED_ON] = True
+        finish = self._signed(finish)
         self._ledger.note_finished(key, finish)
         self._reporter.report(AGENT_SOURCE, DETAIL_NODE_FINISHED, finish)
         return finish
@@ -590,9 +607,15 @@ class NodeAgent:
         phase: str,
         outcome: RunOutcome | None = None,
     ) -> dict[str, Any]:
-        detail = _detail(base, phase, outcome)
+        detail = self._signed(_detail(base, phase, outcome))
         self._reporter.report(AGENT_SOURCE, detail_type, detail)
         return detail
+
+    def _signed(self, detail: dict[str, Any]) -> dict[str, Any]:
+        """The report signed with the run's key (unsigned when it could not be read)."""
+        if self._key is None:
+            return detail
+        return sign_report(detail, self._key, sent_ms=int(self._wall_clock() * 1000))
 
 
 def _base_of(manifest: RunManifest, job_base: dict[str, Any]) -> dict[str, Any]:

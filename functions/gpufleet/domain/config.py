@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpufleet.domain.notify import TeamNotify
 from gpufleet.domain.queueing import QueuePolicy
 from gpufleet.domain.spec import (
     FILE_SYSTEM_ID_PATTERN,
@@ -245,6 +246,8 @@ class FleetConfig(BaseModel):
     # Who may submit for each team by event (domain/submitters.py); none named: the key prefix
     # and event source decide alone. Named: only these teams submit.
     submitters: dict[Name, TeamSubmitters] = Field(default_factory=dict, max_length=50)
+    # Where each team's jobs' status changes go (docs/notifications.md).
+    teams: dict[Name, TeamNotify] = Field(default_factory=dict, max_length=32)
 
     @model_validator(mode="after")
     def _named_resources(self) -> FleetConfig:

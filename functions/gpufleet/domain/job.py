@@ -11,6 +11,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpufleet.domain import node_reports
 from gpufleet.domain.scaling import AlarmKind
 from gpufleet.domain.spec import JobSpec, Resources, SpotPolicy
 from gpufleet.errors import Conflict, NotFound, RefusedInput
@@ -84,6 +85,10 @@ class DroppedReport(StrEnum):
     UNKNOWN_JOB = "unknown-job"
     UNKNOWN_INSTANCE = "unknown-instance"  # not one the job holds: stale, or forged
     INVALID = "invalid"  # NodeReport refuses it (an exit code out of range, a bad job id...)
+    # Not signed with the key of the job's current run (domain/node_reports.py).
+    UNSIGNED = node_reports.UNSIGNED
+    OTHER_RUN = node_reports.OTHER_RUN
+    BAD_SIGNATURE = node_reports.BAD_SIGNATURE
 
 
 def s3_delivery_key(bucket: str, key: str, marker: str) -> str:
@@ -270,6 +275,24 @@ class Job(BaseModel):
             "stages": self.stage_summaries(),
         }
 
+    def status_event(self, previous: JobStatus | None) -> dict[str, Any]:
+        """The detail of the `Job Status Changed` event of its move from `previous` (None: as
+        it was created): what the Notify function tells people (domain/notify.py), so that it
+        needs no read of the job."""
+        detail: dict[str, Any] = {
+            "job_id": self.job_id,
+            "name": self.spec.name,
+            "team": self.spec.team,
+            "status": self.status.value,
+            "reason": self.failure_reason,
+            "cost_usd": self.cost_usd,
+        }
+        if previous is not None:
+            detail["previous"] = previous.value
+        if self.spec.notify is not None:
+            detail["notify"] = self.spec.notify
+        return detail
+
     def stage_summaries(self) -> list[dict[str, Any]]:
         """One line per stage of the spec, in order: the ended ones as recorded, the current
         one with the job's status and placement, the others pending (or skipped, once the job
@@ -402,8 +425,9 @@ class JobChanges(BaseModel):
         return {name: getattr(self, name) for name in self.model_fields_set}
 
     def __or__(self, later: JobChanges) -> JobChanges:
-        """Both changes, `later`'s value where both set a field."""
-        return JobChanges.model_validate({**self.fields(), **later.fields()})
+        """Both changes, `later`'s value where both set a field. Each was checked when it was
+        made: their union is not validated again."""
+        return self.model_copy(update=later.fields())
 
     def __bool__(self) -> bool:
         """Whether these changes set anything (no field named: nothing to write)."""

@@ -430,14 +430,25 @@ class _Pass:
     # ended by then, plus the jobs admitted since that will still run.
     at_reservation: _Usage | None = None
     reservation_tried: bool = False  # only the first job that waits for room may hold one
+    # Caches of what stays fixed until the pass preempts (`drain`): the running jobs any job
+    # may preempt, in victim order, and per (team, class) those a job of it may, with the
+    # GPUs and instances they hold per team.
+    _victims: list[RunningJob] | None = None
+    _candidates: dict[tuple[str, Priority], tuple[list[RunningJob], _Held]] = field(
+        default_factory=dict
+    )
+    _entitlements: dict[str, int] = field(default_factory=dict)  # fixed for the pass
 
     def entitlement(self, team: str) -> int:
-        return entitlement(team, self.booked, self.policy)
+        known = self._entitlements.get(team)
+        if known is None:
+            known = self._entitlements[team] = entitlement(team, self.booked, self.policy)
+        return known
 
     def idle_quota_of_others(self, team: str) -> int:
-        teams = set(self.policy.teams) - {team}
+        used = self.usage.team_gpus
         return sum(
-            max(0, self.entitlement(t) - self.usage.team_gpus.get(t, 0)) for t in sorted(teams)
+            max(0, self.entitlement(t) - used.get(t, 0)) for t in self.policy.teams if t != team
         )
 
     def held_for_other_bookings(self, team: str) -> int:
@@ -581,6 +592,30 @@ class _Pass:
             reasons.append(reason)
         return reasons[0] if reasons else None
 
+    def drain(self, victim: RunningJob, for_job_id: str) -> None:
+        """The pass preempts `victim` for that job: it drains, and is nobody's victim now."""
+        self.running[victim.job_id] = replace(victim, draining_for=for_job_id)
+        self._victims = None
+        self._candidates.clear()
+
+    def candidates_for(self, job: QueuedJob) -> tuple[list[RunningJob], _Held]:
+        """The running jobs a job of `job`'s team and class may preempt (`_preemptible` and
+        `_may_take`), in the order they are chosen (`_victim_order`), and what they hold."""
+        kind = (job.team, job.priority)
+        known = self._candidates.get(kind)
+        if known is None:
+            if self._victims is None:
+                # The victim's own conditions are the preemptor's too: judged once, and sorted
+                # once (a stable sort: filtering the sorted list keeps the order sorting the
+                # filtered one gives).
+                self._victims = sorted(
+                    (r for r in self.running.values() if _preemptible(r, self.now, self.policy)),
+                    key=_victim_order,
+                )
+            chosen = [r for r in self._victims if _may_take(job, r, self.now, self.policy)]
+            known = self._candidates[kind] = (chosen, _Held.of(chosen))
+        return known
+
     def preemptable_for(self, job: QueuedJob) -> list[RunningJob] | None:
         """The running jobs `job` may preempt, in the order they are chosen; None when no job
         of its team and class, as large or larger, preempted before or not, could find
@@ -597,13 +632,10 @@ class _Pass:
         found_none = self.no_victims.setdefault(kind, [])
         if any(job.gpus >= gpus and job.instances >= n for gpus, n in found_none):
             return None
-        candidates = sorted(
-            (r for r in self.running.values() if _may_preempt(job, r, self.now, self.policy)),
-            key=_victim_order,
-        )
+        candidates, held = self.candidates_for(job)
         critical = job.priority is Priority.CRITICAL
         probe = replace(job, preemptions=0) if critical else job
-        if _fits_without(self, probe, candidates, borrow=critical):
+        if _fits_without(self, probe, held, borrow=critical):
             return candidates
         found_none.append((job.gpus, job.instances))
         return None
@@ -644,17 +676,26 @@ def _victim_order(job: RunningJob) -> tuple[bool, int, float]:
 def _borrows_any_free_gpu(priority: Priority) -> bool:
     """Work above normal may borrow any GPU free now (within its team's `borrow`), not only
     quota the other teams leave idle: priority means it starts within minutes, and no lower
-    class takes it back (`_may_preempt`), so the owners of that quota wait for its end."""
+    class takes it back (`_may_take`), so the owners of that quota wait for its end."""
     return CLASS_RANK[priority] > CLASS_RANK[Priority.NORMAL]
 
 
-def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: QueuePolicy) -> bool:
+# Whether a waiting job may preempt a running one: `_preemptible(victim)` and `_may_take`
+# (split so that a pass judges the victim's own part once for every preemptor).
+
+
+def _preemptible(victim: RunningJob, now: float, policy: QueuePolicy) -> bool:
+    """The victim's part of the rule: whether any job at all may preempt it now."""
     if victim.draining or now - victim.admitted_at < policy.min_runtime_seconds:
         return False
     if victim.preemptions >= policy.max_preemptions_per_job:
         return False  # stopped often enough: it runs to its end
-    if victim.priority is Priority.CRITICAL:
-        return False
+    return victim.priority is not Priority.CRITICAL
+
+
+def _may_take(preemptor: QueuedJob, victim: RunningJob, now: float, policy: QueuePolicy) -> bool:
+    """The preemptor's part of the rule, for a victim `_preemptible` allows: whether this job
+    may preempt it."""
     lower = CLASS_RANK[victim.priority] < CLASS_RANK[preemptor.priority]
     if preemptor.priority is Priority.CRITICAL:
         return lower
@@ -667,17 +708,43 @@ def _may_preempt(preemptor: QueuedJob, victim: RunningJob, now: float, policy: Q
     return lower or now - victim.admitted_at >= policy.reclaim_after_seconds
 
 
-def _fits_without(
-    state: _Pass, job: QueuedJob, victims: Sequence[RunningJob], *, borrow: bool = True
-) -> bool:
-    """Would the job fit, within its entitlement, once these victims are gone (`borrow` False:
-    on a route that does not borrow)? Only entitled (or critical) work preempts: a job that
-    would borrow never takes from anyone."""
-    for victim in victims:
-        state.usage.add(victim.team, victim.gpus, victim.instances, sign=-1)
-    reason, borrowed, _ = state.fit(job, borrow=borrow)
-    for victim in victims:
-        state.usage.add(victim.team, victim.gpus, victim.instances)
+@dataclass
+class _Held:
+    """What a set of running jobs holds: GPUs and instances, and GPUs per team."""
+
+    gpus: int = 0
+    instances: int = 0
+    team_gpus: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, jobs: Iterable[RunningJob]) -> _Held:
+        held = cls()
+        for job in jobs:
+            held.add(job)
+        return held
+
+    def add(self, job: RunningJob, sign: int = 1) -> None:
+        self.gpus += sign * job.gpus
+        self.instances += sign * job.instances
+        self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + sign * job.gpus
+
+
+def _fits_without(state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool = True) -> bool:
+    """Would the job fit, within its entitlement, once the victims holding `victims` are gone
+    (`borrow` False: on a route that does not borrow)? Only entitled (or critical) work
+    preempts: a job that would borrow never takes from anyone."""
+    usage = state.usage
+    usage.gpus -= victims.gpus
+    usage.instances -= victims.instances
+    for team, gpus in victims.team_gpus.items():
+        usage.team_gpus[team] = usage.team_gpus.get(team, 0) - gpus
+    try:
+        reason, borrowed, _ = state.fit(job, borrow=borrow)
+    finally:
+        usage.gpus += victims.gpus
+        usage.instances += victims.instances
+        for team, gpus in victims.team_gpus.items():
+            usage.team_gpus[team] += gpus
     return reason is None and (not borrowed or job.priority is Priority.CRITICAL)
 
 
@@ -687,16 +754,20 @@ def _choose_victims(
     """The smallest set of the candidates (in their order) whose release lets `job` in, or
     None."""
     chosen: list[RunningJob] = []
+    held = _Held()
     for candidate in candidates:
         chosen.append(candidate)
-        if _fits_without(state, job, chosen):
+        held.add(candidate)
+        if _fits_without(state, job, held):
             break
     else:
         return None
     for victim in reversed(list(chosen)):  # prune what is not needed
-        trial = [v for v in chosen if v is not victim]
-        if _fits_without(state, job, trial):
-            chosen = trial
+        held.add(victim, sign=-1)
+        if _fits_without(state, job, held):
+            chosen = [v for v in chosen if v is not victim]
+        else:
+            held.add(victim)
     return chosen
 
 
@@ -823,7 +894,7 @@ def decide_streams(
             if victims:
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))
-                    state.running[victim.job_id] = replace(victim, draining_for=job.job_id)
+                    state.drain(victim, job.job_id)
                 draining_for.add(job.job_id)
                 state.changes += 1
                 reason = WaitReason.PREEMPTING

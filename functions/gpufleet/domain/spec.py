@@ -182,6 +182,29 @@ CheckpointInterval = Annotated[
 ]
 
 
+# An SNS topic a job's status changes go to (domain/notify.py holds it to its team's).
+SNS_TOPIC_ARN_PATTERN = r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}$"
+
+
+def _a_topic(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(SNS_TOPIC_ARN_PATTERN, value):
+        if "@" in value:
+            raise ValueError(
+                "e-mail addresses are subscribed in gpufleet.yaml (teams.<team>.notify), "
+                "never in a spec: name one of the team's SNS topics"
+            )
+        raise ValueError("notify is an SNS topic ARN: arn:aws:sns:REGION:ACCOUNT:NAME")
+    return value
+
+
+NotifyTopic = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_a_topic),
+    WithJsonSchema({"type": "string", "pattern": SNS_TOPIC_ARN_PATTERN}),
+]
+
+
 def canonical_json(value: Any) -> str:
     """JSON text of `value` as the job store keeps a spec: sorted keys, no spaces, UTF-8
     characters as they are (escaped, a non-ASCII character would cost up to six times its
@@ -690,6 +713,11 @@ class JobSpec(_Strict):
         max_length=MAX_DEPENDENCIES,
         description="Jobs this one waits for (docs/arrays.md); a job whose dependency failed "
         "ends CANCELLED and never runs",
+    )
+    notify: NotifyTopic | None = Field(
+        default=None,
+        description="An SNS topic of the team's (gpufleet.yaml teams.<team>.notify) the job's "
+        "status changes go to instead of all the team's destinations (docs/notifications.md)",
     )
     stages: list[Stage] = Field(
         default_factory=list,

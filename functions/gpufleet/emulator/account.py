@@ -25,7 +25,8 @@ from gpufleet import topology
 from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.domain.boot import BootTarget, network_interfaces, template_keys
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.domain.config import FleetConfig, config_from_yaml, config_to_env
+from gpufleet.domain.config import ConfigFileError, FleetConfig, config_from_yaml, config_to_env
+from gpufleet.domain.notify import teams_with_emails, topics_outside
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.clock import EmulatorClock, WallClock
 from gpufleet.emulator.patches import (
@@ -74,6 +75,8 @@ class Account:
     subnet_ids: list[str] = field(default_factory=list)
     config: FleetConfig = field(default_factory=FleetConfig)
     notify_topic_arn: str = ""
+    # The topic of each team with e-mail addresses in the config (topology.ENV_TEAM_TOPICS).
+    team_topics: dict[str, str] = field(default_factory=dict)
     # What the account's nodes, loops and heartbeat timeouts wait on (`clock`).
     clock: EmulatorClock = field(default_factory=WallClock)
 
@@ -102,6 +105,8 @@ class Account:
                 topology.ENV_SUBNETS: ",".join(self.subnet_ids),
                 topology.ENV_CONFIG: config_to_env(self.config),
                 topology.ENV_NOTIFY_TOPIC: self.notify_topic_arn,
+                topology.ENV_TEAM_TOPICS: topology.pairs_value(self.team_topics),
+                topology.ENV_ACCOUNT: ACCOUNT_ID,
                 topology.ENV_ROOT_VOLUME: str(ROOT_VOLUME_GIB),
                 "AWS_REGION": self.region,
             }
@@ -223,6 +228,7 @@ def _forget_cold_starts() -> None:
         common.reconciler,
         common.backstop,
         common.metric_watch,
+        common.status_notifications,
         common.idempotency_store,
     ):
         cached.cache_clear()
@@ -257,9 +263,18 @@ def _create_resources(recorder: Recorder, config: FleetConfig, clock: EmulatorCl
 
     events = account.client("events")
     events.create_event_bus(Name=account.bus)
-    account.notify_topic_arn = account.client("sns").create_topic(Name="gpufleet-alerts")[
-        "TopicArn"
-    ]
+    sns = account.client("sns")
+    account.notify_topic_arn = sns.create_topic(Name="gpufleet-alerts")["TopicArn"]
+    outside = topics_outside(config.teams, ACCOUNT_ID, REGION)
+    if outside:  # as the stack's synth: the notifier could not publish there
+        raise ConfigFileError(f"teams' notify topics outside the account: {outside}")
+    # As the stack: a topic per team with e-mail addresses, each address subscribed to it.
+    for team in teams_with_emails(config.teams):
+        name = f"gpufleet-{topology.team_topic_id(team)}"
+        topic = sns.create_topic(Name=name)["TopicArn"]
+        for address in config.teams[team].emails:
+            sns.subscribe(TopicArn=topic, Protocol="email", Endpoint=address)
+        account.team_topics[team] = topic
 
     lambda_client = account.client("lambda")
     placeholder_code = _placeholder_zip()

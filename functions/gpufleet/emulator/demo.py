@@ -272,9 +272,11 @@ def run_demo(
     scenario: DemoScenario,
     progress: TextIO | None = None,
     before_teardown: Callable[[Account], None] | None = None,
+    on_ready: Callable[[Account], None] | None = None,
 ) -> DemoResult:
-    """Run `scenario` on a fresh embedded account; `before_teardown` looks at the account once
-    the demo has ended, before it goes."""
+    """Run `scenario` on a fresh embedded account; `on_ready` adds to the account before the
+    first submission (a subscription of the test's), `before_teardown` looks at it once the
+    demo has ended, before it goes."""
     started = time.monotonic()
 
     def say(text: str) -> None:
@@ -298,6 +300,8 @@ def run_demo(
                 account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
             )
             _set_up(account, scenario)
+            if on_ready is not None:
+                on_ready(account)
             observer = RejectionObserver(account)
             nodes = NodeSimulator(account, scenario.nodes)
             nodes.start()

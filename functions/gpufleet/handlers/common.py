@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
     from gpufleet.services.metric_watch import MetricWatch
+    from gpufleet.services.notifications import StatusNotifications
     from gpufleet.services.reconciler import ReconcilerService
     from gpufleet.settings import Settings
 
@@ -118,6 +119,13 @@ def backstop() -> BackstopService:
     from gpufleet.services.factory import build_backstop
 
     return build_backstop(ports(), lifecycle())
+
+
+@cache
+def status_notifications() -> StatusNotifications:
+    from gpufleet.services.factory import build_status_notifications
+
+    return build_status_notifications(ports(), settings())
 
 
 # The idempotency utility is imported by the first delivery that needs it: the functions that

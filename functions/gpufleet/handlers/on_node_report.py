@@ -1,8 +1,10 @@
 """EventBridge `Node Started|Heartbeat|Finished` (source gpufleet.agent) -> lifecycle.
 
-A report that cannot be heard (malformed, for a job that does not exist, from an instance the
-job does not hold) is logged, counted and dropped: it returns normally, so Lambda does not
-retry it, and costs one invocation.
+A report is heard only when its node agent signed it with the key of its job's current run
+(`domain/node_reports.py`), checked before anything else is read or changed. A report that
+cannot be heard (malformed, unsigned or wrongly signed, for a job that does not exist, from
+an instance the job does not hold) is logged, counted and dropped: it returns normally, so
+Lambda does not retry it, and costs one invocation.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _LOGGED_PROBLEMS = 5
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # The domain's models come with the first event, as the services that use them do.
     from gpufleet.domain.job import DroppedReport
+    from gpufleet.domain.node_reports import ReportNotAuthentic
     from gpufleet.handlers.models import NodeReportEvent
 
     try:
@@ -41,6 +44,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         ]
         return _dropped(DroppedReport.INVALID, problems=problems)
     logger.append_keys(job_id=report.job_id, instance_id=report.instance_id)
+    try:
+        lifecycle().authenticate(report, event["detail"])
+    except ReportNotAuthentic as refused:
+        return _dropped(DroppedReport(refused.problem), phase=report.phase)
     dropped = lifecycle().node_report(report)
     if dropped is not None:
         return _dropped(dropped, phase=report.phase)

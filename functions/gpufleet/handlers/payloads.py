@@ -142,3 +142,10 @@ class ExecutionStatusChange(EventBridgeEvent):
     """`Step Functions Execution Status Change` (aws.states, default bus)."""
 
     detail: ExecutionStatusDetail
+
+
+class StatusChanged(EventBridgeEvent):
+    """`Job Status Changed` (gpufleet.control-plane, the gpufleet bus): its detail is the
+    domain's `StatusChange` (domain/notify.py), parsed with the handler's first event."""
+
+    detail: dict[str, Any]

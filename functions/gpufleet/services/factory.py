@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gpufleet.services.intake import IntakeService
     from gpufleet.services.lifecycle import LifecycleService
     from gpufleet.services.metric_watch import MetricWatch
+    from gpufleet.services.notifications import StatusNotifications
     from gpufleet.services.reconciler import ReconcilerService
     from gpufleet.settings import Settings
 
@@ -29,7 +30,19 @@ if TYPE_CHECKING:
 def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) -> IntakeService:
     from gpufleet.services.intake import IntakeService
 
-    return IntakeService(ports, lifecycle.prepare, settings.config)
+    return IntakeService(
+        ports,
+        lifecycle.prepare,
+        settings.config,
+        account=settings.account_id,
+        region=settings.region,
+    )
+
+
+def build_status_notifications(ports: Ports, settings: Settings) -> StatusNotifications:
+    from gpufleet.services.notifications import StatusNotifications
+
+    return StatusNotifications(ports.notifier, settings.config.teams, settings.team_topics)
 
 
 def build_dispatcher(

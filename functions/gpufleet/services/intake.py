@@ -25,6 +25,7 @@ from gpufleet.domain.arrays import Submission, submission_from_mapping
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
 from gpufleet.domain.node_access import check_access
+from gpufleet.domain.notify import check_notify
 from gpufleet.domain.spec import (
     MAX_SPEC_BYTES,
     FieldError,
@@ -80,12 +81,23 @@ class Prepare(Protocol):
 
 
 class IntakeService:
-    def __init__(self, ports: Ports, prepare: Prepare, config: FleetConfig | None = None) -> None:
+    def __init__(
+        self,
+        ports: Ports,
+        prepare: Prepare,
+        config: FleetConfig | None = None,
+        *,
+        account: str = "",
+        region: str = "",
+    ) -> None:
         self._ports = ports
         self._prepare = prepare
         # The fleet config: its resource templates (a spec naming one is stored resolved), and
         # what the nodes can reach (volumes, secrets, registries): a spec naming more is refused.
         self._config = config or FleetConfig()
+        # The deployment's: a spec's notify topic must be in them (and its team's).
+        self._account = account
+        self._region = region
 
     def submit_object(
         self, key: str, delivery_key: str, source: str, version_id: str | None = None
@@ -142,13 +154,14 @@ class IntakeService:
 
     def _runnable(self, submission: Submission, submitter: Submitter) -> JobSpec:
         """The submission's one job as stored: made as its own team, its template resolved,
-        checked against what nodes can reach."""
+        checked against what nodes can reach and where its status changes may go."""
         teams = tuple(spec.team for spec in submission.jobs)
         refusal = self._submitter_refusal(submitter, teams) or _not_run_yet(submission)
         if refusal is not None:
             raise refusal
-        spec = submission.jobs[0]
-        return check_access(apply_template(spec, self._config.templates), self._config)
+        spec = apply_template(submission.jobs[0], self._config.templates)
+        spec = check_access(spec, self._config)
+        return check_notify(spec, self._config.teams, self._account, self._region)
 
     def _accept(self, spec: JobSpec, delivery_key: str, source: str) -> IntakeOutcome:
         now = self._ports.clock.now()
@@ -163,12 +176,8 @@ class IntakeService:
         # Planned before it is stored: the job is stored once, already queued (or failed).
         job, workflow_input = self._prepare(submitted)
         if self._ports.jobs.put_new(job):
-            detail = {"job_id": job.job_id, "name": spec.name, "team": spec.team}
-            self._ports.events.publish(
-                CONTROL_PLANE_SOURCE,
-                DETAIL_JOB_STATUS_CHANGED,
-                {**detail, "status": job.status.value, "reason": job.failure_reason},
-            )
+            detail = job.status_event(None)
+            self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
         # Started even for a redelivery: if the first delivery crashed between storing the job
         # and starting its lifecycle, this is what starts it. Starting twice is a no-op.
         if workflow_input is not None:

@@ -4,6 +4,7 @@ memory of the moment; a launched job parks the workflow's token with its placeme
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -19,9 +20,15 @@ from gpufleet.domain.launch import (
     LaunchResult,
     shortage_keys,
 )
+from gpufleet.domain.node_reports import (
+    NODE_KEY_BYTES,
+    NODE_KEY_DOCUMENT_MAX_BYTES,
+    NodeKey,
+    node_key_object,
+)
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, job_observed_hazard
 from gpufleet.domain.selection import NoFeasibleOffering
-from gpufleet.ports import StatusChange
+from gpufleet.ports import ObjectMissing, StatusChange
 from gpufleet.services.lifecycle_base import (
     LifecycleBase,
     control_key,
@@ -98,6 +105,7 @@ class LaunchSteps(LifecycleBase):
                 self._ports.workflow.complete_task(task_token, job.run_result)
             return None
         self._ports.objects.put_json(run_manifest_key(job_id), self._manifest(job))
+        self._keep_node_key(job)
         # A new run starts with no instruction pending: a checkpoint request was for the last.
         self._ports.objects.put_json(control_key(job_id), {"action": "run"})
         capacity_type = plan.steps[step].capacity_type
@@ -175,6 +183,21 @@ class LaunchSteps(LifecycleBase):
             error="; ".join(f"{e.code}: {e.message}" for e in result.errors),
             category=result.error_category.value if result.error_category else "",
         )
+
+    def _keep_node_key(self, job: Job) -> None:
+        """The key the run about to launch signs its reports with (domain/node_reports.py): a
+        new one for a new run; the one already made when a launch of this run is tried again
+        (its instances may have booted and read it before this launch died)."""
+        run = job.attempts + 1
+        key_object = node_key_object(job.job_id)
+        try:
+            raw = self._ports.objects.get_bytes(key_object, NODE_KEY_DOCUMENT_MAX_BYTES)
+        except ObjectMissing:
+            raw = None
+        if raw is not None and NodeKey.from_document(raw).run == run:
+            return
+        key = NodeKey(run=run, secret=secrets.token_bytes(NODE_KEY_BYTES))
+        self._ports.objects.put_json(key_object, key.document())
 
     def _manifest(self, job: Job) -> dict[str, Any]:
         return run_manifest(

@@ -126,13 +126,7 @@ class LifecycleBase:
             raise
 
     def _status_changed(self, job: Job, previous: JobStatus) -> None:
-        detail = {
-            "job_id": job.job_id,
-            "name": job.spec.name,
-            "team": job.spec.team,
-            "status": job.status.value,
-            "previous": previous.value,
-        }
+        detail = job.status_event(previous)
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
 
     def _capacity_freed(self, job_id: str) -> None:

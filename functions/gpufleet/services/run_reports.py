@@ -5,6 +5,7 @@ events (a spot warning, an instance gone) that end it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,10 +20,19 @@ from gpufleet.domain.job import (
     JobStatus,
 )
 from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.node_reports import (
+    NODE_KEY_DOCUMENT_MAX_BYTES,
+    OTHER_RUN,
+    NodeKey,
+    ReportNotAuthentic,
+    node_key_object,
+    verify_report,
+)
 from gpufleet.domain.rendezvous import all_started, ends_run, silent_nodes
 from gpufleet.domain.settlement import INTERRUPTED
 from gpufleet.domain.spec import MAX_NODES
 from gpufleet.errors import TransientError
+from gpufleet.ports import ObjectMissing
 from gpufleet.services.lifecycle_base import LifecycleBase
 from gpufleet.services.workflow_state import WorkflowState
 
@@ -67,11 +77,25 @@ class NodeReportNotRecorded(TransientError):
 class RunReports(LifecycleBase):
     """Node reports and the instance events that end a run."""
 
+    def authenticate(self, report: NodeReport, detail: Mapping[str, Any]) -> None:
+        """Raise ReportNotAuthentic unless the report's `detail`, as it came, is signed with
+        the key of its job's current run (`runs/<job>/node-key`, which a job's container cannot
+        read): what the agent on the job's instance signs. Checked before `node_report` hears
+        it; nothing is read of the job or changed."""
+        try:
+            raw = self._ports.objects.get_bytes(
+                node_key_object(report.job_id), NODE_KEY_DOCUMENT_MAX_BYTES
+            )
+        except ObjectMissing:  # no run of this job was launched: no report can be of one
+            raise ReportNotAuthentic(OTHER_RUN, report.job_id) from None
+        verify_report(detail, NodeKey.from_document(raw))
+
     def node_report(self, report: NodeReport) -> DroppedReport | None:
-        """A node's start, heartbeat or finish. A report for a job that does not exist, or from
-        an instance the job does not hold (stale, or forged), changes nothing and is dropped:
-        the answer says which (None: the report was heard). One about a stage the job has
-        moved past, or delivered again after the job ended, is ignored."""
+        """A node's start, heartbeat or finish, once `authenticate` took it. A report for a
+        job that does not exist, or from an instance the job does not hold (stale, or sent by
+        another of the job's runs), changes nothing and is dropped: the answer says which
+        (None: the report was heard). One about a stage the job has moved past, or delivered
+        again after the job ended, is ignored."""
         try:
             if report.phase == "heartbeat" or report.stage is not None or report.nodes > 1:
                 job = self._ports.jobs.get(report.job_id)

@@ -1,4 +1,4 @@
-"""Alerts for people, on the stack's SNS topic."""
+"""Alerts for people, on the stack's SNS topic, and the teams' notifications on theirs."""
 
 from __future__ import annotations
 
@@ -27,4 +27,7 @@ class SnsNotifier:
     def notify(self, subject: str, message: str) -> None:
         if not self._topic:  # functions that alert nobody are not given a topic
             raise RuntimeError("no alerts topic is configured for this function")
-        self._client.publish(TopicArn=self._topic, Subject=sns_subject(subject), Message=message)
+        self.publish(self._topic, subject, message)
+
+    def publish(self, topic_arn: str, subject: str, message: str) -> None:
+        self._client.publish(TopicArn=topic_arn, Subject=sns_subject(subject), Message=message)

@@ -625,9 +625,14 @@ class InMemoryMetrics:
 @dataclass
 class RecordingNotifier:
     sent: list[tuple[str, str]] = field(default_factory=list)
+    # (topic ARN, subject, message): what went to the teams' topics.
+    published: list[tuple[str, str, str]] = field(default_factory=list)
 
     def notify(self, subject: str, message: str) -> None:
         self.sent.append((subject, message))
+
+    def publish(self, topic_arn: str, subject: str, message: str) -> None:
+        self.published.append((topic_arn, subject, message))
 
 
 def in_memory_ports(**overrides: Any) -> Ports:
