@@ -28,8 +28,8 @@ from infra.stack import STACK_NAME
 
 from gpufleet import topology
 from gpufleet.domain.config import config_from_yaml
-from gpufleet.domain.submitters import team_source, upload_key
 from gpufleet.domain.node_reports import node_key_object
+from gpufleet.domain.submitters import team_source, upload_key
 from gpufleet.domain.tenancy import session_tags
 from gpufleet.services.lifecycle_base import control_key, run_manifest_key
 

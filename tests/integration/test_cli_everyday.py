@@ -184,7 +184,7 @@ def test_submit_prints_the_id_the_control_plane_gave_and_the_job_runs_to_the_end
 ) -> None:
     submitted, status = finished["submitted"], finished["status"]
     assert submitted["accepted"] is True
-    assert submitted["key"] == "jobs/resnet.yaml"
+    assert submitted["key"] == "jobs/vision/resnet.yaml"
     assert submitted["status"] is not None  # intake had recorded it when submit returned
     assert status["id"] == submitted["job_id"]
     assert status["status"] == "SUCCEEDED"
@@ -195,7 +195,7 @@ def test_a_human_submit_prints_the_id_and_where_the_spec_went(cli: Cli, workdir:
     assert code == 0
     job_id = out.split()[0]
     assert job_id.startswith("j-")
-    assert "jobs/bert.yaml" in out
+    assert "jobs/nlp/bert.yaml" in out
     code, out, _ = cli("status", job_id, "--json")
     assert code == 0 and json.loads(out)["name"] == "bert"
 
@@ -209,7 +209,7 @@ def test_an_invalid_spec_is_refused_with_its_fields_and_never_uploaded(
     assert (code, out) == (2, "")
     refusal = json.loads(err)  # the contract's error, on stderr
     assert refusal["error"] == "InvalidJobSpec"
-    assert refusal["details"]["key"] == "jobs/broken.yaml"
+    assert refusal["details"]["key"] == "jobs/vision/broken.yaml"
     assert {f["field"] for f in refusal["details"]["fields"]} == {"name", "command"}
     code, _, err = cli("submit", str(bad))
     assert code == 2 and "name:" in err and "command:" in err
@@ -220,7 +220,7 @@ def test_an_invalid_spec_is_refused_with_its_fields_and_never_uploaded(
         aws_access_key_id=emulator["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=emulator["AWS_SECRET_ACCESS_KEY"],
     )
-    listed = s3.list_objects_v2(Bucket=emulator["INTAKE_BUCKET"], Prefix="jobs/broken")
+    listed = s3.list_objects_v2(Bucket=emulator["INTAKE_BUCKET"], Prefix="jobs/vision/broken")
     assert listed.get("KeyCount", 0) == 0
 
 

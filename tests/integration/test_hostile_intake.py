@@ -18,6 +18,7 @@ from botocore.awsrequest import AWSResponse
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.domain.spec import MAX_REPORTED_FIELDS, MAX_SPEC_BYTES
+from gpufleet.domain.submitters import team_source
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import RejectionObserver
 from gpufleet.emulator.patches import CONTROL_PLANE, current_actor
@@ -27,7 +28,6 @@ from gpufleet.topology import (
     INTAKE_FROM_S3,
     INTAKE_PREFIX,
     JOBS_TABLE,
-    SUBMIT_SOURCE,
     TAG_JOB_ID,
 )
 from tests.helpers import jobs_from, wait_for
@@ -148,77 +148,77 @@ def _control_characters_in_yaml(chars: int) -> bytes:
 
 UPLOADS = [
     pytest.param(
-        "jobs/ten-megabytes.yaml",
+        "jobs/t/ten-megabytes.yaml",
         b"name: x\n" + b"#" * (10 * 1024 * 1024),
         "the limit is",
         id="10MB",
     ),
-    pytest.param("jobs/latin1.yaml", b"name: caf\xe9\nteam: t\n", "UTF-8", id="not-utf8"),
-    pytest.param("jobs/lol.yaml", BILLION_LAUGHS, "aliases", id="billion-laughs"),
-    pytest.param("jobs/deep.yaml", b"- " * 100_000 + b"x", "not valid", id="deep-yaml"),
+    pytest.param("jobs/t/latin1.yaml", b"name: caf\xe9\nteam: t\n", "UTF-8", id="not-utf8"),
+    pytest.param("jobs/t/lol.yaml", BILLION_LAUGHS, "aliases", id="billion-laughs"),
+    pytest.param("jobs/t/deep.yaml", b"- " * 100_000 + b"x", "not valid", id="deep-yaml"),
     pytest.param(
-        "jobs/deep.json", b"{" + b'"a":{' * 20_000 + b"}" * 20_001, "not valid", id="deep-json"
+        "jobs/t/deep.json", b"{" + b'"a":{' * 20_000 + b"}" * 20_001, "not valid", id="deep-json"
     ),
     pytest.param(
-        "jobs/digits.json",
+        "jobs/t/digits.json",
         b'{"name": "x", "resources": {"gpus": ' + b"9" * 5000 + b"}}",
         "not valid",
         id="5000-digit-number",
     ),
     pytest.param(
-        "jobs/forever.yaml",
+        "jobs/t/forever.yaml",
         b"name: x\nteam: t\nimage: i\ncommand: [x]\ntimeout: .inf\n",
         "1 invalid field",
         id="infinite-timeout",
     ),
     pytest.param(
-        "jobs/shell.yaml",
+        "jobs/t/shell.yaml",
         f"name: x\nteam: t\nimage: i\ncommand: '{HOSTILE}'\n".encode(),
         "1 invalid field",
         id="shell-string-command",
     ),
     pytest.param(
-        "jobs/nul.json", _json({**VALID, "env": {"A": "x\x00y"}}), "1 invalid field", id="nul"
+        "jobs/t/nul.json", _json({**VALID, "env": {"A": "x\x00y"}}), "1 invalid field", id="nul"
     ),
     pytest.param(
-        "jobs/errors.json",
+        "jobs/t/errors.json",
         json.dumps({**VALID, "env": {f"K{i}": 0 for i in range(20_000)}}).encode(),
         f"the first {MAX_REPORTED_FIELDS} are listed",
         id="20000-errors",
     ),
     pytest.param(
-        "jobs/../../etc/passwd",
+        "jobs/t/../../etc/passwd",
         b"root:x:0:0:root:/root:/bin/bash\n",
         "mapping",
         id="traversal-key",
     ),
     pytest.param(
-        "jobs/名前 ñ+%2F$(id).yaml",
+        "jobs/t/名前 ñ+%2F$(id).yaml",
         "name: 名前\nteam: t\nimage: i\ncommand: [x]\n".encode(),
         "1 invalid field",
         id="unicode-key-and-name",
     ),
     pytest.param(
-        "jobs/overflow.yaml",
+        "jobs/t/overflow.yaml",
         b"name: x\nteam: t\nimage: i\ncommand: [x]\ntimeout: 1" + b"0" * 400 + b"\n",
         "1 invalid field",
         id="duration-too-large-for-a-float",
     ),
-    pytest.param("jobs/empty.yaml", b"", "empty", id="empty-object"),
+    pytest.param("jobs/t/empty.yaml", b"", "empty", id="empty-object"),
     pytest.param(
-        "jobs/long-tag.yaml",
+        "jobs/t/long-tag.yaml",
         b"name: x\nx: !" + b"t" * (MAX_SPEC_BYTES - 20) + b"\n",
         "not valid",
         id="yaml-error-quoting-the-document",
     ),
     pytest.param(
-        "jobs/escapes.yaml",
+        "jobs/t/escapes.yaml",
         _control_characters_in_yaml(48_000),
         "as stored",
         id="stored-form-over-the-limit",
     ),
     pytest.param(
-        "jobs/named-like-a-report.error.json",
+        "jobs/t/named-like-a-report.error.json",
         _json(VALID),
         "error reports",
         id="spec-named-like-a-report",
@@ -258,11 +258,11 @@ def test_a_folder_marker_is_no_submission(
 ) -> None:
     """The S3 console's "Create folder": an empty object whose key ends in a slash."""
     s3 = account.client("s3")
-    s3.put_object(Bucket=account.bucket, Key="jobs/new-folder/", Body=b"")
-    source = f"s3://{account.bucket}/jobs/new-folder/"
+    s3.put_object(Bucket=account.bucket, Key="jobs/t/new-folder/", Body=b"")
+    source = f"s3://{account.bucket}/jobs/t/new-folder/"
     assert rejections.of(source) == [] and jobs_from(store, source) == []
-    listed = s3.list_objects_v2(Bucket=account.bucket, Prefix="jobs/new-folder/")
-    assert [o["Key"] for o in listed["Contents"]] == ["jobs/new-folder/"]
+    listed = s3.list_objects_v2(Bucket=account.bucket, Prefix="jobs/t/new-folder/")
+    assert [o["Key"] for o in listed["Contents"]] == ["jobs/t/new-folder/"]
 
 
 @pytest.mark.usefixtures("no_handler_errors")
@@ -274,7 +274,7 @@ def test_a_spec_of_emoji_under_the_limit_is_stored_whole(
     env = {f"E{i}": "🚀" * 8000 for i in range(7)}
     body = json.dumps({**VALID, "name": "emoji", "env": env}, ensure_ascii=False).encode()
     assert 200 * 1024 < len(body) < MAX_SPEC_BYTES
-    key = "jobs/emoji.json"
+    key = "jobs/t/emoji.json"
     account.client("s3").put_object(Bucket=account.bucket, Key=key, Body=body)
     [job] = jobs_from(store, f"s3://{account.bucket}/{key}")
     assert job.spec.env == env
@@ -282,20 +282,20 @@ def test_a_spec_of_emoji_under_the_limit_is_stored_whole(
 
 
 def test_a_big_upload_is_read_no_further_than_the_limit(account: Account, reads: Reads) -> None:
-    key = "jobs/big-again.yaml"
+    key = "jobs/t/big-again.yaml"
     account.client("s3").put_object(Bucket=account.bucket, Key=key, Body=b"#" * (10 * 1024 * 1024))
     assert [r for k, r in reads.ranges if k == key] == [f"bytes=0-{MAX_SPEC_BYTES}"]
 
 
 def test_a_traversal_key_writes_nothing_outside_the_intake_prefix(account: Account) -> None:
     s3 = account.client("s3")
-    s3.put_object(Bucket=account.bucket, Key="jobs/../../outside.yaml", Body=b"[1]")
+    s3.put_object(Bucket=account.bucket, Key="jobs/t/../../outside.yaml", Body=b"[1]")
     keys = [
         o["Key"]
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=account.bucket)
         for o in page.get("Contents", [])
     ]
-    assert "jobs/../../outside.yaml.error.json" in keys
+    assert "jobs/t/../../outside.yaml.error.json" in keys
     assert all(k.startswith((INTAKE_PREFIX, "runs/")) for k in keys), keys
 
 
@@ -305,7 +305,8 @@ def test_a_refused_upload_at_the_longest_key_is_still_reported(
 ) -> None:
     # The report cannot be written next to a spec whose key is near S3's 1024 bytes (the module
     # makes moto refuse longer keys, as S3 does); the event still says why it was refused.
-    key = INTAKE_PREFIX + "k" * (MAX_S3_KEY_BYTES - len(INTAKE_PREFIX) - 5) + ".yaml"
+    folder = INTAKE_PREFIX + "t/"
+    key = folder + "k" * (MAX_S3_KEY_BYTES - len(folder) - 5) + ".yaml"
     account.client("s3").put_object(Bucket=account.bucket, Key=key, Body=b"name: [")
     source = f"s3://{account.bucket}/{key}"
     [event] = rejections.of(source)
@@ -318,7 +319,7 @@ def _submit_event(account: Account, detail: Any) -> str:
         Entries=[
             {
                 "EventBusName": account.bus,
-                "Source": SUBMIT_SOURCE,
+                "Source": team_source("t"),
                 "DetailType": DETAIL_JOB_SUBMITTED,
                 "Detail": json.dumps(detail),
             }
@@ -386,7 +387,7 @@ def test_an_event_detail_eventbridge_would_not_carry_is_refused(
         "version": "0",
         "id": event_id,
         "detail-type": DETAIL_JOB_SUBMITTED,
-        "source": SUBMIT_SOURCE,
+        "source": team_source("t"),
         "account": "123456789012",
         "time": "2026-11-29T17:31:30Z",
         "region": account.region,
