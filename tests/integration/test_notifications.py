@@ -46,7 +46,7 @@ class _Subscriber:
 
     def drain(self, account: Account) -> None:
         report = account.client("s3").get_object(
-            Bucket=account.bucket, Key="jobs/elsewhere.yaml.error.json"
+            Bucket=account.bucket, Key="jobs/vision/elsewhere.yaml.error.json"
         )
         self.refusal = json.loads(report["Body"].read())
         sqs = account.client("sqs")

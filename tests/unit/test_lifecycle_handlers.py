@@ -195,8 +195,10 @@ def launched_run(
     earlier try of this launch wrote before it died."""
     ports = local_ports()
     service = build_lifecycle(ports, SETTINGS)
-    cast(InMemoryObjects, ports.objects).objects["jobs/a.yaml"] = SPEC_YAML
-    job_id = build_intake(ports, SETTINGS, service).submit_object("jobs/a.yaml", "a", "a").job_id
+    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
+    job_id = (
+        build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
+    )
     assert job_id is not None
     if earlier_try is not None:
         ports.objects.put_json(node_key_object(job_id), earlier_try.document())

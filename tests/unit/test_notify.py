@@ -23,7 +23,7 @@ from gpufleet.domain.notify import (
 from gpufleet.domain.spec import SpecError, spec_from_mapping
 from gpufleet.services.notifications import StatusNotifications
 from gpufleet.topology import DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
-from tests.helpers import intake_for, local_ports, make_settings
+from tests.helpers import intake_for, local_ports, make_settings, sent_as
 
 ACCOUNT = "123456789012"
 TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}:vision-jobs"
@@ -124,7 +124,9 @@ def test_intake_refuses_a_topic_the_team_may_not_use_and_makes_no_job(
     topic: str, says: str
 ) -> None:
     intake, ports = _intake(TEAMS)
-    outcome = intake.submit_document({**BASE, "notify": topic}, "event:1", "event:1")
+    outcome = intake.submit_document(
+        {**BASE, "notify": topic}, "event:1", "event:1", sent_as("vision")
+    )
     assert not outcome.accepted
     [problem] = cast(dict[str, Any], outcome.error)["fields"]
     assert problem["field"] == "notify" and says in problem["message"]
@@ -134,7 +136,9 @@ def test_intake_refuses_a_topic_the_team_may_not_use_and_makes_no_job(
 
 def test_a_job_naming_its_teams_topic_carries_it_in_its_status_events() -> None:
     intake, ports = _intake(TEAMS)
-    outcome = intake.submit_document({**BASE, "notify": SWEEPS}, "event:1", "event:1")
+    outcome = intake.submit_document(
+        {**BASE, "notify": SWEEPS}, "event:1", "event:1", sent_as("vision")
+    )
     assert outcome.accepted
     [event] = cast(RecordingPublisher, ports.events).of_type(DETAIL_JOB_STATUS_CHANGED)
     assert event["notify"] == SWEEPS and event["status"] == "QUEUED"
@@ -145,7 +149,7 @@ def test_the_notify_service_publishes_a_status_event_to_each_destination() -> No
     notifier = RecordingNotifier()
     service = StatusNotifications(notifier, TEAMS, TEAM_TOPICS)
     intake, ports = _intake(TEAMS)
-    job_id = intake.submit_document(dict(BASE), "event:1", "event:1").job_id
+    job_id = intake.submit_document(dict(BASE), "event:1", "event:1", sent_as("vision")).job_id
     assert job_id is not None
     job = ports.jobs.get(job_id).model_copy(update={"status": JobStatus.SUCCEEDED})
     event = job.status_event(JobStatus.RUNNING)
