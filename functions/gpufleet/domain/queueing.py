@@ -586,8 +586,9 @@ class _Pass:
         for gpus, instances in _smallest(stream.shapes):
             probe = QueuedJob("", stream.team, stream.priority, gpus, instances, self.now)
             reason, _, _ = self.fit(probe)
-            preempts = self.policy.preemption and self.preemptable_for(probe) is not None
-            if reason is None or preempts:
+            if reason is None:
+                return None
+            if self.policy.preemption and self.preemptable_for(probe) is not None:
                 return None
             reasons.append(reason)
         return reasons[0] if reasons else None
