@@ -115,10 +115,11 @@ def _source(args: argparse.Namespace) -> tuple[Source, str, frozenset[BootTarget
     """Where the records are read (the stack, or a folder of them), the region, the
     deployment's bootable targets and the window."""
     if args.records is None:
+        window = _window(args.since or DEFAULT_SINCE)  # bad input refused before connecting
         connection = connect(args)
         now = time.time()
         settings = connection.settings
-        start = now - _window(args.since or DEFAULT_SINCE)
+        start = now - window
         return (connection.jobs, connection.usage), settings.region, settings.bootable, start, now
     from gpufleet.adapters.local.records import RecordsError, RecordsFolder
     from gpufleet.domain.boot import STOCK_TARGETS
