@@ -15,20 +15,29 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufleet.cli.output import invalid, print_json
 from gpufleet.cli.table import add_raw_argument, render
 from gpufleet.cli.target import add_target_arguments, connect
 from gpufleet.domain.forecast import HOUR, Interval, backtest, forecast, hourly_gpu_hours
-from gpufleet.domain.review import CAPACITY_BLOCKS, ReviewedJob, commitments, right_size, waste
+from gpufleet.domain.review import (
+    CAPACITY_BLOCKS,
+    ReviewedJob,
+    commitments,
+    right_size,
+    spend,
+    waste,
+)
 
 if TYPE_CHECKING:
     from gpufleet.domain.boot import BootTarget
     from gpufleet.domain.catalog import Catalog
-    from gpufleet.domain.job import Job
+    from gpufleet.domain.job import Job, JobStatus
+    from gpufleet.ports import UsageReader
 
 ALL_JOBS = 100_000
+DEFAULT_SINCE = "30d"
 RIGHT_SIZE_COLUMNS = (
     ("team", "team"),
     ("name", "name"),
@@ -59,6 +68,15 @@ COMMITMENT_COLUMNS = (
     ("saving_usd", "saving $"),
 )
 
+
+class JobLister(Protocol):
+    """What the review reads of a job store (`ports.JobStore`, or a folder of records)."""
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 1000) -> list[Job]: ...
+
+
+Source = tuple[JobLister, "UsageReader"]
+
 FORECAST_COLUMNS = (("team", "team"), *((f"d{n}", f"day {n} GPU-h") for n in range(1, 8)))
 
 
@@ -66,9 +84,19 @@ def register(commands: Any) -> None:
     review = commands.add_parser(
         "review", help="right-size, waste and commitments from the jobs' records and usage"
     )
-    review.add_argument("--since", default="30d", help="the window, back from now (default 30d)")
+    review.add_argument(
+        "--since",
+        help="the window, back from now (default 30d; with --records, the records' window)",
+    )
     review.add_argument("--team", help="only this team's jobs")
     review.add_argument("--out", type=Path, help="also write DIR/index.html")
+    review.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="review the job records and usage in DIR (`gpufleet simulate --records DIR`), "
+        "not the stack's; the window ends at the records' end",
+    )
     add_target_arguments(review)
     add_raw_argument(review)
     review.set_defaults(run=run_review)
@@ -83,27 +111,42 @@ def _window(since: str) -> int:
         raise invalid(f"--since: {exc}") from None
 
 
+def _source(args: argparse.Namespace) -> tuple[Source, str, frozenset[BootTarget], float, float]:
+    """Where the records are read (the stack, or a folder of them), the region, the
+    deployment's bootable targets and the window."""
+    if args.records is None:
+        window = _window(args.since or DEFAULT_SINCE)  # bad input refused before connecting
+        connection = connect(args)
+        now = time.time()
+        settings = connection.settings
+        start = now - window
+        return (connection.jobs, connection.usage), settings.region, settings.bootable, start, now
+    from gpufleet.adapters.local.records import RecordsError, RecordsFolder
+    from gpufleet.domain.boot import STOCK_TARGETS
+
+    try:
+        folder = RecordsFolder(args.records)
+    except RecordsError as exc:
+        raise invalid(str(exc)) from None
+    export = folder.export
+    start = export.start if args.since is None else export.end - _window(args.since)
+    return (folder, folder), export.region, STOCK_TARGETS, start, export.end
+
+
 def run_review(args: argparse.Namespace) -> int:
     from gpufleet.domain.catalog import load_bundled
 
-    window = _window(args.since)
-    connection = connect(args)
-    now = time.time()
-    start = now - window
+    (store, usage), region, bootable, start, now = _source(args)
     jobs = [
         job
-        for job in connection.jobs.list_jobs(limit=ALL_JOBS)
+        for job in store.list_jobs(limit=ALL_JOBS)
         if job.created_at >= start and (args.team is None or job.spec.team == args.team)
     ]
     reviewed = [
-        ReviewedJob(job, tuple(connection.usage.of_job(job.job_id)) if job.placement else ())
-        for job in jobs
+        ReviewedJob(job, tuple(usage.of_job(job.job_id)) if job.placement else ()) for job in jobs
     ]
-    settings = connection.settings
-    document = review_document(
-        reviewed, load_bundled(), settings.region, settings.bootable, start, now
-    )
-    document["since"] = args.since
+    document = review_document(reviewed, load_bundled(), region, bootable, start, now)
+    document["since"] = args.since or (DEFAULT_SINCE if args.records is None else "the records")
     document["team"] = args.team
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +174,7 @@ def review_document(
         "region": region,
         "jobs": len(reviewed),
         "with_usage": sum(1 for r in reviewed if r.nodes),
+        "spend": asdict(spend((r.job for r in reviewed), catalog, end)),
         "right_size": [asdict(r) for r in sized],
         "waste": [asdict(w) for w in waste(reviewed)],
         "commitments": [asdict(c) for c in commitments([r.job for r in reviewed], start, end)],
@@ -151,7 +195,8 @@ def used_interval(job: Job, now: float) -> Interval:
 
 def render_text(document: Mapping[str, Any], raw: bool = False) -> str:
     parts = [
-        f"{document['jobs']} job(s), {document['with_usage']} with usage, in {document['region']}"
+        f"{document['jobs']} job(s), {document['with_usage']} with usage, in {document['region']}",
+        spend_line(document["spend"]),
     ]
     for title, key, columns in (
         ("right-size", "right_size", RIGHT_SIZE_COLUMNS),
@@ -169,6 +214,13 @@ def render_text(document: Mapping[str, Any], raw: bool = False) -> str:
         parts.append(f"  {team}: " + " ".join(f"{v:g}" for v in days))
     parts.append(backtest_line(document["forecast_backtest"]))
     return "\n".join(parts)
+
+
+def spend_line(spent: Mapping[str, Any]) -> str:
+    return (
+        f"spend: ${spent['cost_usd']:,.2f} for {spent['gpu_hours']:,.1f} GPU-hours held by "
+        f"{spent['launched']} launched job(s)"
+    )
 
 
 def backtest_line(checked: Mapping[str, Any]) -> str:
@@ -210,6 +262,7 @@ td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }}
 <h1>gpufleet review</h1>
 <p>{document["jobs"]} job(s), {document["with_usage"]} with usage, in {e(document["region"])},
 since {e(str(document.get("since")))}, team {e(str(document.get("team") or "all"))}</p>
+<p>{e(spend_line(document["spend"]))}</p>
 <h2>Right-size</h2>{table(document["right_size"], RIGHT_SIZE_COLUMNS)}
 <h2>Waste</h2>{table(document["waste"], WASTE_COLUMNS)}
 <h2>Commitments</h2>{table(document["commitments"], COMMITMENT_COLUMNS)}

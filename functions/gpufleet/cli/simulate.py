@@ -6,14 +6,16 @@
                       [--interruptions measured|advisor] [--spot-capacity finite|unlimited]
                       [--durations history|oracle] [--policy gpufleet]
                       [--compare static-ondemand,fifo-spot,batch-like,skypilot-like]
-                      [--cap-gpus N] [--json] [--report DIR]
+                      [--cap-gpus N] [--json] [--report DIR] [--records DIR]
 
 `--data` is the shared data folder (default: ../shared/data next to the repository); the
 measured market (the default: `--interruptions measured --spot-capacity finite`) reads its
 spot traces there at run time, and `--trace` defaults to the format's folder under its
 `traces/` (Philly: philly-2017-pollux-derived). `--compare none` runs `--policy` alone. With
 `--json` one JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG
-plots and DIR/index.html.
+plots and DIR/index.html. `--records DIR` writes the `--policy` run's job records and their
+usage in the stack's shapes (gpufleet/sim/records.py, adapters/local/records.py) for
+`gpufleet review --records DIR`.
 
 Without the shared data folder (a fresh clone), `--format philly` runs on the week of Philly
 that ships in gpufleet/sim/data/philly-sample (see its SOURCE.md), and a market left at its
@@ -38,6 +40,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from gpufleet.adapters.local.records import write_records
 from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.cli.plan import add_price_region_argument, prices_as_of
 from gpufleet.domain.catalog import load_bundled
@@ -45,6 +48,7 @@ from gpufleet.sim.engine import SimResult, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
 from gpufleet.sim.measured import BAMBOO_DIR, SKYPILOT_DIR, MeasuredDataMissing, MeasuredSpot
 from gpufleet.sim.policies import BASELINES, GPUFLEET, POLICY_NAMES, build_policies
+from gpufleet.sim.records import RecordWriter, trace_origin
 from gpufleet.sim.report import cost_lower_bound_usd, settings_label, summary, write_report
 from gpufleet.sim.settings import SimSettings
 from gpufleet.sim.traces import FORMATS, TraceError, load_trace
@@ -188,6 +192,13 @@ def register(commands: Any) -> None:
         "(%(default)s)",
     )
     parser.add_argument("--report", metavar="DIR", help="write PNG plots and DIR/index.html")
+    parser.add_argument(
+        "--records",
+        metavar="DIR",
+        type=Path,
+        help="write the --policy run's job records and usage to DIR, in the stack's shapes, "
+        "for `gpufleet review --records DIR`",
+    )
     parser.set_defaults(run=run)
 
 
@@ -292,15 +303,34 @@ def run(args: argparse.Namespace) -> int:
         lower_bound = cost_lower_bound_usd(workload, catalog, args.price_region)
     except ValueError as exc:
         raise invalid(str(exc)) from None
+    writer = None
+    if args.records is not None:
+        if policies[0].static_pool is not None:
+            raise invalid(
+                f"--records: {policies[0].name} runs its jobs on one shared pool, so they hold "
+                "no instances of their own to record; pick another --policy"
+            )
+        writer = RecordWriter(workload, catalog, trace_origin(trace.origin))
     results: list[SimResult] = []
     started = time.perf_counter()
     engine = settings.engine_config()
     for number, policy in enumerate(policies, start=1):
         progress(f"simulating {policy.name} ({number}/{len(policies)}) ...")
         market = settings.market(catalog, args.price_region, args.seed, measured)
-        results.append(simulate(workload, policy, seed=args.seed, market=market, config=engine))
+        observer = writer if number == 1 else None
+        results.append(
+            simulate(
+                workload, policy, seed=args.seed, market=market, config=engine, observer=observer
+            )
+        )
         progress(f"  {policy.name}: {results[-1].wall_seconds:.1f} s")
     wall = time.perf_counter() - started
+    if writer is not None:
+        export = writer.export(
+            args.price_region, trace.window_start_seconds, results[0].end_seconds
+        )
+        written = write_records(args.records, export, writer.jobs(), writer.usage())
+        progress(f"wrote {written} job records of {policies[0].name} to {args.records}")
     context = {
         "trace": {
             "format": args.format,

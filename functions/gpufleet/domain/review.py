@@ -14,6 +14,9 @@ caller fetched, and prices in dollars at the catalog's on-demand prices.
   without a checkpoint redid every earlier run (`prior_held_seconds`); one that checkpoints
   every C lost C/2 per interruption or preemption on average (capped at its earlier runs); one
   that checkpoints only on request lost nothing it was warned of.
+- **Spend**: the window's jobs, what they cost over all their runs (`cost_usd`, a live one's
+  so far) and the GPU-hours they held (node-hours of every run times the GPUs of the type the
+  last run held).
 - **Commitments**: per instance family, the hourly on-demand spend of the window; its steady
   baseline (the level held in 90 % of the hours); for each plan, the commitment that saves the
   most (for a discount d, the level the spend reaches in a share 1 - d of the hours: below that
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog, InstanceType
+from gpufleet.domain.cost import spent_until
 from gpufleet.domain.job import Job
 from gpufleet.domain.selection import is_feasible
 from gpufleet.domain.usage_layout import NodeUsage, UsageSummary, summarize
@@ -128,6 +132,36 @@ class Commitment:
     commit_usd_per_hour: float
     saving_usd: float
     source: str
+
+
+@dataclass(frozen=True)
+class Spend:
+    jobs: int
+    launched: int  # jobs that held instances
+    gpu_hours: float
+    cost_usd: float
+
+
+def spend(jobs: Iterable[Job], catalog: Catalog, now: float) -> Spend:
+    """What the jobs cost and the GPU-hours they held, every run, up to `now` for live ones."""
+    count = launched = 0
+    gpu_hours = cost = 0.0
+    for job in jobs:
+        count += 1
+        cost += job.cost_usd if job.cost_usd is not None else spent_until(job, now).cost_usd
+        placement = job.placement
+        if placement is None and not job.prior_held_seconds:
+            continue
+        launched += 1
+        if placement is not None:
+            try:
+                gpus = catalog.instance_type(placement.instance_type).gpus
+            except KeyError:  # a type the catalog no longer has: the GPUs it asked for
+                gpus = job.effective_spec.resources.gpus
+            until = job.released_at if job.released_at is not None else now
+            held = job.prior_held_seconds + max(0.0, until - placement.launched_at)
+            gpu_hours += held / HOUR * _nodes(job) * gpus
+    return Spend(count, launched, round(gpu_hours, 3), round(cost, 2))
 
 
 def _nodes(job: Job) -> int:

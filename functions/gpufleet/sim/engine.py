@@ -65,7 +65,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpufleet.adapters.local.memory import InMemoryCapacityMemory
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
@@ -251,6 +251,21 @@ class SimResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class RunObserver(Protocol):
+    """Told how each job's runs ended, as the stack's records would say (`sim/records.py`
+    writes them): it never changes the run."""
+
+    def run_settled(
+        self, record: Job, end: RunEnd, settlement: Settlement, worked_from: float | None
+    ) -> None:
+        """A run ended: the job's record as it stood (`record`, with the run's placement),
+        how the run ended, and its settlement (the record after it, what the run cost);
+        `worked_from`: when its work (re)started (None: it never got past the boot)."""
+
+    def ended_queued(self, job_id: str, reason: str, at: float) -> None:
+        """The job failed while it waited (never admissible, or never admitted again)."""
+
+
 # --- The loop ---------------------------------------------------------------------------------
 
 # Job states.
@@ -283,6 +298,7 @@ class _Job:
         "placement",
         "preempted_for",
         "preemptions",
+        "prior",
         "priority",
         "progress",
         "resources_override",
@@ -330,6 +346,8 @@ class _Job:
         self.resources_override: Resources | None = None
         self.on_demand_only = False
         self.spot_held_seconds = 0.0
+        # What its earlier runs cost and held (the record's `prior_*`), as settlements said.
+        self.prior: dict[str, float] = {}
         self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
         self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
@@ -476,8 +494,10 @@ class Engine:
         market: MarketModel,
         config: EngineConfig,
         seed: int,
+        observer: RunObserver | None = None,
     ) -> None:
         self.workload = workload
+        self.observer = observer
         self.policy = policy
         self.market = market
         self.config = config
@@ -610,7 +630,7 @@ class Engine:
             return False
         for job_id in list(self.queue):
             del self.queue[job_id]
-            self._fail(self.by_id[job_id], "never admitted")
+            self._fail(self.by_id[job_id], "never admitted", settled=False)
         return True
 
     # -- Queue and dispatch --------------------------------------------------------------------
@@ -638,7 +658,7 @@ class Engine:
             expected_seconds=self._expected(job).seconds,
         )
         if never_admissible(queued, self.policy.queue) is not None:
-            self._fail(job, "never admissible")  # intake refuses it
+            self._fail(job, "never admissible", settled=False)  # intake refuses it
             return
         self.queue[job.job_id] = queued
         self._request_dispatch()
@@ -953,6 +973,7 @@ class Engine:
             resources_override=job.resources_override,
             on_demand_only=job.on_demand_only,
             spot_held_seconds=job.spot_held_seconds,
+            **job.prior,
         )
         cap = job.spec.max_retries if self.policy.interruptions_use_retries else None
         settlement = settle(
@@ -965,6 +986,9 @@ class Engine:
             else None,
         )
         settled = settlement.job
+        if self.observer is not None:
+            working = job.state in (_RUNNING, _DRAINING)
+            self.observer.run_settled(record, end, settlement, job.work_start if working else None)
         if settled.status is JobStatus.SUCCEEDED:
             job.state = _DONE
             job.progress = job.duration
@@ -987,6 +1011,11 @@ class Engine:
         job.interruptions = settled.interruptions
         job.preemptions = settled.preemptions
         job.spot_held_seconds = settled.spot_held_seconds
+        job.prior = {
+            "prior_cost_usd": settled.prior_cost_usd,
+            "prior_held_seconds": settled.prior_held_seconds,
+            "prior_storage_usd": settled.prior_storage_usd,
+        }
         if (settled.resources_override, settled.on_demand_only) != (
             job.resources_override,
             job.on_demand_only,
@@ -1000,7 +1029,11 @@ class Engine:
         preempted_for = job.preempted_for if settlement.requeue == PREEMPTED else None
         self._enqueue(job, self.now, preempted_for)
 
-    def _fail(self, job: _Job, reason: str) -> None:
+    def _fail(self, job: _Job, reason: str, *, settled: bool = True) -> None:
+        """The job ended failed; `settled` False: with no run to settle (it never ran, or its
+        requeued run could never be admitted again)."""
+        if not settled and self.observer is not None:
+            self.observer.ended_queued(job.job_id, reason, self.now)
         job.state = _FAILED
         job.version += 1
         self.result.failed += 1
@@ -1035,10 +1068,20 @@ def simulate(
     market_config: MarketConfig | None = None,
     config: EngineConfig | None = None,
     catalog: Catalog | None = None,
+    observer: RunObserver | None = None,
 ) -> SimResult:
-    """Replay `workload` under `policy`; the same inputs and seed give the same result."""
+    """Replay `workload` under `policy`; the same inputs and seed give the same result.
+    `observer` is told how each run ended (`RunObserver`)."""
     if market is None:
         market = MarketModel(
             catalog or load_bundled(), workload.mapping.region, market_config, seed=seed
         )
-    return Engine(workload, policy, market=market, config=config or EngineConfig(), seed=seed).run()
+    engine = Engine(
+        workload,
+        policy,
+        market=market,
+        config=config or EngineConfig(),
+        seed=seed,
+        observer=observer,
+    )
+    return engine.run()
