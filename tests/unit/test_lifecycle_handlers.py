@@ -44,16 +44,22 @@ class Context:
     aws_request_id: str = "request-1"
 
 
-def finished_run(exit_code: int) -> tuple[LifecycleService, Any, str, dict[str, Any]]:
-    """A job that launched and whose node reported its end; the run's result as the workflow
-    holds it."""
-    ports = local_ports()
-    service = build_lifecycle(ports, SETTINGS)
+def _submitted(ports: Any, service: LifecycleService) -> str:
+    """The id of the one job a spec uploaded under its team's folder made."""
     cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
     job_id = (
         build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
     )
     assert job_id is not None
+    return job_id
+
+
+def finished_run(exit_code: int) -> tuple[LifecycleService, Any, str, dict[str, Any]]:
+    """A job that launched and whose node reported its end; the run's result as the workflow
+    holds it."""
+    ports = local_ports()
+    service = build_lifecycle(ports, SETTINGS)
+    job_id = _submitted(ports, service)
     assert service.launch(job_id, plan_of(ports, job_id), 0, 2, task_token="run") is None
     instance = ports.jobs.get(job_id).placement.instance_ids[0]
     report = NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=exit_code)
@@ -118,11 +124,7 @@ def launch_task(plan: LaunchPlan, job_id: str, step: int, attempt: int, token: s
 def launchable(fleet: FakeFleet) -> tuple[LifecycleService, Any, str, LaunchPlan]:
     ports = local_ports(fleet)
     service = build_lifecycle(ports, SETTINGS)
-    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
-    job_id = (
-        build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
-    )
-    assert job_id is not None
+    job_id = _submitted(ports, service)
     return service, ports, job_id, plan_of(ports, job_id)
 
 
@@ -195,11 +197,7 @@ def launched_run(
     earlier try of this launch wrote before it died."""
     ports = local_ports()
     service = build_lifecycle(ports, SETTINGS)
-    cast(InMemoryObjects, ports.objects).objects["jobs/vision/a.yaml"] = SPEC_YAML
-    job_id = (
-        build_intake(ports, SETTINGS, service).submit_object("jobs/vision/a.yaml", "a", "a").job_id
-    )
-    assert job_id is not None
+    job_id = _submitted(ports, service)
     if earlier_try is not None:
         ports.objects.put_json(node_key_object(job_id), earlier_try.document())
     assert service.launch(job_id, plan_of(ports, job_id), 0, 2, task_token="run") is None
