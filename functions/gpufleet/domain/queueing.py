@@ -51,7 +51,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, NAME_PATTERN, Priority
 from gpufleet.errors import NotFound, RefusedInput
 
 CLASS_RANK: dict[Priority, int] = {
@@ -82,7 +82,7 @@ class TimeWindow(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    name: str = Field(pattern=f"^{NAME_PATTERN}$")
     start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="HH:MM UTC")
     end: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="HH:MM UTC")
     reserve_open_to: list[Priority] = Field(default_factory=list)

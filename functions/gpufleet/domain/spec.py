@@ -62,7 +62,9 @@ Count = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]  # an integer is a number too
 Flag = Annotated[bool, Strict()]
 
-Name = Annotated[str, Strict(), StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+# A name (of a job, a team, a template): also an S3 key's folder and an event source's last part.
+NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,62}"
+Name = Annotated[str, Strict(), StringConstraints(pattern=f"^{NAME_PATTERN}$")]
 EnvName = Annotated[str, Strict(), StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 # An OCI image reference: registry/repo[:tag][@digest]; no whitespace, no shell syntax.
 ImageRef = Annotated[
@@ -602,7 +604,7 @@ class DependencyMode(StrEnum):
 class Dependency(_Strict):
     """A job this one waits for: a job id, or the name of a job of the same submission."""
 
-    job: Annotated[str, Strict(), StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    job: Annotated[str, Strict(), StringConstraints(pattern=f"^{NAME_PATTERN}$")]
     on: Literal["success", "any"] = Field(
         default="success",
         description="success: run only if the dependency succeeded, else end CANCELLED; "

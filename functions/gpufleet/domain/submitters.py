@@ -24,11 +24,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from gpufleet.domain.spec import FieldError, SpecError, format_for, load_document
+from gpufleet.domain.spec import NAME_PATTERN, FieldError, SpecError, format_for, load_document
 from gpufleet.topology import INTAKE_PREFIX, SUBMIT_SOURCE_PREFIX
-
-# A team's name (domain/spec.py `Name`): also a key's folder and an event source's last part.
-_TEAM = r"[a-z0-9][a-z0-9._-]{0,62}"
 
 AccountId = Annotated[str, StringConstraints(pattern=r"^[0-9]{12}$")]
 RoleArn = Annotated[
@@ -86,13 +83,13 @@ def team_source(team: str) -> str:
 
 def upload_submitter(key: str) -> Submitter:
     """The submitter of an upload under `key`: the team of its folder under jobs/."""
-    match = re.fullmatch(re.escape(INTAKE_PREFIX) + f"({_TEAM})/.+", key, re.DOTALL)
+    match = re.fullmatch(re.escape(INTAKE_PREFIX) + f"({NAME_PATTERN})/.+", key, re.DOTALL)
     return Submitter("upload", match.group(1) if match else None)
 
 
 def event_submitter(source: str, account: str) -> Submitter:
     """The submitter of an event from `source`, put by a principal of `account`."""
-    match = re.fullmatch(re.escape(SUBMIT_SOURCE_PREFIX) + f"({_TEAM})", source)
+    match = re.fullmatch(re.escape(SUBMIT_SOURCE_PREFIX) + f"({NAME_PATTERN})", source)
     return Submitter("event", match.group(1) if match else None, account)
 
 
