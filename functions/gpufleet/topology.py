@@ -22,6 +22,8 @@ AGENT_SOURCE = "gpufleet.agent"
 DETAIL_JOB_SUBMITTED = "Job Submitted"
 DETAIL_JOB_REJECTED = "Job Rejected"
 DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
+# The statuses a job ends in, as its `Job Status Changed` event names them.
+JOB_ENDED_STATUSES = ("SUCCEEDED", "FAILED", "CANCELLED")
 DETAIL_JOB_QUEUED = "Job Queued"
 DETAIL_CAPACITY_FREED = "Capacity Freed"
 DETAIL_JOB_FLAGGED = "Job Flagged"
@@ -361,6 +363,17 @@ RULES: tuple[Rule, ...] = (
         pattern={
             "source": [CONTROL_PLANE_SOURCE],
             "detail-type": [DETAIL_JOB_QUEUED, DETAIL_CAPACITY_FREED],
+        },
+        target_function=DISPATCH.construct_id,
+    ),
+    Rule(
+        construct_id="DependencyRule",
+        description="Wake a dispatcher when a job ends: the jobs that depend on it are judged",
+        pattern={
+            "source": [CONTROL_PLANE_SOURCE],
+            "detail-type": [DETAIL_JOB_STATUS_CHANGED],
+            # The terminal statuses (domain/job.py TERMINAL_STATUSES).
+            "detail": {"status": list(JOB_ENDED_STATUSES)},
         },
         target_function=DISPATCH.construct_id,
     ),

@@ -71,8 +71,12 @@ def test_the_key_and_source_of_a_team_are_the_ones_read_back() -> None:
 def test_a_spec_goes_under_the_folder_of_the_team_it_names() -> None:
     assert spec_upload_key(b"name: a\nteam: nlp\n", "a.yaml") == "jobs/nlp/a.yaml"
     assert spec_upload_key(b'{"team": "audio"}', "a.json") == "jobs/audio/a.json"
-    # No team that can be read: under jobs/ itself, where intake refuses it.
-    for body in (b"name: a\n", b"name: [", b"- a\n", b"team: 3\n"):
+    # A `jobs:` list goes under the one team all its jobs name.
+    pair = b"jobs: [{name: a, team: nlp}, {name: b, team: nlp}]\n"
+    assert spec_upload_key(pair, "ab.yaml") == "jobs/nlp/ab.yaml"
+    # No team that can be read (or several): under jobs/ itself, where intake refuses it.
+    mixed = b"jobs: [{name: a, team: nlp}, {name: b, team: audio}]\n"
+    for body in (b"name: a\n", b"name: [", b"- a\n", b"team: 3\n", mixed, b"jobs: [3]\n"):
         assert spec_upload_key(body, "a.yaml") == "jobs/a.yaml"
 
 

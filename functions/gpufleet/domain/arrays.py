@@ -5,6 +5,8 @@
 - `submission_from_mapping`: one spec, or a top-level `jobs:` list of them; names unique,
   dependencies resolvable and acyclic, element-by-element dependencies between arrays of one
   size; refused whole otherwise (`SpecError`).
+- `submission_job_ids`, `with_job_ids`: the id of each job of a submission, derived from the
+  delivery, and a spec's dependencies on names of its submission rewritten as those ids.
 - `dependency_verdict`: whether a job (or child) whose dependencies ended as they did waits,
   may run, or ends CANCELLED with the reason.
 """
@@ -16,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.domain.job import TERMINAL_STATUSES, JobStatus, is_job_id
+from gpufleet.domain.job import TERMINAL_STATUSES, JobStatus, is_job_id, job_id_for_delivery
 from gpufleet.domain.spec import (
     ARRAY_INDEX_ENV,
     BATCH_ARRAY_INDEX_ENV,
@@ -90,6 +92,26 @@ def submission_from_mapping(document: object) -> Submission:
     if problems:
         raise SpecError(f"{len(problems)} invalid field(s) in the submission", problems)
     return Submission(jobs=_ordered(specs))
+
+
+def submission_job_ids(submission: Submission, delivery_key: str) -> dict[str, str]:
+    """Each job's id by name, derived from the delivery (`job_id_for_delivery`): a redelivery
+    names the same jobs. A submission of one job keeps the delivery's own id."""
+    if len(submission.jobs) == 1:
+        return {submission.jobs[0].name: job_id_for_delivery(delivery_key)}
+    return {
+        spec.name: job_id_for_delivery(f"{delivery_key}#{spec.name}") for spec in submission.jobs
+    }
+
+
+def with_job_ids(spec: JobSpec, job_ids: Mapping[str, str]) -> JobSpec:
+    """The spec as stored: each dependency on a job of its submission names that job's id."""
+    if not spec.depends_on:
+        return spec
+    depends_on = [
+        dep.model_copy(update={"job": job_ids.get(dep.job, dep.job)}) for dep in spec.depends_on
+    ]
+    return spec.model_copy(update={"depends_on": depends_on})
 
 
 def _ordered(specs: Sequence[JobSpec]) -> tuple[JobSpec, ...]:

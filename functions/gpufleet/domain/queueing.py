@@ -51,7 +51,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, NAME_PATTERN, Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, NAME_PATTERN, Dependency, Priority
 from gpufleet.errors import NotFound, RefusedInput
 
 CLASS_RANK: dict[Priority, int] = {
@@ -156,6 +156,9 @@ class QueuedJob:
     # Of its run, from its launch plan (`domain.duration.estimate_duration`): how long the
     # GPUs it is admitted to stay taken, for the reservation of the job ahead of it.
     expected_seconds: float = DEFAULT_EXPECTED_SECONDS
+    # The jobs (ids) it waits for: the dispatcher hands the queue only those whose
+    # `arrays.dependency_verdict` says run.
+    depends_on: tuple[Dependency, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

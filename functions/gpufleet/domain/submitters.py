@@ -66,14 +66,26 @@ def upload_key(team: str, name: str) -> str:
 
 
 def spec_upload_key(raw: bytes, name: str) -> str:
-    """Where a spec uploaded as `name` goes: under the folder of the team it names, or, when
-    it names none that can be read, under jobs/ itself (where intake refuses it)."""
+    """Where a spec uploaded as `name` goes: under the folder of the team it names (of all
+    the jobs of a `jobs:` list), or, when it names none that can be read, under jobs/ itself
+    (where intake refuses it)."""
     try:
         document = load_document(raw, format_for(name))
     except SpecError:
         document = None
-    team = document.get("team") if isinstance(document, dict) else None
-    return upload_key(team, name) if isinstance(team, str) else f"{INTAKE_PREFIX}{name}"
+    team = _team_named(document)
+    return upload_key(team, name) if team is not None else f"{INTAKE_PREFIX}{name}"
+
+
+def _team_named(document: object) -> str | None:
+    """The one team a spec, or every spec of a `jobs:` list, names; None otherwise."""
+    if not isinstance(document, dict):
+        return None
+    listed = document.get("jobs")
+    specs = listed if isinstance(listed, list) else [document]
+    teams = {spec.get("team") if isinstance(spec, dict) else None for spec in specs}
+    team = teams.pop() if len(teams) == 1 else None
+    return team if isinstance(team, str) else None
 
 
 def team_source(team: str) -> str:

@@ -1,4 +1,5 @@
-"""`Job Queued` / `Capacity Freed` events and the schedule -> one admission pass."""
+"""`Job Queued` / `Capacity Freed` / a job's end (`Job Status Changed`) and the schedule -> one
+admission pass."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet import telemetry
 from gpufleet.handlers.common import count, dispatcher, logger, metrics, tracer
-from gpufleet.topology import DETAIL_CAPACITY_FREED, DETAIL_JOB_QUEUED
+from gpufleet.topology import (
+    DETAIL_CAPACITY_FREED,
+    DETAIL_JOB_QUEUED,
+    DETAIL_JOB_STATUS_CHANGED,
+)
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 # Events that say where to look; anything else (the schedule) asks for a full pass, which also
 # catches whatever a lost event would have said.
-_HINTS = frozenset({DETAIL_JOB_QUEUED, DETAIL_CAPACITY_FREED})
+_HINTS = frozenset({DETAIL_JOB_QUEUED, DETAIL_CAPACITY_FREED, DETAIL_JOB_STATUS_CHANGED})
 
 
 @logger.inject_lambda_context(clear_state=True)

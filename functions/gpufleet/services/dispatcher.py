@@ -6,6 +6,12 @@ Freed` events and by a schedule (which also catches time window boundaries). Sev
 at once: each admission is one conditional transaction (the queue item must still exist, the
 caps and the team's quota must still have room), so a job is never admitted twice and no quota
 is exceeded, whoever wins.
+
+A job that depends on others (docs/arrays.md) reaches the policy only once
+`arrays.dependency_verdict` says it may run: until then it waits out of the policy's sight (it
+holds no reservation and blocks no backfill), and it ends CANCELLED, never admitted, as soon as
+the verdict says so. A job's end wakes a pass (`Job Status Changed`, terminal statuses), so its
+dependants are judged again.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
 from gpufleet.domain.cost import month_start, spend_this_month_usd
-from gpufleet.domain.job import JobChanges, JobNotFound
+from gpufleet.domain.job import JobChanges, JobNotFound, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
     Admission,
@@ -31,13 +38,19 @@ from gpufleet.domain.queueing import (
     effective_priority,
 )
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED
-from gpufleet.ports import Ports, QueueEntry, QueueState, RunningEntry
+from gpufleet.domain.spec import Dependency
+from gpufleet.ports import JobStore, Ports, QueueEntry, QueueState, RunningEntry
 from gpufleet.services.lifecycle import LifecycleService
+from gpufleet.services.lifecycle_base import JobAlreadyEnded
+
+# Why a job the policy never saw waits (`PassResult.waiting`, `gpufleet queue`).
+WAITS_FOR_DEPENDENCIES = "dependencies"
 
 
 @dataclass
 class PassResult:
     admitted: list[str] = field(default_factory=list)
+    cancelled: dict[str, str] = field(default_factory=dict)  # a dependency ended: why
     preempted: list[str] = field(default_factory=list)
     reclaimed: list[str] = field(default_factory=list)
     forced: list[str] = field(default_factory=list)
@@ -79,6 +92,8 @@ class DispatcherService:
         job_id = entry.job.job_id
         if any(state.waiting.values()) or any(r.job.job_id == job_id for r in state.running):
             return False  # others wait (the passes keep the order), or it is admitted already
+        if entry.job.depends_on:
+            return False  # the pass its arrival wakes judges its dependencies
         decision = decide(
             [entry.job],
             [r.job for r in state.running],
@@ -115,9 +130,19 @@ class DispatcherService:
         if full:
             result.over_budget += self._stop_teams_over_budget(running, spend, now)
         read: dict[str, QueueEntry] = {}  # the entries of the jobs the pass read
+        dependencies = DependencyStatuses(ports.jobs)
+        held: dict[str, str] = {}  # read, but not for the policy: waits for dependencies
+        cancels: dict[str, str] = {}  # read, and to be cancelled: why
 
         def jobs_of(entries: Iterator[QueueEntry]) -> Iterator[QueuedJob]:
             for entry in entries:
+                verdict = dependencies.verdict(entry.job)
+                if verdict.readiness is Readiness.WAIT:
+                    held[entry.job.job_id] = WAITS_FOR_DEPENDENCIES
+                    continue
+                if verdict.readiness is Readiness.CANCEL:
+                    cancels[entry.job.job_id] = verdict.reason
+                    continue
                 read[entry.job.job_id] = entry
                 yield entry.job
 
@@ -157,13 +182,27 @@ class DispatcherService:
             if ports.queue.mark_draining(job_id, "reserve"):
                 self._lifecycle.drain(job_id, RECLAIMED)
                 result.reclaimed.append(job_id)
-        result.waiting = {job_id: reason.value for job_id, reason in decision.waiting.items()}
+        for job_id, reason in cancels.items():
+            if self._cancel(job_id, reason):
+                result.cancelled[job_id] = reason
+        result.waiting = held | {
+            job_id: reason.value for job_id, reason in decision.waiting.items()
+        }
         result.blocked = {
             f"{team}/{priority.value}": reason.value
             for (team, priority), reason in decision.blocked_streams.items()
         }
         result.items_read = ports.queue.items_read() - read_before
         return result
+
+    def _cancel(self, job_id: str, reason: str) -> bool:
+        """End a waiting job whose dependency ended as it may not: False when it left the
+        queue meanwhile (another pass, an operator)."""
+        try:
+            self._lifecycle.cancel(job_id, reason)
+        except (JobAlreadyEnded, JobNotFound):
+            return False
+        return True
 
     def _admit(
         self,
@@ -274,6 +313,32 @@ class DispatcherService:
         return forced
 
 
+class DependencyStatuses:
+    """The verdicts of waiting jobs' dependencies, each dependency's job read once a pass."""
+
+    def __init__(self, jobs: JobStore) -> None:
+        self._jobs = jobs
+        self._statuses: dict[str, JobStatus | None] = {}
+
+    def verdict(self, job: QueuedJob) -> DependencyVerdict:
+        ended: list[tuple[Dependency, list[JobStatus]]] = []
+        for dep in job.depends_on:
+            status = self._status(dep.job)
+            if status is None:
+                # Intake refuses a dependency on no job: only a store that lost it gets here.
+                return DependencyVerdict(Readiness.CANCEL, f"dependency {dep.job} does not exist")
+            ended.append((dep, [status]))
+        return dependency_verdict(ended)
+
+    def _status(self, job_id: str) -> JobStatus | None:
+        if job_id not in self._statuses:
+            try:
+                self._statuses[job_id] = self._jobs.get(job_id).status
+            except JobNotFound:
+                self._statuses[job_id] = None
+        return self._statuses[job_id]
+
+
 @dataclass(frozen=True)
 class QueueRow:
     position: int
@@ -287,16 +352,24 @@ class QueueRow:
 
 
 def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], list[Booking]]:
-    """Every waiting job in admission order, with the reason it waits (read-only)."""
+    """Every waiting job in admission order, with the reason it waits (read-only); behind
+    them, the jobs that wait for their dependencies, which the policy does not see."""
     now = ports.clock.now()
     waiting = ports.queue.waiting()
     state = ports.queue.state()
     bookings, running = state.bookings, [r.job for r in state.running]
-    jobs = [w.job for w in waiting]
+    dependencies = DependencyStatuses(ports.jobs)
+    held = [w.job for w in waiting if dependencies.verdict(w.job).readiness is not Readiness.RUN]
+    held_ids = {job.job_id for job in held}
+    jobs = [w.job for w in waiting if w.job.job_id not in held_ids]
     decision = decide(
         jobs, running, bookings, now, policy, team_spend_usd=team_spend(ports, policy, now)
     )
     admitted = {a.job_id for a in decision.admitted}
+    listed = [
+        (job, "next" if job.job_id in admitted else decision.waiting[job.job_id].value)
+        for job in admission_order(jobs, now, policy)
+    ] + [(job, WAITS_FOR_DEPENDENCIES) for job in held]
     rows = [
         QueueRow(
             position=index,
@@ -306,9 +379,9 @@ def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], li
             gpus=job.gpus,
             waited_seconds=round(now - job.enqueued_at, 1),
             effective_priority=round(effective_priority(job, now, policy), 3),
-            reason="next" if job.job_id in admitted else decision.waiting[job.job_id].value,
+            reason=reason,
         )
-        for index, job in enumerate(admission_order(jobs, now, policy), start=1)
+        for index, (job, reason) in enumerate(listed, start=1)
     ]
     return rows, sorted(bookings, key=lambda b: b.start)
 

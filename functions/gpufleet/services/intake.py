@@ -21,9 +21,14 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpufleet.domain.arrays import Submission, submission_from_mapping
+from gpufleet.domain.arrays import (
+    Submission,
+    submission_from_mapping,
+    submission_job_ids,
+    with_job_ids,
+)
 from gpufleet.domain.config import FleetConfig
-from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
+from gpufleet.domain.job import Job, JobNotFound, JobStatus, is_job_id
 from gpufleet.domain.node_access import check_access
 from gpufleet.domain.notify import check_notify
 from gpufleet.domain.spec import (
@@ -64,13 +69,18 @@ class ErrorReport(BaseModel):
 
 @dataclass(frozen=True)
 class IntakeOutcome:
-    job_id: str | None
+    job_ids: tuple[str, ...] = ()  # of the jobs submitted, each after those it depends on
     error: dict[str, Any] | None = None
     ignored: str | None = None  # why an object under jobs/ is no submission
 
     @property
     def accepted(self) -> bool:
-        return self.job_id is not None
+        return bool(self.job_ids)
+
+    @property
+    def job_id(self) -> str | None:
+        """The first job's id (a submission's only one, mostly); None when refused."""
+        return self.job_ids[0] if self.job_ids else None
 
 
 class Prepare(Protocol):
@@ -115,17 +125,17 @@ class IntakeService:
             return self._reject(error, source, **reject_as)
         ignored = _not_a_submission(key, raw, source)
         if ignored is not None:
-            return IntakeOutcome(job_id=None, ignored=ignored)
+            return IntakeOutcome(ignored=ignored)
         submitter = upload_submitter(key)
         try:
             refusal = key_refusal(key) or self._submitter_refusal(submitter, ())
             if refusal is not None:
                 raise refusal
             document = load_document(raw, format_for(key))
-            spec = self._runnable(submission_from_mapping(document), submitter)
+            jobs = self._runnable(submission_from_mapping(document), submitter, delivery_key)
         except SpecError as exc:
             return self._reject(exc, source, **reject_as)
-        return self._accept(spec, delivery_key, source)
+        return self._accept(jobs, source)
 
     def submit_event(
         self, document: object, delivery_key: str, source: str, event_source: str, account: str
@@ -144,45 +154,83 @@ class IntakeService:
             refusal = self._submitter_refusal(submitter, ())
             if refusal is not None:
                 raise refusal
-            spec = self._runnable(submission_from_mapping(document), submitter)
+            jobs = self._runnable(submission_from_mapping(document), submitter, delivery_key)
         except SpecError as exc:
             return self._reject(exc, source)
-        return self._accept(spec, delivery_key, source)
+        return self._accept(jobs, source)
 
     def _submitter_refusal(self, submitter: Submitter, teams: tuple[str, ...]) -> SpecError | None:
         return submission_refusal(submitter, teams, self._config.submitters)
 
-    def _runnable(self, submission: Submission, submitter: Submitter) -> JobSpec:
-        """The submission's one job as stored: made as its own team, its template resolved,
-        checked against what nodes can reach and where its status changes may go."""
+    def _runnable(
+        self, submission: Submission, submitter: Submitter, delivery_key: str
+    ) -> list[tuple[str, JobSpec]]:
+        """The submission's jobs as stored, each with its id (derived from the delivery), in
+        dependency order: made as their own teams, templates resolved, checked against what
+        nodes can reach and where their status changes may go, dependencies on names of the
+        submission rewritten as ids and those on ids naming jobs that exist."""
         teams = tuple(spec.team for spec in submission.jobs)
-        refusal = self._submitter_refusal(submitter, teams) or _not_run_yet(submission)
+        refusal = (
+            self._submitter_refusal(submitter, teams)
+            or _not_run_yet(submission)
+            or self._unknown_dependencies(submission)
+        )
         if refusal is not None:
             raise refusal
-        spec = apply_template(submission.jobs[0], self._config.templates)
-        spec = check_access(spec, self._config)
-        return check_notify(spec, self._config.teams, self._account, self._region)
+        job_ids = submission_job_ids(submission, delivery_key)
+        jobs = []
+        for spec in submission.jobs:
+            stored = check_access(apply_template(spec, self._config.templates), self._config)
+            stored = check_notify(stored, self._config.teams, self._account, self._region)
+            jobs.append((job_ids[spec.name], with_job_ids(stored, job_ids)))
+        return jobs
 
-    def _accept(self, spec: JobSpec, delivery_key: str, source: str) -> IntakeOutcome:
+    def _unknown_dependencies(self, submission: Submission) -> SpecError | None:
+        """A dependency on a job id that names no job (AWS Batch refuses such a dependsOn)."""
+        names = {spec.name for spec in submission.jobs}
+        several = len(submission.jobs) > 1
+        fields = [
+            FieldError(
+                field=f"jobs[{at}].depends_on[{d}]" if several else f"depends_on[{d}]",
+                message=f"no job {dep.job} exists",
+            )
+            for at, spec in enumerate(submission.jobs)
+            for d, dep in enumerate(spec.depends_on)
+            if dep.job not in names and is_job_id(dep.job) and not self._exists(dep.job)
+        ]
+        if not fields:
+            return None
+        return SpecError(f"{len(fields)} dependenc(ies) on jobs that do not exist", fields)
+
+    def _exists(self, job_id: str) -> bool:
+        try:
+            self._ports.jobs.get(job_id)
+        except JobNotFound:
+            return False
+        return True
+
+    def _accept(self, jobs: list[tuple[str, JobSpec]], source: str) -> IntakeOutcome:
+        """Store each job (planned first: stored once, already queued or failed) and start its
+        lifecycle, dependencies before their dependants."""
         now = self._ports.clock.now()
-        submitted = Job(
-            job_id=job_id_for_delivery(delivery_key),
-            status=JobStatus.SUBMITTED,
-            spec=spec,
-            source=source,
-            created_at=now,
-            updated_at=now,
-        )
-        # Planned before it is stored: the job is stored once, already queued (or failed).
-        job, workflow_input = self._prepare(submitted)
-        if self._ports.jobs.put_new(job):
-            detail = job.status_event(None)
-            self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
-        # Started even for a redelivery: if the first delivery crashed between storing the job
-        # and starting its lifecycle, this is what starts it. Starting twice is a no-op.
-        if workflow_input is not None:
-            self._ports.workflow.start(job.job_id, workflow_input)
-        return IntakeOutcome(job_id=job.job_id)
+        for job_id, spec in jobs:
+            submitted = Job(
+                job_id=job_id,
+                status=JobStatus.SUBMITTED,
+                spec=spec,
+                source=source,
+                created_at=now,
+                updated_at=now,
+            )
+            job, workflow_input = self._prepare(submitted)
+            if self._ports.jobs.put_new(job):
+                detail = job.status_event(None)
+                self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
+            # Started even for a redelivery: if the first delivery crashed between storing the
+            # job and starting its lifecycle, this is what starts it. Starting twice is a no-op.
+            if workflow_input is not None:
+                self._ports.workflow.start(job.job_id, workflow_input)
+        return IntakeOutcome(job_ids=tuple(job_id for job_id, _ in jobs))
 
     def _reject(
         self,
@@ -197,7 +245,7 @@ class IntakeService:
         if error_key is not None and len(error_key.encode()) <= MAX_KEY_BYTES:
             self._ports.objects.put_json(error_key, report)
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, report)
-        return IntakeOutcome(job_id=None, error=report)
+        return IntakeOutcome(error=report)
 
 
 def key_refusal(key: str) -> SpecError | None:
@@ -214,8 +262,8 @@ def key_refusal(key: str) -> SpecError | None:
 
 
 def _not_run_yet(submission: Submission) -> SpecError | None:
-    """Several jobs, arrays, sweeps and dependencies are checked (docs/arrays.md) but intake
-    does not make children or hold jobs for others yet: refused, never run as plain jobs."""
+    """Arrays and sweeps are checked (docs/arrays.md) but intake does not make children yet:
+    refused, never run as plain jobs."""
     several = len(submission.jobs) > 1
     fields = [
         FieldError(
@@ -223,14 +271,12 @@ def _not_run_yet(submission: Submission) -> SpecError | None:
             message="checked, but not run by this deployment yet",
         )
         for at, spec in enumerate(submission.jobs)
-        for name in ("array", "sweep", "depends_on")
+        for name in ("array", "sweep")
         if getattr(spec, name)
     ]
-    if several:
-        fields.insert(0, FieldError(field="jobs", message="one job a submission, for now"))
     if not fields:
         return None
-    return SpecError("arrays, sweeps and dependencies are not run yet (docs/arrays.md)", fields)
+    return SpecError("arrays and sweeps are not run yet (docs/arrays.md)", fields)
 
 
 def _not_a_submission(key: str, raw: bytes, source: str) -> str | None:
@@ -251,7 +297,7 @@ def _is_report_of(raw: bytes, spec_source: str) -> bool:
 
 def describe(outcome: IntakeOutcome) -> Mapping[str, Any]:
     if outcome.accepted:
-        return {"accepted": True, "job_id": outcome.job_id}
+        return {"accepted": True, "job_id": outcome.job_id, "job_ids": list(outcome.job_ids)}
     if outcome.ignored is not None:
         return {"accepted": False, "ignored": outcome.ignored}
     return {"accepted": False, "error": outcome.error}

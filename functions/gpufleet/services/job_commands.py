@@ -25,14 +25,15 @@ from gpufleet.services.lifecycle_base import JobAlreadyEnded, LifecycleBase
 class JobCommands(LifecycleBase):
     """Cancel, resize and budget stops."""
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel a waiting or running job. A running job's instances are terminated now, not
-        when its workflow gets round to it; the workflow then records the cost. Raises
-        JobNotFound or JobAlreadyEnded, with nothing changed, for a job it cannot cancel (one
-        that ends while it is being cancelled included)."""
+    def cancel(self, job_id: str, reason: str = "cancelled") -> dict[str, Any]:
+        """Cancel a waiting or running job, for `reason` (an operator's cancel, or a
+        dependency that ended as the job may not run after). A running job's instances are
+        terminated now, not when its workflow gets round to it; the workflow then records the
+        cost. Raises JobNotFound or JobAlreadyEnded, with nothing changed, for a job it cannot
+        cancel (one that ends while it is being cancelled included)."""
         job = self._operated_job(job_id)
         entry = self._ports.queue.remove(job_id)
-        changes = JobChanges(failure_reason="cancelled")
+        changes = JobChanges(failure_reason=reason)
         if entry is not None:
             # Its wait ends here: counted as an admission counts it.
             waited = max(0.0, self._now() - entry.queued_at)

@@ -242,4 +242,5 @@ def queued_job(job: Job) -> QueuedJob:
         enqueued_at=job.created_at,
         preempted_for=job.preempted_for,
         preemptions=job.preemptions,
+        depends_on=tuple(job.spec.depends_on),
     )

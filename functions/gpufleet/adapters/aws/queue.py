@@ -32,6 +32,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from gpufleet.adapters.aws.job_store import transition_write
 from gpufleet.adapters.aws.transactions import (
     BACKOFF,
@@ -49,7 +51,7 @@ from gpufleet.domain.queueing import (
     RunningJob,
     Shape,
 )
-from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Dependency, Priority
 from gpufleet.errors import ConditionFailed, TransientError
 from gpufleet.ports import (
     AdmissionLimits,
@@ -136,6 +138,10 @@ def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
     }
 
 
+# A waiting job's dependencies, in its entry as one JSON string (few, and read together).
+_DEPENDENCIES: TypeAdapter[tuple[Dependency, ...]] = TypeAdapter(tuple[Dependency, ...])
+
+
 def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
     """A waiting job as its entry (and its nominee item) store it."""
     item = {
@@ -152,6 +158,8 @@ def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
     }
     if job.preempted_for:
         item["preempted_for"] = _s(job.preempted_for)
+    if job.depends_on:
+        item["depends_on"] = _s(_DEPENDENCIES.dump_json(job.depends_on).decode())
     return item
 
 
@@ -177,6 +185,7 @@ def _queued_job(item: dict[str, Any]) -> QueuedJob:
         expected_seconds=float(
             item.get("expected_seconds", {}).get("N", str(DEFAULT_EXPECTED_SECONDS))
         ),
+        depends_on=_DEPENDENCIES.validate_json(item.get("depends_on", {}).get("S", "[]")),
     )
 
 
