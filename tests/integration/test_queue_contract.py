@@ -19,7 +19,7 @@ from gpufleet.domain.queueing import (
     QueuedJob,
     RunningJob,
 )
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import Dependency, Priority
 from gpufleet.emulator.account import Account
 from gpufleet.ports import AdmissionLimits, JobQueue, QueueEntry, QueueState
 from gpufleet.topology import QUEUE_TABLE
@@ -390,3 +390,19 @@ def test_a_remove_that_collides_with_another_transaction_still_removes_the_job(
         removed = queue.remove("j-cancelled")
     assert list(cancelled.values()) == [1] and len(waits) == 1
     assert removed is not None and queue.waiting() == []
+
+
+def test_a_waiting_job_keeps_the_jobs_it_depends_on(queue: JobQueue) -> None:
+    depends_on = (
+        Dependency(job="j-" + "a" * 20),
+        Dependency(job="j-" + "b" * 20, on="any"),
+    )
+    item = entry("j-dependant")
+    item = replace(item, job=replace(item.job, depends_on=depends_on))
+    queue.enqueue(item)
+    queue.enqueue(entry("j-free"))
+    assert list(queue.stream("t", Priority.NORMAL)) == [item, entry("j-free")]
+    assert {w.job.job_id: w.job.depends_on for w in queue.waiting()} == {
+        "j-dependant": depends_on,
+        "j-free": (),
+    }
