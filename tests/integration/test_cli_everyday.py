@@ -413,6 +413,41 @@ def test_queue_shows_a_waiting_job_and_cancel_takes_it_out(cli: Cli, workdir: Pa
     assert not {job_id, again} & {w["job_id"] for w in remaining}
 
 
+def test_a_jobs_list_is_submitted_at_once_and_a_dependant_of_a_cancelled_job_is_cancelled(
+    cli: Cli, workdir: Path
+) -> None:
+    park(cli)
+    path = workdir / "pipeline.yaml"
+    path.write_text(
+        "jobs:\n"
+        + "".join(
+            "  - " + SPEC.format(name=name, team="parked").replace("\n", "\n    ") + extra + "\n"
+            for name, extra in (("then", "depends_on: [{job: first}]"), ("first", ""))
+        )
+    )
+    code, out, _ = cli("submit", str(path), "--json")
+    submitted = json.loads(out)
+    assert code == 0 and submitted["key"] == "jobs/parked/pipeline.yaml"
+    first, then = submitted["job_ids"]  # each after the job it depends on
+    assert submitted["job_id"] == first
+    waiting_row(cli, first)  # it waits for room; `then` waits for it, out of the policy's sight
+    listing = wait_for(
+        cli,
+        ("queue", "--json"),
+        lambda doc: any(w["job_id"] == then for w in doc["waiting"]),
+    )
+    assert [w["reason"] for w in listing["waiting"] if w["job_id"] == then] == ["dependencies"]
+    code, out, _ = cli("cancel", first, "--json")
+    assert code == 0 and json.loads(out)["status"] == "CANCELLED"
+    # Its end wakes a pass (`Job Status Changed`): no capacity was freed, `then` ends all the same.
+    status = wait_for(cli, ("status", then, "--json"), lambda doc: doc["status"] == "CANCELLED")
+    assert status["failure_reason"] == f"dependency {first} ended CANCELLED"
+    assert status["instances"] == []
+    code, out, _ = cli("submit", str(path))  # a new upload: new jobs
+    assert code == 0 and out.splitlines()[1].startswith("and 1 more: j-")
+    assert cli("cancel", out.split()[0])[0] == 0  # and its dependant with it
+
+
 def test_run_shows_the_status_changes_then_the_output_and_exits_with_the_jobs_code(
     cli: Cli, workdir: Path
 ) -> None:
@@ -456,7 +491,10 @@ def test_ctrl_c_detaches_from_run_unless_asked_to_cancel(
         )
         assert code == 130
     parked = json.loads(cli("list", "--team", "parked", "--json")[1])
-    by_name = {job["name"]: job["status"] for job in parked if job["name"] != "parked-job"}
+    # (Other tests park jobs of their own in the team.)
+    by_name = {
+        job["name"]: job["status"] for job in parked if job["name"] in ("detached", "dropped")
+    }
     assert by_name == {"detached": "QUEUED", "dropped": "CANCELLED"}
     # The detached job runs on (waits, here); `logs --follow` sees it to its end.
     assert cli("cancel", detached["job_id"])[0] == 0

@@ -171,12 +171,18 @@ def run_smoke(
 ) -> dict[str, Any]:
     """Submit the smoke job, follow it to its end (or cancel it at `timeout`), and time it."""
     from gpufleet.cli.jobs import submit_spec
+    from gpufleet.domain.arrays import submission_from_mapping
     from gpufleet.domain.job import JobStatus
+    from gpufleet.domain.spec import load_document
 
     started = time.monotonic()
     spec = SMOKE_SPEC.format(run=datetime.now(UTC).isoformat(), team=SMOKE_TEAM)
-    upload, job_id, job, report = submit_spec(
-        connection, SMOKE_KEY, spec.encode(), min(timeout, 120.0)
+    upload, (job_id,), job, report = submit_spec(
+        connection,
+        SMOKE_KEY,
+        spec.encode(),
+        min(timeout, 120.0),
+        submission_from_mapping(load_document(spec)),
     )
     if report is not None:
         return {"ok": False, "job_id": job_id, "error": report}

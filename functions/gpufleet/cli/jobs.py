@@ -1,6 +1,6 @@
 """`gpufleet submit FILE`, `gpufleet status [ID]`, `gpufleet list`: jobs in and out.
 
-    gpufleet submit job.yaml [--wait SECONDS] [--json] [--raw]
+    gpufleet submit job.yaml [--wait SECONDS] [--json] [--raw]   (a spec, or a `jobs:` list)
     gpufleet status ID [--json] [--raw]     (with the peaks and means of its usage)
     gpufleet list [--status S] [--team T] [--limit N] [--json] [--raw]
 
@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from gpufleet.cli.output import CliError, ErrorCode, invalid, print_json
 from gpufleet.cli.table import add_raw_argument, printable, render, render_fields
 from gpufleet.cli.target import Connection, add_target_arguments, connect
-from gpufleet.domain.job import Job, JobNotFound, JobStatus, job_id_for_delivery, s3_delivery_key
-from gpufleet.domain.spec import SpecError, format_for, parse_spec
+from gpufleet.domain.arrays import Submission, submission_from_mapping, submission_job_ids
+from gpufleet.domain.job import Job, JobNotFound, JobStatus, s3_delivery_key
+from gpufleet.domain.spec import SpecError, format_for, load_document
 from gpufleet.domain.submitters import spec_upload_key
 from gpufleet.services.intake import ERROR_SUFFIX, ErrorReport, key_refusal
 
@@ -88,11 +89,13 @@ def add_submit_wait(parser: argparse.ArgumentParser) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    _, upload, job_id, job = submit_file(args)
+    _, upload, job_ids, job = submit_file(args)
+    job_id = job_ids[0]
     status = job.status.value if job else None
     document = {
         "accepted": True,
         "job_id": job_id,
+        "job_ids": job_ids,
         "status": status,
         "failure_reason": job.failure_reason if job else None,
         "key": upload.key,
@@ -106,6 +109,8 @@ def run_submit(args: argparse.Namespace) -> int:
                 f"{job_id}  {status or 'uploaded'}  (s3://{upload.bucket}/{upload.key})", args.raw
             )
         )
+    if len(job_ids) > 1 and not args.json:
+        print(printable(f"and {len(job_ids) - 1} more: {' '.join(job_ids[1:])}", args.raw))
     if job is not None and job.failure_reason:
         # Taken, but it will not run (e.g. nothing in the catalog fits it).
         print(f"gpufleet: {job_id}: {printable(job.failure_reason, args.raw)}", file=sys.stderr)
@@ -118,10 +123,11 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def submit_file(args: argparse.Namespace) -> tuple[Connection, Upload, str, Job | None]:
+def submit_file(args: argparse.Namespace) -> tuple[Connection, Upload, list[str], Job | None]:
     """`args.file` checked as intake checks it, uploaded and waited for (`args.wait`): the one
-    submission of `submit` and `run`. Raises CliError for a file it cannot read or a spec
-    refused here or by intake (nothing is uploaded when it is refused here)."""
+    submission of `submit` and `run`. The ids of its jobs (each after those it depends on) and
+    the first job. Raises CliError for a file it cannot read or a spec refused here or by
+    intake (nothing is uploaded when it is refused here)."""
     path = Path(args.file)
     try:
         raw = path.read_bytes()
@@ -135,17 +141,17 @@ def submit_file(args: argparse.Namespace) -> tuple[Connection, Upload, str, Job 
         refusal = key_refusal(key)
         if refusal is not None:
             raise refusal
-        parse_spec(raw, format_for(key))
+        submission = submission_from_mapping(load_document(raw, format_for(key)))
     except SpecError as exc:
         raise _refused(key, exc.to_dict()) from None
     if args.wait < 0:
         raise invalid("--wait must be >= 0")
     connection = connect(args)
-    upload, job_id, job, report = submit_spec(connection, key, raw, args.wait)
+    upload, job_ids, job, report = submit_spec(connection, key, raw, args.wait, submission)
     if report is not None:
         # Refused by the control plane (e.g. a template its config does not define).
         raise _refused(key, report)
-    return connection, upload, job_id, job
+    return connection, upload, job_ids, job
 
 
 def _refused(key: str, error: dict[str, Any]) -> CliError:
@@ -155,15 +161,16 @@ def _refused(key: str, error: dict[str, Any]) -> CliError:
 
 
 def submit_spec(
-    connection: Connection, key: str, raw: bytes, wait_seconds: float
-) -> tuple[Upload, str, Job | None, dict[str, Any] | None]:
-    """Upload a spec where `aws s3 cp` puts it and wait for intake to take it: the one submit
-    path (`gpufleet submit`, `gpufleet doctor --smoke`). The upload, the job id, the job (None
-    if not recorded yet) and intake's error report (if it refused the spec)."""
+    connection: Connection, key: str, raw: bytes, wait_seconds: float, submission: Submission
+) -> tuple[Upload, list[str], Job | None, dict[str, Any] | None]:
+    """Upload a submission (`raw`, parsed as `submission`) where `aws s3 cp` puts it and wait
+    for intake to take it: the one submit path (`gpufleet submit`, `gpufleet doctor --smoke`).
+    The upload, its jobs' ids, the first job (None if not recorded yet) and intake's error
+    report (if it refused the submission)."""
     s3 = connection.client("s3")
     upload = _upload(s3, connection.settings.intake_bucket, key, raw)
-    job_id, job, report = _await_intake(connection.jobs, s3, upload, wait_seconds)
-    return upload, job_id, job, report
+    job_ids, job, report = _await_intake(connection.jobs, s3, upload, submission, wait_seconds)
+    return upload, job_ids, job, report
 
 
 @dataclass(frozen=True)
@@ -174,12 +181,16 @@ class Upload:
     etag: str
     at: datetime  # S3's clock: a report written before this upload cannot be about it
 
-    def job_ids(self) -> list[str]:
-        """The ids intake can give this upload. It names a delivery by the object version (the
-        stack's bucket is versioned, so S3's notification carries one, as the emulator's do)
-        or, when the notification has none (an unversioned bucket), by the ETag."""
+    def job_ids(self, submission: Submission) -> list[list[str]]:
+        """The ids intake can give the jobs of this upload, in the submission's order, for each
+        way it may name the delivery: by the object version (the stack's bucket is versioned,
+        so S3's notification carries one, as the emulator's do) or, when the notification has
+        none (an unversioned bucket), by the ETag."""
         markers = [m for m in (self.version_id, self.etag) if m]
-        return [job_id_for_delivery(s3_delivery_key(self.bucket, self.key, m)) for m in markers]
+        return [
+            list(submission_job_ids(submission, s3_delivery_key(self.bucket, self.key, m)).values())
+            for m in markers
+        ]
 
 
 def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> Upload:
@@ -192,16 +203,17 @@ def _upload(s3: Any, bucket: str, key: str, raw: bytes) -> Upload:
 
 
 def _await_intake(
-    jobs: JobStore, s3: Any, upload: Upload, wait_seconds: float
-) -> tuple[str, Job | None, dict[str, Any] | None]:
-    """(job id, the job or None if not recorded yet, the error report if refused)."""
-    candidates = upload.job_ids()
+    jobs: JobStore, s3: Any, upload: Upload, submission: Submission, wait_seconds: float
+) -> tuple[list[str], Job | None, dict[str, Any] | None]:
+    """(the jobs' ids, the first job or None if not recorded yet, the error report if
+    refused). Intake stores a submission's jobs in one invocation: the first stands for all."""
+    candidates = upload.job_ids(submission)
     deadline = time.monotonic() + wait_seconds
     reports_read: set[str] = set()
     while True:
-        for job_id in candidates:
+        for job_ids in candidates:
             try:
-                return job_id, jobs.get(job_id), None
+                return job_ids, jobs.get(job_ids[0]), None
             except JobNotFound:
                 continue
         report = _error_report(s3, upload, reports_read)

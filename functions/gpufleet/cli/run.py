@@ -52,7 +52,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    connection, upload, job_id, job = submit_file(args)
+    connection, upload, job_ids, job = submit_file(args)
+    job_id = job_ids[0]  # a `jobs:` list: its first job, which the others follow
     _say(args, {"event": "submitted", "job_id": job_id, "key": upload.key}, f"{job_id} submitted")
     if job is None:
         raise CliError(
