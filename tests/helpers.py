@@ -65,6 +65,8 @@ def make_settings(**changes: object) -> Settings:
         "intake_bucket": "bucket",
         # A deployment with the stack's default images: one plain template per boot target.
         "launch_templates": {t.name: f"lt-{t.name}" for t in STOCK_TARGETS},
+        # Each team keeps its checkpoints under s3://ckpt/<team>/ (as the job role allows).
+        "checkpoint_uri": "s3://ckpt",
         **changes,
     }
     return Settings.model_validate(values)

@@ -30,6 +30,8 @@ class Settings(BaseModel):
     # The deployment's account (intake holds a spec's notify topic to it), and each team's
     # own topic (team -> ARN), for its e-mail addresses.
     account_id: str = ""
+    # Where the job role lets each team keep checkpoints (`s3://bucket/prefix`; empty: nowhere).
+    checkpoint_uri: str = ""
     team_topics: dict[str, str] = Field(default_factory=dict)
     subnet_ids: list[str] = Field(default_factory=list)
     config: FleetConfig = Field(default_factory=FleetConfig)
@@ -75,6 +77,7 @@ class Settings(BaseModel):
             ),
             notify_topic_arn=env.get(topology.ENV_NOTIFY_TOPIC, ""),
             account_id=env.get(topology.ENV_ACCOUNT, ""),
+            checkpoint_uri=env.get(topology.ENV_CHECKPOINT_URI, ""),
             team_topics=topology.parse_pairs(
                 topology.ENV_TEAM_TOPICS, env.get(topology.ENV_TEAM_TOPICS, "")
             ),

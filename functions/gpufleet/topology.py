@@ -483,6 +483,9 @@ ENV_NOTIFY_TOPIC = "NOTIFY_TOPIC_ARN"  # SNS topic for alerts people must see
 ENV_TEAM_TOPICS = "TEAM_TOPICS"
 # The deployment's account: a spec's notify topic must be in it.
 ENV_ACCOUNT = "GPUFLEET_ACCOUNT_ID"
+# The deployment's checkpoint location (`s3://bucket/prefix`, CDK context `checkpoint_uri`;
+# empty: none): a spec's checkpoint must be under its team's folder there, as the job role is.
+ENV_CHECKPOINT_URI = "GPUFLEET_CHECKPOINT_URI"
 # Optional: each node's root volume size in GiB, for storage cost (default 200, as the stack).
 ENV_ROOT_VOLUME = "GPUFLEET_ROOT_VOLUME_GIB"
 COMMON_ENV: tuple[str, ...] = (
@@ -495,8 +498,8 @@ COMMON_ENV: tuple[str, ...] = (
     ENV_LAUNCH_TEMPLATES,
 )
 EXTRA_ENV: dict[str, tuple[str, ...]] = {
-    INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT),
-    INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT),
+    INTAKE_FROM_S3.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT, ENV_CHECKPOINT_URI),
+    INTAKE_FROM_EVENT.construct_id: (ENV_STATE_MACHINE, ENV_ACCOUNT, ENV_CHECKPOINT_URI),
     LAUNCH.construct_id: (ENV_SUBNETS, ENV_ROOT_VOLUME),
     # The reconciler launches the warm pool's instances, and looks for lifecycles that ended.
     RECONCILE.construct_id: (ENV_SUBNETS, ENV_STATE_MACHINE),

@@ -322,6 +322,8 @@ class Functions(Construct):
                 environment[topology.ENV_TEAM_TOPICS] = alerts.team_topics_value()
             if topology.ENV_ACCOUNT in topology.EXTRA_ENV.get(cid, ()):
                 environment[topology.ENV_ACCOUNT] = stack.account
+            if topology.ENV_CHECKPOINT_URI in topology.EXTRA_ENV.get(cid, ()):
+                environment[topology.ENV_CHECKPOINT_URI] = config.checkpoint_uri
             function = lambda_.Function(
                 self,
                 cid,

@@ -239,6 +239,34 @@ def test_an_upload_outside_its_teams_folder_is_rejected_and_nothing_else_happens
     assert executions_started(account) == started
 
 
+def test_a_checkpoint_in_another_teams_folder_is_rejected_its_own_accepted(
+    account: Account, store: DynamoJobStore, rejections: RejectionObserver
+) -> None:
+    """The embedded stack keeps checkpoints under s3://gpufleet-checkpoints/<team>/, where the
+    job role lets each team's sessions write: team vision naming team nlp's is refused."""
+    s3 = account.client("s3")
+    started = executions_started(account)
+    theirs = upload_key("vision", "checkpoint-of-nlp.yaml")
+    body = SPEC_YAML + b"checkpoint: s3://gpufleet-checkpoints/nlp/llm/\n"
+    s3.put_object(Bucket=account.bucket, Key=theirs, Body=body)
+    source = f"s3://{account.bucket}/{theirs}"
+    [rejected] = wait_for(lambda: rejections.of(source))
+    assert rejected["fields"] == [
+        {
+            "field": "checkpoint",
+            "message": "team vision's jobs keep checkpoints under s3://gpufleet-checkpoints/vision/",
+        }
+    ]
+    assert jobs_from(store, source) == []
+    assert executions_started(account) == started
+    own = upload_key("vision", "checkpoint-of-its-own.yaml")
+    body = SPEC_YAML + b"checkpoint: s3://gpufleet-checkpoints/vision/resnet/\n"
+    s3.put_object(Bucket=account.bucket, Key=own, Body=body)
+    [job] = wait_for(lambda: jobs_from(store, f"s3://{account.bucket}/{own}"))
+    assert job.spec.checkpoint == "s3://gpufleet-checkpoints/vision/resnet/"
+    assert executions_started(account) == started + 1
+
+
 def put_submission(account: Account, source: str, name: str) -> str:
     """A `Job Submitted` event of team vision's spec from `source`: the event's id."""
     detail = {"name": name, "team": "vision", "image": "img", "command": ["x"]}

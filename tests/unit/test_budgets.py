@@ -38,7 +38,7 @@ def world(team: TeamQuota) -> tuple[Any, Any, Any, Any]:
 def run_job(ports: Any, lifecycle: Any, dispatcher: Any, intake: Any, extra: str = "") -> str:
     body = (
         "name: train\nteam: ml\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
-        f"checkpoint: s3://ckpt/train/\n{extra}"
+        f"checkpoint: s3://ckpt/ml/train/\n{extra}"
     ).encode()
     cast(InMemoryObjects, ports.objects).objects["jobs/ml/train.yaml"] = body
     job_id = intake.submit_object("jobs/ml/train.yaml", "d1", "s3://b/jobs/ml/train.yaml").job_id

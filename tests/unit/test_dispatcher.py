@@ -79,7 +79,7 @@ class World:
         expected = f"expected_duration: {expected_duration}\n" if expected_duration else ""
         body = (
             f"name: {name}\nteam: {team}\npriority: {priority}\nimage: img\ncommand: [x]\n"
-            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n{expected}"
+            f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{team}/{name}/\n{expected}"
         ).encode()
         key = f"jobs/{team}/{name}-{self.clock.now()}.yaml"
         cast(InMemoryObjects, self.ports.objects).objects[key] = body

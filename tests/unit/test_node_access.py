@@ -10,7 +10,13 @@ import pytest
 from gpufleet.adapters.local.memory import RecordingWorkflow
 from gpufleet.domain.config import DataBucket, DataSources, Efs, FleetConfig, FsxLustre
 from gpufleet.domain.job import JobStatus
-from gpufleet.domain.node_access import access_problems, ecr_image, manifest_access, registry_of
+from gpufleet.domain.node_access import (
+    access_problems,
+    checkpoint_problem,
+    ecr_image,
+    manifest_access,
+    registry_of,
+)
 from gpufleet.domain.spec import SpecError, spec_from_mapping
 from gpufleet.services.lifecycle_base import run_manifest
 from tests.helpers import intake_for, local_ports, make_settings, sent_as
@@ -267,6 +273,67 @@ def test_an_accepted_job_is_stored_and_run_with_references_only() -> None:
     manifest = run_manifest(job, "bucket", DATA)
     assert manifest["secrets"] == secrets and manifest["env"] == {}
     assert manifest["volumes"][0]["dns_name"] == f"{FSX}.fsx.us-east-1.amazonaws.com"
+
+
+@pytest.mark.parametrize(
+    ("location", "checkpoint"),
+    [
+        ("s3://ckpt", "s3://ckpt/vision/"),
+        ("s3://ckpt", "s3://ckpt/vision"),
+        ("s3://ckpt", "s3://ckpt/vision/resnet/run-1/"),
+        ("s3://ckpt/teams", "s3://ckpt/teams/vision/resnet/"),
+        ("s3://ckpt/teams/", "s3://ckpt/teams/vision/resnet/"),
+    ],
+)
+def test_a_checkpoint_in_its_teams_folder_is_accepted(location: str, checkpoint: str) -> None:
+    spec = spec_from_mapping(_spec(checkpoint=checkpoint))
+    assert checkpoint_problem(spec, location) is None
+
+
+@pytest.mark.parametrize(
+    ("location", "checkpoint", "message"),
+    [
+        # Another team's folder, a folder whose name only begins like the team's, another
+        # bucket, the location's root, outside the configured prefix.
+        ("s3://ckpt", "s3://ckpt/nlp/llm/", "under s3://ckpt/vision/"),
+        ("s3://ckpt", "s3://ckpt/vision-old/resnet/", "under s3://ckpt/vision/"),
+        ("s3://ckpt", "s3://other-bucket/vision/resnet/", "under s3://ckpt/vision/"),
+        ("s3://ckpt", "s3://ckpt/", "under s3://ckpt/vision/"),
+        ("s3://ckpt/teams", "s3://ckpt/vision/resnet/", "under s3://ckpt/teams/vision/"),
+        ("", "s3://ckpt/vision/", "this deployment keeps no checkpoints"),
+    ],
+)
+def test_a_checkpoint_the_teams_session_cannot_write_is_refused(
+    location: str, checkpoint: str, message: str
+) -> None:
+    problem = checkpoint_problem(spec_from_mapping(_spec(checkpoint=checkpoint)), location)
+    assert problem is not None and problem.field == "checkpoint"
+    assert message in problem.message
+
+
+def test_a_job_without_a_checkpoint_needs_no_checkpoint_location() -> None:
+    assert checkpoint_problem(spec_from_mapping(_spec()), "") is None
+
+
+def test_intake_refuses_another_teams_checkpoint_and_stores_nothing() -> None:
+    ports = local_ports()
+    intake = intake_for(ports, make_settings(checkpoint_uri="s3://ckpt"))
+    refused = intake.submit_document(
+        _spec(checkpoint="s3://ckpt/nlp/llm/"), "delivery-4", "event:4", VISION
+    )
+    assert not refused.accepted and refused.error is not None
+    assert refused.error["fields"] == [
+        {
+            "field": "checkpoint",
+            "message": "team vision's jobs keep checkpoints under s3://ckpt/vision/",
+        }
+    ]
+    assert ports.jobs.list_jobs() == []
+    assert cast(RecordingWorkflow, ports.workflow).started == []
+    own = intake.submit_document(
+        _spec(checkpoint="s3://ckpt/vision/resnet/"), "delivery-5", "event:5", VISION
+    )
+    assert own.job_id is not None
 
 
 SCRATCH = [{"instance_store": "scratch", "mount": "/scratch"}]

@@ -162,7 +162,7 @@ def test_the_lambdas_and_the_simulator_settle_runs_alike(
 # Ten hours of work, no checkpoints: each interruption loses the run, so what the job lives
 # through on spot soon makes spot dearer than on-demand in expectation.
 LONG_YAML = SPEC_YAML.replace(b"timeout: 1h", b"timeout: 20h\nexpected_duration: 10h")
-CHECKPOINTING_YAML = SPEC_YAML + b"checkpoint: s3://acme-ckpt/resnet/\ncheckpoint_interval: 5m\n"
+CHECKPOINTING_YAML = SPEC_YAML + b"checkpoint: s3://ckpt/vision/resnet/\ncheckpoint_interval: 5m\n"
 
 
 def on_demand_first_after(spec_yaml: bytes, seconds_per_run: float) -> int | None:

@@ -36,7 +36,7 @@ team: vision
 image: img:1
 command: [python, train.py]
 resources: {resources}
-checkpoint: s3://ckpt/{name}/
+checkpoint: s3://ckpt/vision/{name}/
 """
 ELASTIC = "{gpus: 1, nodes: 2, elastic: {min_nodes: 1, max_nodes: 4}}"
 

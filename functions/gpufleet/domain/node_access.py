@@ -1,12 +1,13 @@
 """What a job's node reaches besides its image: the volumes it mounts, the secrets it reads, the
-registry it logs in to (docs/data.md).
+registry it logs in to (docs/data.md), and where its container may keep checkpoints.
 
 The spec names them (`volumes`, `secrets`, `registry_credentials`); the deployment's config
 (gpufleet.yaml) says which file systems, buckets and secrets the nodes' role can reach. Intake
 refuses a spec that names anything else (`check_access`), so a job fails at submission, not on a
-node an hour later. The run manifest carries what the agent needs to act (`manifest_access`):
-the volumes resolved against the config, the secrets' references and the registry login, never
-a secret's value (the agent reads those on the node, at start).
+node an hour later; likewise a `checkpoint` outside its team's folder of the deployment's
+checkpoint location (`checkpoint_problem`). The run manifest carries what the agent needs to
+act (`manifest_access`): the volumes resolved against the config, the secrets' references and
+the registry login, never a secret's value (the agent reads those on the node, at start).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 
 from gpufleet.domain.config import DataSources, FleetConfig
 from gpufleet.domain.spec import FieldError, JobSpec, SpecError, Volume, VolumeKind, split_s3_uri
+from gpufleet.domain.tenancy import team_checkpoint_prefix
 
 # An image in a private ECR registry: ACCOUNT.dkr.ecr[-fips].REGION.amazonaws.com[.cn]/REPO...
 _ECR_IMAGE = re.compile(
@@ -151,9 +153,35 @@ def _volume_problem(volume: Volume, config: FleetConfig) -> str | None:
     return None
 
 
-def check_access(spec: JobSpec, config: FleetConfig) -> JobSpec:
-    """`spec` when its nodes can reach everything it names; else SpecError by field."""
+def checkpoint_problem(spec: JobSpec, checkpoint_uri: str) -> FieldError | None:
+    """Why the job's container could not keep its checkpoints where the spec says, or None.
+    Its session (infra/constructs/job_role.py) writes only its team's folder of the
+    deployment's checkpoint location (`s3://bucket/prefix`; empty: the deployment keeps none),
+    so anything else is refused at submission, not denied at its first checkpoint."""
+    if spec.checkpoint is None:
+        return None
+    if not checkpoint_uri:
+        return FieldError(
+            field="checkpoint",
+            message="this deployment keeps no checkpoints: its operator sets the stack's "
+            "checkpoint_uri (docs/deploy.md)",
+        )
+    bucket, prefix = split_s3_uri(checkpoint_uri)
+    folder = f"s3://{bucket}/{team_checkpoint_prefix(prefix.rstrip('/'), spec.team)}"
+    if (spec.checkpoint.rstrip("/") + "/").startswith(folder):
+        return None
+    return FieldError(
+        field="checkpoint", message=f"team {spec.team}'s jobs keep checkpoints under {folder}"
+    )
+
+
+def check_access(spec: JobSpec, config: FleetConfig, checkpoint_uri: str) -> JobSpec:
+    """`spec` when its nodes can reach everything it names and its container may write its
+    checkpoints; else SpecError by field."""
     problems = access_problems(spec, config)
+    checkpoint = checkpoint_problem(spec, checkpoint_uri)
+    if checkpoint is not None:
+        problems.append(checkpoint)
     if problems:
         raise SpecError(
             f"{len(problems)} field(s) name what the deployment's nodes cannot reach", problems

@@ -107,12 +107,17 @@ class Account:
                 topology.ENV_NOTIFY_TOPIC: self.notify_topic_arn,
                 topology.ENV_TEAM_TOPICS: topology.pairs_value(self.team_topics),
                 topology.ENV_ACCOUNT: ACCOUNT_ID,
+                topology.ENV_CHECKPOINT_URI: CHECKPOINT_URI,
                 topology.ENV_ROOT_VOLUME: str(ROOT_VOLUME_GIB),
                 "AWS_REGION": self.region,
             }
         )
         return env
 
+
+# The embedded deployment's checkpoint location (the stack's `checkpoint_uri`): the samples
+# keep their checkpoints under its team folders.
+CHECKPOINT_URI = "s3://gpufleet-checkpoints"
 
 # The stack's default root volume (infra/config.py `root_volume_gib`).
 ROOT_VOLUME_GIB = 200

@@ -36,6 +36,7 @@ def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) 
         settings.config,
         account=settings.account_id,
         region=settings.region,
+        checkpoint_uri=settings.checkpoint_uri,
     )
 
 

@@ -99,6 +99,7 @@ class IntakeService:
         *,
         account: str = "",
         region: str = "",
+        checkpoint_uri: str = "",
     ) -> None:
         self._ports = ports
         self._prepare = prepare
@@ -108,6 +109,8 @@ class IntakeService:
         # The deployment's: a spec's notify topic must be in them (and its team's).
         self._account = account
         self._region = region
+        # The deployment's checkpoint location: a spec's checkpoint must be in its team's folder.
+        self._checkpoint_uri = checkpoint_uri
 
     def submit_object(
         self, key: str, delivery_key: str, source: str, version_id: str | None = None
@@ -180,7 +183,9 @@ class IntakeService:
         job_ids = submission_job_ids(submission, delivery_key)
         jobs = []
         for spec in submission.jobs:
-            stored = check_access(apply_template(spec, self._config.templates), self._config)
+            stored = check_access(
+                apply_template(spec, self._config.templates), self._config, self._checkpoint_uri
+            )
             stored = check_notify(stored, self._config.teams, self._account, self._region)
             jobs.append((job_ids[spec.name], with_job_ids(stored, job_ids)))
         return jobs
