@@ -22,6 +22,7 @@ from gpufleet.domain.tenancy import (
     JOB_TAG,
     SESSION_TAG_KEYS,
     TEAM_TAG,
+    job_session_statements,
     principal_tag,
     team_checkpoint_prefix,
 )
@@ -58,16 +59,18 @@ class JobRole(Construct):
             description="gpufleet job containers: their job's stage data, their team's checkpoints",
             max_session_duration=Duration.seconds(SESSION_SECONDS),
         )
-        job = principal_tag(JOB_TAG)
-        team = principal_tag(TEAM_TAG)
-        stage_prefix = f"{topology.RUNS_PREFIX}{job}/stages/"
-        self._objects("StageData", bucket.arn_for_objects(f"{stage_prefix}*"))
-        self._listing("ListStageData", bucket.bucket_arn, stage_prefix)
-        if checkpoints is not None:
-            bucket_arn = f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}"
-            prefix = team_checkpoint_prefix(checkpoints.prefix, team)
-            self._objects("Checkpoints", f"{bucket_arn}/{prefix}*")
-            self._listing("ListCheckpoints", bucket_arn, prefix)
+        checkpoint_bucket_arn = (
+            None
+            if checkpoints is None
+            else f"arn:{Stack.of(self).partition}:s3:::{checkpoints.bucket}"
+        )
+        for statement in job_session_statements(
+            bucket.bucket_arn,
+            checkpoint_bucket_arn,
+            checkpoints.prefix if checkpoints is not None else "",
+        ):
+            self.role.add_to_policy(iam.PolicyStatement.from_json(statement))
+        stage_prefix = f"{topology.RUNS_PREFIX}{principal_tag(JOB_TAG)}/stages/"
         policy = self.role.node.try_find_child("DefaultPolicy")
         assert policy is not None
         nag.acknowledge_all(
@@ -79,6 +82,7 @@ class JobRole(Construct):
             "session's gpufleet-job tag, which only the node agent sets.",
         )
         if checkpoints is not None:
+            prefix = team_checkpoint_prefix(checkpoints.prefix, principal_tag(TEAM_TAG))
             nag.acknowledge_all(
                 policy,
                 nag.wildcard_resources(
@@ -89,25 +93,6 @@ class JobRole(Construct):
                 "Checkpoints are objects the job names under its team's folder of the "
                 "configured prefix, read from the session's gpufleet-team tag.",
             )
-
-    def _objects(self, sid: str, objects: str) -> None:
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid=sid,
-                actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=[objects],
-            )
-        )
-
-    def _listing(self, sid: str, bucket_arn: str, prefix: str) -> None:
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid=sid,
-                actions=["s3:ListBucket"],
-                resources=[bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
-            )
-        )
 
     def grant_assume(self, instance_role: iam.IRole) -> None:
         """The node agent's right to open a job's session, with its tags."""

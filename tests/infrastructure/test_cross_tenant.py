@@ -5,19 +5,15 @@ checkpoints, and nothing of another job or team: no run manifest, no checkpoint 
 theirs, no node report on the bus, no metrics. And a team's submit policy submits as that
 team only: its own folder of the intake bucket and its own event source.
 
-The evaluation is IAM's for identity policies with Allow statements only (no Deny, no resource
-policy grants the job role anything): an action is allowed when a statement's action and
-resource patterns match (`*` and `?`, actions case-insensitive) and its conditions hold.
-https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html
+The evaluation is the embedded account's (`gpufleet/emulator/job_sessions.py` SessionPolicy:
+IAM's for identity policies of Allow statements only), the one it judges a job session's
+requests by (tests/integration/test_job_sessions.py has them refused end to end).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +26,8 @@ from gpufleet import topology
 from gpufleet.domain.config import config_from_yaml
 from gpufleet.domain.node_reports import node_key_object
 from gpufleet.domain.submitters import team_source, upload_key
-from gpufleet.domain.tenancy import session_tags
+from gpufleet.domain.tenancy import job_session_statements, session_tags
+from gpufleet.emulator.job_sessions import SessionPolicy as Session
 from gpufleet.services.lifecycle_base import control_key, run_manifest_key
 
 CHECKPOINTS = "s3://ckpt-bucket/gpufleet"
@@ -38,62 +35,10 @@ CONFIG = Path(__file__).resolve().parents[2] / "gpufleet.yaml"
 CKPT = "arn:<AWS::Partition>:s3:::ckpt-bucket"
 MINE, THEIRS = "j-0000000000000000000a", "j-0000000000000000000b"
 TEAM, OTHER_TEAM = "vision", "speech"
-_VARIABLE = re.compile(r"\$\{aws:PrincipalTag/([^}]+)\}")
-
-
-@dataclass(frozen=True)
-class Session:
-    """A role session and what it was tagged with."""
-
-    statements: list[dict[str, Any]]
-    tags: Mapping[str, str]
-
-    def allows(self, action: str, resource: str, context: Mapping[str, str] | None = None) -> bool:
-        return any(
-            _matches(action, _listify(s["Action"]), case=False)
-            and _matches(resource, [self._resolve(r) for r in _listify(s["Resource"])])
-            and _conditions_hold(self._resolved(s.get("Condition", {})), context or {})
-            for s in self.statements
-            if s["Effect"] == "Allow"
-        )
-
-    def _resolved(self, conditions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """Conditions with the session's tags read into their values (IAM does so too)."""
-        return {
-            operator: {
-                key: [self._resolve(v) for v in _listify(values)] for key, values in keys.items()
-            }
-            for operator, keys in conditions.items()
-        }
-
-    def _resolve(self, pattern: str) -> str:
-        # A variable of a tag the session lacks makes the statement match nothing (IAM).
-        return _VARIABLE.sub(lambda m: self.tags.get(m.group(1), "\0"), pattern)
 
 
 def _listify(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
-
-
-def _matches(value: str, patterns: list[str], *, case: bool = True) -> bool:
-    if not case:
-        return any(fnmatchcase(value.lower(), p.lower()) for p in patterns)
-    return any(fnmatchcase(value, p) for p in patterns)
-
-
-def _conditions_hold(
-    conditions: Mapping[str, Mapping[str, Any]], context: Mapping[str, str]
-) -> bool:
-    for operator, keys in conditions.items():
-        assert operator in ("StringLike", "StringEquals"), f"teach this test {operator}"
-        for key, expected in keys.items():
-            if key not in context:
-                return False
-            if operator == "StringLike" and not _matches(context[key], _listify(expected)):
-                return False
-            if operator == "StringEquals" and context[key] not in _listify(expected):
-                return False
-    return True
 
 
 @dataclass
@@ -263,6 +208,16 @@ def test_only_launch_nodereport_and_the_instances_read_a_runs_key(roles: Roles) 
     assert roles.instance_role in readers
     assert sum(name.startswith(f"Functions{launch}") for name in readers) == 1, readers
     assert sum(name.startswith(f"Functions{report}") for name in readers) == 1, readers
+
+
+def test_the_embedded_account_judges_job_sessions_by_the_deployed_policy(roles: Roles) -> None:
+    """The stack's job role and the embedded account's judge read one definition."""
+    deployed = [{**s, "Action": _listify(s["Action"])} for s in roles.statements[roles.job_role]]
+    defined = [
+        {**s, "Action": sorted(_listify(s["Action"])), "Resource": _listify(s["Resource"])}
+        for s in job_session_statements(roles.bucket, CKPT, "gpufleet")
+    ]
+    assert deployed == defined
 
 
 def test_a_session_without_its_tags_reaches_nothing(roles: Roles) -> None:

@@ -31,9 +31,11 @@ def test_the_stages_demo_runs_each_stage_on_its_own_type_and_adds_up_their_cost(
     assert len({t.name for t in types}) == 3
     assert types[0].gpus == 0 and stages[0]["gpus"] == 0  # preprocessing: CPU-only
     # Its command really ran (the agent's docker runtime, the fake docker): no GPU flag, which
-    # docker refuses on a CPU-only type, and the stage's output prefix in its environment.
+    # docker refuses on a CPU-only type, the stage's output prefix in its environment, and its
+    # job's session at the credentials endpoint the agent serves it.
     line = job["container_log"][0]  # the simulated stages' lines follow
-    assert line.startswith("preprocess: from ") and line.endswith("/stages/preprocess/ on 0 GPU(s)")
+    assert line.startswith("preprocess: from ")
+    assert line.endswith("/stages/preprocess/ on 0 GPU(s), with its job's session")
     assert types[1].gpus == stages[1]["gpus"] == 8 and types[1].gpu_model in ("A100", "H100")
     assert not any(s["reused_previous"] for s in stages)
     assert all(s["cost_usd"] > 0 and s["held_seconds"] > 0 for s in stages)

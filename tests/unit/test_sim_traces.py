@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -58,10 +57,9 @@ def openb() -> Trace:
 
 
 @needs_data
-def test_philly_loads_every_job_fast() -> None:
-    started = time.perf_counter()
+def test_philly_loads_every_job() -> None:
+    # How fast is a benchmark's figure (scripts/bench_simulator.py prints the load's time).
     trace = load_trace(PHILLY, "philly")
-    assert time.perf_counter() - started < 5.0
     assert len(trace) == 82247
     assert trace.origin == datetime(2017, 9, 4, 10, 30, 41)
     assert trace.jobs[0].submit_seconds == 0.0

@@ -10,7 +10,13 @@ session's short-lived keys, never the instance role's.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
+
+from gpufleet.topology import RUNS_PREFIX
+
+# What a session may do with objects of its prefixes, and listing them.
+OBJECT_ACTIONS: Final = ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload")
+LIST_ACTION: Final = "s3:ListBucket"
 
 # Session tag keys: IAM allows letters, digits, spaces and _.:/=+-@ (128 characters at most).
 JOB_TAG: Final = "gpufleet-job"
@@ -39,3 +45,38 @@ def team_checkpoint_prefix(prefix: str, team: str) -> str:
     """Where team `team` keeps checkpoints in the configured checkpoint bucket: under the
     configured prefix (may be empty), one folder per team."""
     return f"{prefix}/{team}/" if prefix else f"{team}/"
+
+
+def job_session_statements(
+    bucket_arn: str, checkpoint_bucket_arn: str | None, checkpoint_prefix: str = ""
+) -> list[dict[str, Any]]:
+    """The job role's policy: with its session's tags read in, its job's stage data in the
+    stack's bucket (`bucket_arn`) and its team's folder of the checkpoint location (when the
+    deployment has one), nothing else. One definition for the stack (infra/constructs/job_role.py)
+    and the embedded account, which judges a job session's requests by it."""
+    stage_prefix = f"{RUNS_PREFIX}{principal_tag(JOB_TAG)}/stages/"
+    statements = [
+        _objects("StageData", f"{bucket_arn}/{stage_prefix}*"),
+        _listing("ListStageData", bucket_arn, stage_prefix),
+    ]
+    if checkpoint_bucket_arn is not None:
+        prefix = team_checkpoint_prefix(checkpoint_prefix, principal_tag(TEAM_TAG))
+        statements += [
+            _objects("Checkpoints", f"{checkpoint_bucket_arn}/{prefix}*"),
+            _listing("ListCheckpoints", checkpoint_bucket_arn, prefix),
+        ]
+    return statements
+
+
+def _objects(sid: str, objects: str) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": list(OBJECT_ACTIONS), "Resource": objects}
+
+
+def _listing(sid: str, bucket_arn: str, prefix: str) -> dict[str, Any]:
+    return {
+        "Sid": sid,
+        "Effect": "Allow",
+        "Action": LIST_ACTION,
+        "Resource": bucket_arn,
+        "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+    }

@@ -27,6 +27,7 @@ from gpufleet.domain.boot import BootTarget, network_interfaces, template_keys
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import ConfigFileError, FleetConfig, config_from_yaml, config_to_env
 from gpufleet.domain.notify import teams_with_emails, topics_outside
+from gpufleet.domain.tenancy import job_session_statements
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.clock import EmulatorClock, WallClock
 from gpufleet.emulator.patches import (
@@ -43,6 +44,14 @@ REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
 BUS_NAME = "gpufleet"
 BUCKET_NAME = "gpufleet-intake-123456789012"
+# The embedded deployment's checkpoint location (the stack's `checkpoint_uri`): the samples
+# keep their checkpoints under its team folders. The bucket is the operator's (the stack makes
+# none), made here with the account.
+CHECKPOINT_BUCKET = "gpufleet-checkpoints"
+CHECKPOINT_URI = f"s3://{CHECKPOINT_BUCKET}"
+# The role the node agent opens each job's session of (the stack's job role), held to the
+# stack's own policy for it (`job_sessions`).
+JOB_ROLE_ARN = f"arn:aws:iam::{ACCOUNT_ID}:role/gpufleet-job"
 CONFIG_FILE = Path(__file__).resolve().parents[3] / "gpufleet.yaml"
 # moto ships real AMI ids (and their architectures): one per architecture stands for every
 # image of that architecture (the stack's BOOT_IMAGES).
@@ -115,10 +124,6 @@ class Account:
         return env
 
 
-# The embedded deployment's checkpoint location (the stack's `checkpoint_uri`): the samples
-# keep their checkpoints under its team folders.
-CHECKPOINT_URI = "s3://gpufleet-checkpoints"
-
 # The stack's default root volume (infra/config.py `root_volume_gib`).
 ROOT_VOLUME_GIB = 200
 
@@ -189,6 +194,12 @@ def embedded_account(
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config(), clock)
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
+            patches.job_sessions.govern(
+                JOB_ROLE_ARN,
+                job_session_statements(
+                    f"arn:aws:s3:::{account.bucket}", f"arn:aws:s3:::{CHECKPOINT_BUCKET}"
+                ),
+            )
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         yield account
@@ -325,6 +336,7 @@ def _create_resources(recorder: Recorder, config: FleetConfig, clock: EmulatorCl
 
     s3 = account.client("s3")
     s3.create_bucket(Bucket=account.bucket)
+    s3.create_bucket(Bucket=CHECKPOINT_BUCKET)
     s3.put_bucket_versioning(Bucket=account.bucket, VersioningConfiguration={"Status": "Enabled"})
     s3.put_bucket_notification_configuration(
         Bucket=account.bucket,

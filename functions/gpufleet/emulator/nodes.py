@@ -24,6 +24,7 @@ from typing import Any
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.agent.aws import AwsNodeSecrets, CloudWatchMetrics, EventBridgeReporter, S3Manifests
+from gpufleet.agent.credentials import job_credentials
 from gpufleet.agent.docker import NEURON_ACCELERATORS, DockerRuntime
 from gpufleet.agent.node import (
     JOB_METRIC_PREFIX,
@@ -36,7 +37,7 @@ from gpufleet.agent.node import (
 from gpufleet.agent.prepare import Completed, Prepared, prepare
 from gpufleet.agent.usage import NVIDIA_SMI_QUERY, UsageRecorder, UsageSampler
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.emulator.account import Account
+from gpufleet.emulator.account import JOB_ROLE_ARN, Account
 from gpufleet.emulator.clock import EmulatorClock
 from gpufleet.emulator.fake_docker import Docker, NodeHardware, install_node
 from gpufleet.emulator.node_host import EmulatedHost
@@ -510,7 +511,8 @@ class NodeSimulator:
         """The agent's own runtime, on this node's fake docker: told what the instance type
         has (its GPUs, its Neuron devices), the container's stdout to the job's log stream,
         and the agent's own preparation (registry login, volumes, secrets) on the emulated
-        host, its AWS lookups made as the node."""
+        host, its AWS lookups made as the node; the container gets its job's session of the
+        job role at the credentials endpoint, as on a node (`job_sessions` judges it)."""
         with acting_as(EMULATOR):
             instance_type = load_bundled().instance_type(
                 _instance(self._ec2, instance_id)["InstanceType"]
@@ -541,6 +543,9 @@ class NodeSimulator:
             output=output,
             environment={**environment, "DOCKER_CONFIG": str(root)},
             preparation=preparation,
+            credentials=functools.partial(
+                job_credentials, sts=self._account.client("sts"), role_arn=JOB_ROLE_ARN
+            ),
             docker=str(program),
             journal=self._journal,
         )

@@ -8,7 +8,8 @@ Powertools) no longer has what a patch replaces, and `install` refuses to start 
 Everything else the account adds goes through seams: botocore's event system (handlers added to
 `botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups,
 EC2's launch rules, CloudWatch's alarm windows and GetMetricData's size, Lambda's account
-settings, the Price List API, the faults of a chaos run, and the `Recorder` of who called);
+settings, the Price List API, IAM for job sessions, the faults of a chaos run, and the
+`Recorder` of who called);
 the control plane's port for sessions (`runtime.use_sessions`: sessions that share one loader
 of the service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
 `topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
@@ -83,6 +84,7 @@ from gpufleet.errors import GpufleetError
 if TYPE_CHECKING:
     from gpufleet.emulator.clock import EmulatorClock
     from gpufleet.emulator.ec2_rules import Ec2Rules
+    from gpufleet.emulator.job_sessions import JobSessions
 
 CONTROL_PLANE = "control-plane"
 EMULATOR = "emulator"
@@ -481,6 +483,7 @@ class Installed:
 
     recorder: Recorder
     ec2_rules: Ec2Rules
+    job_sessions: JobSessions
     _undo: list[tuple[Patch | None, Callable[[], None]]] = field(default_factory=list)
 
     def remove(self, *patches: Patch) -> None:
@@ -507,6 +510,7 @@ def install(
         pricing,
     )
     from gpufleet.emulator.ec2_rules import Ec2Rules
+    from gpufleet.emulator.job_sessions import JobSessions
     from gpufleet.emulator.placement_groups import PlacementGroups
     from gpufleet.emulator.sessions import SessionsSharingModels
 
@@ -528,7 +532,7 @@ def install(
         **{patch: lambda _none: _routed_print for patch in EMF_PRINTS},
     }
     groups = PlacementGroups()
-    installed = Installed(recorder, Ec2Rules(groups))
+    installed = Installed(recorder, Ec2Rules(groups), JobSessions())
     try:
         for patch in PATCHES:
             installed._undo.append((patch, patch.apply(replacements[patch])))
@@ -537,13 +541,15 @@ def install(
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
         # CloudWatch's alarm windows and GetMetricData's 500 queries a call likewise
         # (`cloudwatch_rules`), and what moto lacks of Lambda's account settings
-        # (`account_baseline`), and the Price List API (`pricing`).
+        # (`account_baseline`), and the Price List API (`pricing`). A job session's requests
+        # are judged by the job role's policy (`job_sessions`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),
             *cloudwatch_rules.hooks(),
             *account_baseline.hooks(),
             *pricing.hooks(),
+            *installed.job_sessions.hooks(),
             *recorder.hooks(),
         ]
         for hook in hooks:
