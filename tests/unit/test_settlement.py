@@ -284,7 +284,8 @@ def test_the_commands_of_an_end_and_of_a_requeue() -> None:
         PublishStatusChange,
     ]
     requeued = settle(running(), end(exit_code=1))
-    assert requeued.commands[:2] == (Terminate(), ReleaseShare())
+    # Its team is charged the run's GPU-hours with the release: 1 GPU for 60 s.
+    assert requeued.commands[:2] == (Terminate(), ReleaseShare("t", 60 / 3600, LAUNCHED + 60))
     record = requeued.commands[2]
     assert isinstance(record, Record) and record.status is JobStatus.RUNNING
     assert record.changes.drain_reason == RETRY

@@ -167,7 +167,14 @@ class PublishStatusChange:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseShare:
-    """Give the job's share of the quotas back to the admission queue."""
+    """Give the job's share of the quotas back to the admission queue, and charge its team
+    the run's `gpu_hours` (the GPUs the share counted, for as long as the run held its
+    instances), used until `at`, for fair share (`domain.fair_share`). Charged with the
+    release, once: a repeated release finds no share and charges nothing."""
+
+    team: str
+    gpu_hours: float
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +243,11 @@ def settle(
         cost = run_cost_usd(placement, released_at)
         storage = storage_cost_usd(placement, released_at)
 
+    # What the run's GPUs add to its team's fair-share usage, with its share's release.
+    share = ReleaseShare(
+        job.spec.team, job.effective_spec.resources.total_gpus * (ran or 0.0) / 3600, end.at
+    )
+
     def settled(
         new: Job, requeue: str | None, reason: str, commands: tuple[Command, ...]
     ) -> Settlement:
@@ -255,7 +267,7 @@ def settle(
                 | _stage_end(job, job.status, until, instance_type)
             )
         recorded: tuple[Command, ...] = (Record(job.status, changes),) if changes else ()
-        commands = (Terminate(), ReleaseShare(), *recorded)
+        commands = (Terminate(), share, *recorded)
         return settled(job.with_changes(changes), None, job.failure_reason or "", commands)
 
     if _moved_past(job, end):
@@ -288,7 +300,7 @@ def settle(
         )
         commands = (
             Terminate(),
-            ReleaseShare(),
+            share,
             Record(job.status, changes),
             Requeue(verdict.requeue),
         )
@@ -306,7 +318,7 @@ def settle(
         )
     commands = (
         Terminate(),
-        ReleaseShare(),
+        share,
         Record(status, changes),
         PublishStatusChange(job.status, status),
     )
