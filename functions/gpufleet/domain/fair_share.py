@@ -33,14 +33,13 @@ def decayed(gpu_hours: float, since: float, now: float, half_life_seconds: float
     """`gpu_hours` used at `since`, as they count at `now`: halved every half-life. One
     exponential both ways: seen from a moment before `since` (clocks a few seconds apart)
     they count a little more, which keeps the ledger's epochs exact at their edges."""
-    return gpu_hours * 0.5 ** ((now - since) / half_life_seconds)
+    return gpu_hours * math.pow(0.5, (now - since) / half_life_seconds)
 
 
 @dataclass(frozen=True, slots=True)
 class UsageCharge:
     """What one settled run adds to its team's ledger: `amount` to the entry `key`."""
 
-    team: str
     key: str
     amount: float
 
@@ -49,12 +48,12 @@ def _epoch_key(half_life_seconds: float, epoch_start: float) -> str:
     return f"{half_life_seconds:g}@{epoch_start:.0f}"
 
 
-def charge(team: str, gpu_hours: float, at: float, half_life_seconds: float) -> UsageCharge:
-    """The ledger entry of `gpu_hours` a run of `team` used, settled at `at`."""
+def charge(gpu_hours: float, at: float, half_life_seconds: float) -> UsageCharge:
+    """The ledger entry of `gpu_hours` a run used, settled at `at`."""
     span = EPOCH_HALF_LIVES * half_life_seconds
     epoch_start = math.floor(at / span) * span
-    grown = gpu_hours * 2.0 ** ((at - epoch_start) / half_life_seconds)
-    return UsageCharge(team, _epoch_key(half_life_seconds, epoch_start), grown)
+    grown = gpu_hours * math.pow(2.0, (at - epoch_start) / half_life_seconds)
+    return UsageCharge(_epoch_key(half_life_seconds, epoch_start), grown)
 
 
 def usage_at(ledger: Mapping[str, float], now: float, half_life_seconds: float) -> float:
@@ -73,10 +72,10 @@ def standing(usage: float, share: float) -> float:
     return usage / share
 
 
-def add_charge(ledgers: dict[str, dict[str, float]], charge: UsageCharge) -> None:
-    """Add a charge to the ledgers (team -> entry -> amount) kept in memory, as the DynamoDB
-    queue's ADD adds it to the team's item."""
-    ledger = ledgers.setdefault(charge.team, {})
+def add_charge(ledgers: dict[str, dict[str, float]], team: str, charge: UsageCharge) -> None:
+    """Add a charge of `team` to the ledgers (team -> entry -> amount) kept in memory, as the
+    DynamoDB queue's ADD adds it to the team's item."""
+    ledger = ledgers.setdefault(team, {})
     ledger[charge.key] = ledger.get(charge.key, 0.0) + charge.amount
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
 from gpufleet.domain.cost import month_start, spend_this_month_usd
+from gpufleet.domain.fair_share import usage_by_team
 from gpufleet.domain.job import JobChanges, JobNotFound, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
@@ -157,6 +158,7 @@ class DispatcherService:
             now,
             policy,
             team_spend_usd=spend,
+            team_usage=usage_by_team(state.team_usage, now, policy.fair_share_half_life_seconds),
         )
         nominees = {job.job_id: job for job in state.nominees}
         for admission in decision.admitted:

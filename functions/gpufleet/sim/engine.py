@@ -1018,7 +1018,7 @@ class Engine:
     def _charge(self, job: _Job, share: ReleaseShare) -> None:
         """The run's GPU-hours, to the team the queue knows the job by (the policy's)."""
         half_life = self.policy.queue.fair_share_half_life_seconds
-        add_charge(self.usage_ledgers, charge(job.team, share.gpu_hours, share.at, half_life))
+        add_charge(self.usage_ledgers, job.team, charge(share.gpu_hours, share.at, half_life))
 
     def _requeue(self, job: _Job, settlement: Settlement) -> None:
         """Back to the queue with what the settlement recorded: its counters, and what it now
