@@ -177,6 +177,8 @@ def test_a_run_charges_its_team_and_the_next_pass_puts_the_other_team_first() ->
     later = world.submit("later", "normal", team="vision")
     world.enqueue(earlier)
     world.enqueue(later)
+    rows, _ = queue_listing(world.ports, policy)  # `gpufleet queue` shows that order
+    assert [(row.job_id, row.reason) for row in rows] == [(later, "next"), (earlier, "capacity")]
     assert world.dispatcher.run_pass().admitted == [later]
 
 

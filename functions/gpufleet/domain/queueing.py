@@ -346,11 +346,18 @@ def effective_priority(job: QueuedJob, now: float, policy: QueuePolicy) -> float
 
 
 def admission_order(
-    queued: Iterable[QueuedJob], now: float, policy: QueuePolicy
+    queued: Iterable[QueuedJob],
+    now: float,
+    policy: QueuePolicy,
+    team_usage: Mapping[str, float] | None = None,
 ) -> list[QueuedJob]:
-    return sorted(
-        queued, key=lambda j: (-effective_priority(j, now, policy), j.enqueued_at, j.job_id)
-    )
+    """The jobs in the order a pass considers them (`_Heads`): by effective priority, then
+    submission, and within a class by fair share when `team_usage` is given."""
+    heads = _Heads(now, policy, _standings(team_usage, policy))
+    jobs = list(queued)
+    for job in jobs:
+        heads.push(job, 0)
+    return [heads.pop()[1] for _ in jobs]
 
 
 # How many waiting jobs of one team and class in a row a pass considers without admitting one
