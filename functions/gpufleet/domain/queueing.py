@@ -8,7 +8,9 @@ exceed a quota.
 
 Order. Jobs are ranked by effective priority: the class rank (critical 3, high 2, normal 1,
 low 0) plus `aging_per_hour` for every hour waited, so any job eventually outranks newer work of
-any class and nothing starves. Ties go to the earlier submission (FIFO within a class).
+any class and nothing starves. Ties go to the earlier submission (FIFO within a class). Fair
+share (`domain.fair_share`): within a class, the team with the fewest decayed GPU-hours per
+share goes first; a class still ranks by the effective priority of its longest-waiting job.
 
 Reservation. The first job a pass considers that waits for room holds a reservation: its
 expected start, when enough of the jobs holding GPUs will have ended (each at its admission
@@ -438,7 +440,7 @@ class _Heads:
         self._now, self._policy, self._standings = now, policy, standings
         self._in_class: dict[Priority, list[tuple[float, float, str, int, QueuedJob]]] = {}
         self._oldest: dict[Priority, list[tuple[float, str, QueuedJob]]] = {}
-        self._taken: set[str] = set()  # taken out of a class other than as its oldest
+        self._taken: set[str] = set()  # popped, and not yet dropped from `_oldest`
 
     def __bool__(self) -> bool:
         return any(self._in_class.values())
