@@ -222,6 +222,11 @@ class JobQueue(Protocol):
         is not running or already draining, or the job no longer waits."""
         ...
 
+    def charge(self, team: str, charge: UsageCharge) -> None:
+        """Add `charge` to the team's fair-share ledger, holding no share to release (a stage
+        that hands its instances to the next)."""
+        ...
+
     def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
         """Give back a running job's share and add `charge` (its run's GPU-hours) to its
         team's fair-share ledger, in one write; False (and nothing charged) if it was not

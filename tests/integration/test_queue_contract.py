@@ -151,6 +151,9 @@ def test_a_release_charges_its_team_once_and_charges_add_up(queue: JobQueue) -> 
     assert queue.release("j-c")  # a share given back with no run: nothing charged
     usage = usage_by_team(queue.state().team_usage, NOW + day, day)
     assert usage == {"vision": pytest.approx(3.0 / 2 + 2.0)}
+    queue.charge("nlp", charge(1.0, NOW + day, day))  # a stage that keeps its share
+    usage = usage_by_team(queue.state().team_usage, NOW + day, day)
+    assert usage == {"vision": pytest.approx(3.5), "nlp": pytest.approx(1.0)}
 
 
 def test_the_queue_keeps_what_the_reservation_needs(queue: JobQueue) -> None:

@@ -23,6 +23,7 @@ from gpufleet.domain.settlement import (
     PREEMPTED,
     RECLAIMED,
     RETRY,
+    ChargeUsage,
     EndKind,
     PublishStatusChange,
     Record,
@@ -327,6 +328,8 @@ def test_a_stage_that_succeeds_moves_on_here_when_the_next_one_reuses_its_instan
     job = running(spec=STAGED)
     here = settle(job, end(exit_code=0, stage="prep"), instance_type=g5)
     assert here.requeue is None and here.commands[-1] == RunStageHere("train")
+    # The stage's GPU-hour so far is its team's, though the share stays with the next stage.
+    assert here.commands[-2] == ChargeUsage("t", 60 / 3600, LAUNCHED + 60)
     assert here.job.stage_index == 1 and here.job.placement is not None
     assert here.job.stage_records[0].status is JobStatus.SUCCEEDED
     # Without the catalog's word that it fits, or for a stage that does not reuse: the queue.

@@ -178,6 +178,16 @@ class ReleaseShare:
 
 
 @dataclass(frozen=True, slots=True)
+class ChargeUsage:
+    """Charge the team a stage's `gpu_hours` (until `at`) without releasing its share: the
+    stage hands its instances to the next (`RunStageHere`), which runs under the same share."""
+
+    team: str
+    gpu_hours: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Requeue:
     """Back to the queue for another run (`requeue_changes` records it): `kind` says why."""
 
@@ -191,7 +201,9 @@ class RunStageHere:
     stage: str
 
 
-Command = Terminate | Record | PublishStatusChange | ReleaseShare | Requeue | RunStageHere
+Command = (
+    Terminate | Record | PublishStatusChange | ReleaseShare | ChargeUsage | Requeue | RunStageHere
+)
 
 
 @dataclass(frozen=True)
@@ -283,6 +295,7 @@ def settle(
             commands = (
                 Record(job.status, changes),
                 *((Terminate(keep_out),) if keep_out else ()),
+                ChargeUsage(share.team, share.gpu_hours, share.at),
                 RunStageHere(following.stage_name or ""),
             )
             return settled(following, None, _here_reason(following), commands)

@@ -10,6 +10,7 @@ from typing import Any
 from gpufleet.domain.fair_share import UsageCharge, charge
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.settlement import (
+    ChargeUsage,
     EndKind,
     PublishStatusChange,
     Record,
@@ -155,10 +156,10 @@ class ReleaseSteps(LifecycleBase):
             self._capacity_freed(job.job_id)
         return _settled(terminated, settlement, ended)
 
-    def _charge(self, share: ReleaseShare) -> UsageCharge:
+    def _charge(self, used: ReleaseShare | ChargeUsage) -> UsageCharge:
         """The run's GPU-hours as its team's fair-share ledger takes them."""
         half_life = self._policy.queue.fair_share_half_life_seconds
-        return charge(share.gpu_hours, share.at, half_life)
+        return charge(used.gpu_hours, used.at, half_life)
 
     def _run_stage_here(
         self, job: Job, settlement: Settlement, state: WorkflowState
@@ -174,6 +175,9 @@ class ReleaseSteps(LifecycleBase):
             elif isinstance(command, Terminate) and command.instance_ids:
                 terminated = list(command.instance_ids)
                 self._ports.fleet.terminate_instances(terminated)
+            elif isinstance(command, ChargeUsage):
+                # After the record: a repeated step finds the stage moved past, charging none.
+                self._ports.queue.charge(command.team, self._charge(command))
         self._ports.objects.put_json(
             run_manifest_key(job.job_id),
             run_manifest(

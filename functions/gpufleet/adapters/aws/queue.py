@@ -702,6 +702,10 @@ class DynamoJobQueue:
             update["ExpressionAttributeValues"][":amount"] = _n(charge.amount)
         return {"Update": update}
 
+    def charge(self, team: str, charge: UsageCharge) -> None:
+        update = self._team_usage(team, 0, charge)["Update"]
+        self._write(self._client.update_item, **update)
+
     def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
         response = self._client.get_item(
             TableName=self._table,

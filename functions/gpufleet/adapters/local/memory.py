@@ -572,6 +572,10 @@ class InMemoryJobQueue:
             self._nominees[for_job.job_id] = for_job
             return True
 
+    def charge(self, team: str, charge: UsageCharge) -> None:
+        with self._lock:
+            add_charge(self._ledgers, team, charge)
+
     def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
         with self._lock:
             entry = self._running.pop(job_id, None)
