@@ -14,7 +14,13 @@ from gpufleet.domain.fair_share import (
     usage_at,
     usage_by_team,
 )
-from gpufleet.domain.queueing import QueuePolicy, TeamQuota, decide
+from gpufleet.domain.queueing import (
+    QueuePolicy,
+    TeamQuota,
+    admission_order,
+    decide,
+    effective_priority,
+)
 from gpufleet.domain.spec import Priority
 from tests.unit.test_queueing import HOUR, NOW, POLICY, ids, queued, running
 
@@ -140,3 +146,27 @@ def test_equal_standings_give_the_order_without_fair_share(
     )
     assert ids(equal.admitted) == ids(without.admitted)
     assert equal.waiting == without.waiting and equal.preemptions == without.preemptions
+
+
+@given(waiting, st.floats(min_value=0, max_value=1000))
+@settings(max_examples=150, deadline=None)
+def test_admission_order_is_priority_then_fifo_with_equal_standings(
+    jobs: list[tuple[str, Priority, int, float]], used: float
+) -> None:
+    queue = [
+        queued(f"j{i}", team=team, priority=priority, gpus=gpus, waited=waited)
+        for i, (team, priority, gpus, waited) in enumerate(jobs)
+    ]
+    by_rank = sorted(
+        queue, key=lambda j: (-effective_priority(j, NOW, POLICY), j.enqueued_at, j.job_id)
+    )
+    equal = dict.fromkeys(("vision", "nlp", "audio"), used)
+    assert admission_order(queue, NOW, POLICY) == by_rank
+    assert admission_order(queue, NOW, POLICY, equal) == by_rank
+    # With usage, each class keeps its jobs, and each team its own FIFO order.
+    fair = admission_order(queue, NOW, POLICY, {"vision": used})
+    assert sorted(fair, key=lambda j: j.job_id) == sorted(queue, key=lambda j: j.job_id)
+    for team in ("vision", "nlp", "audio"):
+        for priority in Priority:
+            mine = [j for j in fair if (j.team, j.priority) == (team, priority)]
+            assert mine == sorted(mine, key=lambda j: (j.enqueued_at, j.job_id))
