@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.domain.config import ConfigFileError, config_from_yaml
 from gpufleet.domain.fair_share import (
     EPOCH_HALF_LIVES,
     add_charge,
@@ -170,3 +171,16 @@ def test_admission_order_is_priority_then_fifo_with_equal_standings(
         for priority in Priority:
             mine = [j for j in fair if (j.team, j.priority) == (team, priority)]
             assert mine == sorted(mine, key=lambda j: (j.enqueued_at, j.job_id))
+
+
+@pytest.mark.parametrize(
+    "queue",
+    [
+        "{teams: {vision: {gpus: 8, share: 0}}}",
+        "{fair_share_half_life_hours: 0}",
+        "{default_team: {gpus: 4, share: -1}}",
+    ],
+)
+def test_a_share_or_half_life_that_is_not_positive_is_refused(queue: str) -> None:
+    with pytest.raises(ConfigFileError, match="greater than 0"):
+        config_from_yaml(f"queue: {queue}\n")
