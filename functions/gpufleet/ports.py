@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from gpufleet.domain.fair_share import UsageCharge
 from gpufleet.domain.history import execution_name
 from gpufleet.domain.job import Job, JobChanges, JobStatus
 from gpufleet.domain.launch import LaunchRequest, LaunchResult
@@ -143,6 +144,8 @@ class QueueState:
     streams: Mapping[tuple[str, Priority], frozenset[Shape]] = field(default_factory=dict)
     # Waiting jobs that preempted others: a pass considers them first.
     nominees: Sequence[QueuedJob] = ()
+    # Each team's fair-share ledger (`domain.fair_share`: entry -> amount), charged as runs end.
+    team_usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 class JobQueue(Protocol):
@@ -196,10 +199,12 @@ class JobQueue(Protocol):
         is not admitted (its share was released meanwhile)."""
         ...
 
-    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
-        """The job's write at the end of a run and the return of its share (`release`), in one
-        write; None (and nothing written) when the job's condition fails, or the job does not
-        hold exactly `share`."""
+    def record_release(
+        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+    ) -> Freed | None:
+        """The job's write at the end of a run and the return of its share (`release`, with
+        its `charge`), in one write; None (and nothing written) when the job's condition
+        fails, or the job does not hold exactly `share`."""
         ...
 
     def note_shortage(self, until: float) -> None:
@@ -217,8 +222,15 @@ class JobQueue(Protocol):
         is not running or already draining, or the job no longer waits."""
         ...
 
-    def release(self, job_id: str) -> bool:
-        """Give back a running job's share; False if it was not running (already released)."""
+    def charge(self, team: str, charge: UsageCharge) -> None:
+        """Add `charge` to the team's fair-share ledger, holding no share to release (a stage
+        that hands its instances to the next)."""
+        ...
+
+    def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
+        """Give back a running job's share and add `charge` (its run's GPU-hours) to its
+        team's fair-share ledger, in one write; False (and nothing charged) if it was not
+        running (already released)."""
         ...
 
     def remove(self, job_id: str) -> QueueEntry | None:

@@ -14,6 +14,7 @@ import pytest
 from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.aws.transactions import BACKOFF, Backoff
 from gpufleet.adapters.local.memory import InMemoryJobQueue
+from gpufleet.domain.fair_share import charge, usage_by_team
 from gpufleet.domain.queueing import (
     Booking,
     QueuedJob,
@@ -135,6 +136,24 @@ def test_admission_moves_a_job_once_and_release_gives_its_share_back(queue: JobQ
     assert queue.release("j-a")
     assert not queue.release("j-a")  # a second release changes nothing
     assert queue.state().running == []
+
+
+def test_a_release_charges_its_team_once_and_charges_add_up(queue: JobQueue) -> None:
+    day = 86_400.0
+    for job_id, team in (("j-a", "vision"), ("j-b", "vision"), ("j-c", "nlp")):
+        item = entry(job_id, team=team)
+        queue.enqueue(item)
+        assert queue.admit(item, running(item), UNBOUNDED)
+    assert queue.state().team_usage == {}
+    assert queue.release("j-a", charge(3.0, NOW, day))
+    assert not queue.release("j-a", charge(3.0, NOW, day))  # released already: no charge
+    assert queue.release("j-b", charge(2.0, NOW + day, day))
+    assert queue.release("j-c")  # a share given back with no run: nothing charged
+    usage = usage_by_team(queue.state().team_usage, NOW + day, day)
+    assert usage == {"vision": pytest.approx(3.0 / 2 + 2.0)}
+    queue.charge("nlp", charge(1.0, NOW + day, day))  # a stage that keeps its share
+    usage = usage_by_team(queue.state().team_usage, NOW + day, day)
+    assert usage == {"vision": pytest.approx(3.5), "nlp": pytest.approx(1.0)}
 
 
 def test_the_queue_keeps_what_the_reservation_needs(queue: JobQueue) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.local.memory import InMemoryJobQueue, InMemoryJobStore
+from gpufleet.domain.fair_share import charge, usage_by_team
 from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
 from gpufleet.domain.queueing import QueuedJob, RunningJob
 from gpufleet.domain.spec import Priority, parse_spec
@@ -174,6 +175,15 @@ def test_a_release_ends_the_job_and_frees_its_share_in_one_write(stores: Stores)
     state = stores.queue.state()
     assert state.running == [] and state.gpus_held == 0
     assert stores.queue.record_release(ended(job), SHARE) is None  # released already
+
+
+def test_a_release_charges_the_run_to_its_team_in_the_same_write(stores: Stores) -> None:
+    job = running_job(stores)
+    run = charge(2.0, NOW + 100, 3600.0)
+    assert stores.queue.record_release(ended(job), SHARE, run) is Freed.NOBODY_WAITS
+    assert stores.queue.record_release(ended(job), SHARE, run) is None  # nothing charged twice
+    usage = usage_by_team(stores.queue.state().team_usage, NOW + 3700, 3600.0)
+    assert usage == {SHARE.team: pytest.approx(1.0)}
 
 
 def test_a_release_says_when_jobs_wait_for_the_share(stores: Stores) -> None:

@@ -19,6 +19,7 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
 )
 from gpufleet.domain.config import FleetConfig
+from gpufleet.domain.fair_share import usage_by_team
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuePolicy, RunningJob, TeamQuota
@@ -36,6 +37,7 @@ from gpufleet.services.lifecycle_base import (
 )
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import Admission, WorkflowState
+from gpufleet.settings import Settings
 from gpufleet.topology import DETAIL_JOB_QUEUED
 from tests.helpers import enqueue, local_ports, make_settings, plan_of
 
@@ -51,11 +53,11 @@ SETTINGS = make_settings(config=FleetConfig(queue=POLICY))
 
 
 class World:
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings = SETTINGS) -> None:
         self.ports: Ports = local_ports()
-        self.lifecycle: LifecycleService = build_lifecycle(self.ports, SETTINGS)
-        self.dispatcher: DispatcherService = build_dispatcher(self.ports, SETTINGS, self.lifecycle)
-        self.intake: IntakeService = build_intake(self.ports, SETTINGS, self.lifecycle)
+        self.lifecycle: LifecycleService = build_lifecycle(self.ports, settings)
+        self.dispatcher: DispatcherService = build_dispatcher(self.ports, settings, self.lifecycle)
+        self.intake: IntakeService = build_intake(self.ports, settings, self.lifecycle)
         self.tokens = 0
         self.plans: dict[str, LaunchPlan] = {}
         self.queue_tokens: dict[str, str] = {}  # each job's latest Enqueue token
@@ -151,6 +153,33 @@ def test_admission_completes_the_parked_task_within_the_quota() -> None:
     world.start(first)
     job = world.ports.jobs.get(first)
     assert (job.waited_seconds, job.first_admitted_at) == (30.0, queued_at + 30)
+
+
+def test_a_run_charges_its_team_and_the_next_pass_puts_the_other_team_first() -> None:
+    teams = {"research": TeamQuota(gpus=4), "vision": TeamQuota(gpus=4)}
+    policy = POLICY.model_copy(update={"max_gpus": 4, "teams": teams})
+    world = World(make_settings(config=FleetConfig(queue=policy)))
+    ran = world.submit("ran", "normal")
+    world.enqueue(ran)
+    assert world.dispatcher.run_pass().admitted == [ran]
+    instance = world.start(ran)
+    world.clock.advance(3600)
+    run = world.finish(ran, instance)
+    world.lifecycle.release(ran, WorkflowState.model_validate({"run": run}))
+    ledgers = world.ports.queue.state().team_usage
+    now, half_life = world.clock.now(), policy.fair_share_half_life_seconds
+    # Its 4 GPUs for the hour it held its instance, charged to its team once.
+    assert usage_by_team(ledgers, now, half_life) == {"research": pytest.approx(4.0, rel=0.01)}
+    world.lifecycle.release(ran, WorkflowState.model_validate({"run": run}))  # repeated
+    assert world.ports.queue.state().team_usage == ledgers
+    # research's job came first, but vision has used nothing: vision's goes first.
+    earlier = world.submit("earlier", "normal")
+    later = world.submit("later", "normal", team="vision")
+    world.enqueue(earlier)
+    world.enqueue(later)
+    rows, _ = queue_listing(world.ports, policy)  # `gpufleet queue` shows that order
+    assert [(row.job_id, row.reason) for row in rows] == [(later, "next"), (earlier, "capacity")]
+    assert world.dispatcher.run_pass().admitted == [later]
 
 
 def test_a_pass_reports_the_queue_state_it_began_from() -> None:

@@ -23,6 +23,7 @@ from gpufleet.domain.settlement import (
     PREEMPTED,
     RECLAIMED,
     RETRY,
+    ChargeUsage,
     EndKind,
     PublishStatusChange,
     Record,
@@ -284,7 +285,8 @@ def test_the_commands_of_an_end_and_of_a_requeue() -> None:
         PublishStatusChange,
     ]
     requeued = settle(running(), end(exit_code=1))
-    assert requeued.commands[:2] == (Terminate(), ReleaseShare())
+    # Its team is charged the run's GPU-hours with the release: 1 GPU for 60 s.
+    assert requeued.commands[:2] == (Terminate(), ReleaseShare("t", 60 / 3600, LAUNCHED + 60))
     record = requeued.commands[2]
     assert isinstance(record, Record) and record.status is JobStatus.RUNNING
     assert record.changes.drain_reason == RETRY
@@ -326,6 +328,8 @@ def test_a_stage_that_succeeds_moves_on_here_when_the_next_one_reuses_its_instan
     job = running(spec=STAGED)
     here = settle(job, end(exit_code=0, stage="prep"), instance_type=g5)
     assert here.requeue is None and here.commands[-1] == RunStageHere("train")
+    # The stage's GPU-hour so far is its team's, though the share stays with the next stage.
+    assert here.commands[-2] == ChargeUsage("t", 60 / 3600, LAUNCHED + 60)
     assert here.job.stage_index == 1 and here.job.placement is not None
     assert here.job.stage_records[0].status is JobStatus.SUCCEEDED
     # Without the catalog's word that it fits, or for a stage that does not reuse: the queue.

@@ -22,6 +22,7 @@ from gpufleet.agent.node import NodeAgent, RunManifest, RunOutcome
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.cost import run_cost_usd
+from gpufleet.domain.fair_share import usage_by_team
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.spec import Resources, SpecError, parse_spec
@@ -348,8 +349,13 @@ def test_a_stage_that_fits_reuses_the_previous_stages_instances() -> None:
     job_id, plan = world.submit(REUSE)
     state = world.run(job_id, world.launch(job_id, plan), 1200)
     instance = world.ports.jobs.get(job_id).placement.instance_ids  # type: ignore[union-attr]
+    train_gpus = world.ports.jobs.get(job_id).effective_spec.resources.total_gpus
     released = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert released["requeue"] is False and released["terminated"] == []
+    # The stage's GPU-hours are its team's, though the next stage keeps the share.
+    half_life = SETTINGS.config.queue.fair_share_half_life_seconds
+    usage = usage_by_team(world.ports.queue.state().team_usage, world.ports.clock.now(), half_life)
+    assert usage == {"nlp": pytest.approx(train_gpus * 1200 / 3600, rel=1e-3)}
     here = released["next_stage"]
     assert here["here"] is True
     assert (here["launch"]["step"], here["launch"]["attempt"]) == (0, 1)
@@ -410,8 +416,10 @@ def test_a_repeated_release_after_moving_on_to_the_same_instances_changes_nothin
     job_id, plan = world.submit(REUSE)
     state = world.run(job_id, world.launch(job_id, plan), 60)
     first = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
+    charged = world.ports.queue.state().team_usage
     again = world.lifecycle.release(job_id, WorkflowState.model_validate(state))
     assert again["next_stage"]["here"] is True and again["next_stage"] == first["next_stage"]
+    assert world.ports.queue.state().team_usage == charged  # charged once
     job = world.ports.jobs.get(job_id)
     assert job.stage_index == 1 and [r.name for r in job.stage_records] == ["train"]
 

@@ -8,7 +8,9 @@ exceed a quota.
 
 Order. Jobs are ranked by effective priority: the class rank (critical 3, high 2, normal 1,
 low 0) plus `aging_per_hour` for every hour waited, so any job eventually outranks newer work of
-any class and nothing starves. Ties go to the earlier submission (FIFO within a class).
+any class and nothing starves. Ties go to the earlier submission (FIFO within a class). Fair
+share (`domain.fair_share`): within a class, the team with the fewest decayed GPU-hours per
+share goes first; a class still ranks by the effective priority of its longest-waiting job.
 
 Reservation. The first job a pass considers that waits for room holds a reservation: its
 expected start, when enough of the jobs holding GPUs will have ended (each at its admission
@@ -51,6 +53,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufleet.domain.fair_share import standing
 from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, NAME_PATTERN, Dependency, Priority
 from gpufleet.errors import NotFound, RefusedInput
 
@@ -67,6 +70,12 @@ class TeamQuota(BaseModel):
 
     gpus: int = Field(ge=0, description="GPUs the team is guaranteed")
     borrow: int = Field(default=0, ge=0, description="GPUs it may borrow from idle quota")
+    share: float = Field(
+        default=1.0,
+        gt=0,
+        description="Its weight in fair share: within a class, teams go in the order of their "
+        "decayed GPU-hours divided by this",
+    )
     monthly_budget_usd: float | None = Field(
         default=None, gt=0, description="Spend per calendar month (UTC) before jobs wait"
     )
@@ -120,6 +129,14 @@ class QueuePolicy(BaseModel):
         "work of its own class may reclaim them (a higher class needs min_runtime_seconds)",
     )
     preemption_grace_seconds: int = Field(default=120, ge=0)
+    fair_share: bool = Field(
+        default=True,
+        description="within a class, the team with the fewest decayed GPU-hours per share "
+        "goes first (false: FIFO across teams)",
+    )
+    fair_share_half_life_hours: float = Field(
+        default=24.0, gt=0, description="a GPU-hour used this long ago counts half"
+    )
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
     # Each team the config does not name gets this quota.
     default_team: TeamQuota = Field(default_factory=lambda: TeamQuota(gpus=16, borrow=0))
@@ -137,6 +154,10 @@ class QueuePolicy(BaseModel):
 
     def quota(self, team: str) -> TeamQuota:
         return self.teams.get(team, self.default_team)
+
+    @property
+    def fair_share_half_life_seconds(self) -> float:
+        return self.fair_share_half_life_hours * 3600
 
     def window_at(self, epoch_seconds: float) -> TimeWindow | None:
         return next((w for w in self.windows if w.active_at(epoch_seconds)), None)
@@ -327,11 +348,18 @@ def effective_priority(job: QueuedJob, now: float, policy: QueuePolicy) -> float
 
 
 def admission_order(
-    queued: Iterable[QueuedJob], now: float, policy: QueuePolicy
+    queued: Iterable[QueuedJob],
+    now: float,
+    policy: QueuePolicy,
+    team_usage: Mapping[str, float] | None = None,
 ) -> list[QueuedJob]:
-    return sorted(
-        queued, key=lambda j: (-effective_priority(j, now, policy), j.enqueued_at, j.job_id)
-    )
+    """The jobs in the order a pass considers them (`_Heads`): by effective priority, then
+    submission, and within a class by fair share when `team_usage` is given."""
+    heads = _Heads(now, policy, _standings(team_usage, policy))
+    jobs = list(queued)
+    for job in jobs:
+        heads.push(job, 0)
+    return [heads.pop()[1] for _ in jobs]
 
 
 # How many waiting jobs of one team and class in a row a pass considers without admitting one
@@ -392,6 +420,54 @@ def nominees_of(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
     everyone = list(jobs)
     preemptors = {j.preempted_for for j in everyone if j.preempted_for}
     return [j for j in everyone if j.job_id in preemptors]
+
+
+def _standings(usage: Mapping[str, float] | None, policy: QueuePolicy) -> dict[str, float]:
+    """Each team's fair-share standing (none with fair share off: FIFO across teams)."""
+    if not policy.fair_share or not usage:
+        return {}
+    return {team: standing(used, policy.quota(team).share) for team, used in usage.items()}
+
+
+class _Heads:
+    """The next job of each stream a pass reads, taken in admission order. Classes go by the
+    effective priority of their longest-waiting head (aging lifts a class as before); within
+    the class chosen, the team of the lowest fair-share standing goes first, then FIFO. With
+    equal standings (no usage yet, or fair share off) that is effective priority, then the
+    earlier submission, job by job: the order without fair share."""
+
+    def __init__(self, now: float, policy: QueuePolicy, standings: Mapping[str, float]) -> None:
+        self._now, self._policy, self._standings = now, policy, standings
+        self._in_class: dict[Priority, list[tuple[float, float, str, int, QueuedJob]]] = {}
+        self._oldest: dict[Priority, list[tuple[float, str, QueuedJob]]] = {}
+        self._taken: set[str] = set()  # popped, and not yet dropped from `_oldest`
+
+    def __bool__(self) -> bool:
+        return any(self._in_class.values())
+
+    def push(self, job: QueuedJob, stream: int) -> None:
+        standing = self._standings.get(job.team, 0.0)
+        entry = (standing, job.enqueued_at, job.job_id, stream, job)
+        heapq.heappush(self._in_class.setdefault(job.priority, []), entry)
+        heapq.heappush(
+            self._oldest.setdefault(job.priority, []), (job.enqueued_at, job.job_id, job)
+        )
+
+    def pop(self) -> tuple[int, QueuedJob]:
+        """The next job and the index of its stream."""
+        best: tuple[float, float, str] | None = None
+        chosen = Priority.LOW
+        for priority, oldest in self._oldest.items():
+            while oldest and oldest[0][1] in self._taken:
+                self._taken.discard(heapq.heappop(oldest)[1])
+            if oldest:
+                enqueued_at, job_id, job = oldest[0]
+                key = (-effective_priority(job, self._now, self._policy), enqueued_at, job_id)
+                if best is None or key < best:
+                    best, chosen = key, priority
+        *_, stream, job = heapq.heappop(self._in_class[chosen])
+        self._taken.add(job.job_id)
+        return stream, job
 
 
 @dataclass
@@ -797,6 +873,7 @@ def decide(
     *,
     lookahead: int | None = LOOKAHEAD,
     team_spend_usd: Mapping[str, float] | None = None,
+    team_usage: Mapping[str, float] | None = None,
 ) -> Decision:
     """`decide_streams` over waiting jobs at hand; a job of a stream the pass stopped reading
     waits for the reason it stopped."""
@@ -809,6 +886,7 @@ def decide(
         policy,
         lookahead=lookahead,
         team_spend_usd=team_spend_usd,
+        team_usage=team_usage,
     )
     admitted = {a.job_id for a in decision.admitted}
     for job in jobs:
@@ -831,17 +909,20 @@ def decide_streams(
     *,
     lookahead: int | None = LOOKAHEAD,
     team_spend_usd: Mapping[str, float] | None = None,
+    team_usage: Mapping[str, float] | None = None,
 ) -> Decision:
     """One admission pass: who is admitted, who is preempted for whom, why the rest wait.
 
-    Nominated jobs come first; then the streams are merged in admission order, each read only
-    as far as the pass needs. A stream is read no further once its shapes show that none of
-    its jobs could be admitted or preempt (over a cap, its team's quota, its team's budget),
-    nor after `lookahead` of its jobs in a row waited (None: no such bound). Waiting jobs,
-    however many, thus hold back only later work of their own team and class: a job of
-    another team that fits is admitted in the same pass. Jobs of a stream the pass stopped
-    reading have no entry in `waiting`; `blocked_streams` says why. `team_spend_usd` is each
-    team's spend so far this month, for the teams that have a monthly budget.
+    Nominated jobs come first; then the streams are merged in admission order (`_Heads`:
+    within a class, teams by fair share), each read only as far as the pass needs. A stream
+    is read no further once its shapes show that none of its jobs could be admitted or
+    preempt (over a cap, its team's quota, its team's budget), nor after `lookahead` of its
+    jobs in a row waited (None: no such bound). Waiting jobs, however many, thus hold back
+    only later work of their own team and class: a job of another team that fits is admitted
+    in the same pass. Jobs of a stream the pass stopped reading have no entry in `waiting`;
+    `blocked_streams` says why. `team_spend_usd` is each
+    team's spend so far this month, for the teams that have a monthly budget; `team_usage`
+    each team's decayed GPU-hours now (`fair_share.usage_at`; a team left out has none).
     """
     state = _Pass(
         policy=policy,
@@ -914,7 +995,7 @@ def decide_streams(
     readers = [iter(s.jobs) for s in streams]
     checked_at = [-1] * len(streams)  # `state.changes` when the stream was last judged
     waited_in_a_row = [0] * len(streams)
-    heads: list[tuple[float, float, str, int, QueuedJob]] = []
+    heads = _Heads(now, policy, _standings(team_usage, policy))
 
     closed: set[int] = set()  # streams blocked whose next job was read for the reservation
 
@@ -933,13 +1014,12 @@ def decide_streams(
                 closed.add(index)
         job = next(readers[index], None)
         if job is not None:
-            rank = -effective_priority(job, now, policy)
-            heapq.heappush(heads, (rank, job.enqueued_at, job.job_id, index, job))
+            heads.push(job, index)
 
     for index in range(len(streams)):
         read_on(index)
     while heads:
-        *_, index, job = heapq.heappop(heads)
+        index, job = heads.pop()
         if index in closed:
             if not state.reservation_tried and job.job_id not in nominated_ids:
                 consider(job)

@@ -167,7 +167,24 @@ class PublishStatusChange:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseShare:
-    """Give the job's share of the quotas back to the admission queue."""
+    """Give the job's share of the quotas back to the admission queue, and charge its team
+    the run's `gpu_hours` (the GPUs the share counted, for as long as the run held its
+    instances), used until `at`, for fair share (`domain.fair_share`). Charged with the
+    release, once: a repeated release finds no share and charges nothing."""
+
+    team: str
+    gpu_hours: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeUsage:
+    """Charge the team a stage's `gpu_hours` (until `at`) without releasing its share: the
+    stage hands its instances to the next (`RunStageHere`), which runs under the same share."""
+
+    team: str
+    gpu_hours: float
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +201,9 @@ class RunStageHere:
     stage: str
 
 
-Command = Terminate | Record | PublishStatusChange | ReleaseShare | Requeue | RunStageHere
+Command = (
+    Terminate | Record | PublishStatusChange | ReleaseShare | ChargeUsage | Requeue | RunStageHere
+)
 
 
 @dataclass(frozen=True)
@@ -236,6 +255,11 @@ def settle(
         cost = run_cost_usd(placement, released_at)
         storage = storage_cost_usd(placement, released_at)
 
+    # What the run's GPUs add to its team's fair-share usage, with its share's release.
+    share = ReleaseShare(
+        job.spec.team, job.effective_spec.resources.total_gpus * (ran or 0.0) / 3600, end.at
+    )
+
     def settled(
         new: Job, requeue: str | None, reason: str, commands: tuple[Command, ...]
     ) -> Settlement:
@@ -255,7 +279,7 @@ def settle(
                 | _stage_end(job, job.status, until, instance_type)
             )
         recorded: tuple[Command, ...] = (Record(job.status, changes),) if changes else ()
-        commands = (Terminate(), ReleaseShare(), *recorded)
+        commands = (Terminate(), share, *recorded)
         return settled(job.with_changes(changes), None, job.failure_reason or "", commands)
 
     if _moved_past(job, end):
@@ -271,6 +295,7 @@ def settle(
             commands = (
                 Record(job.status, changes),
                 *((Terminate(keep_out),) if keep_out else ()),
+                ChargeUsage(share.team, share.gpu_hours, share.at),
                 RunStageHere(following.stage_name or ""),
             )
             return settled(following, None, _here_reason(following), commands)
@@ -288,7 +313,7 @@ def settle(
         )
         commands = (
             Terminate(),
-            ReleaseShare(),
+            share,
             Record(job.status, changes),
             Requeue(verdict.requeue),
         )
@@ -306,7 +331,7 @@ def settle(
         )
     commands = (
         Terminate(),
-        ReleaseShare(),
+        share,
         Record(status, changes),
         PublishStatusChange(job.status, status),
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
 from gpufleet.domain.cost import month_start, spend_this_month_usd
+from gpufleet.domain.fair_share import usage_by_team
 from gpufleet.domain.job import JobChanges, JobNotFound, JobStatus
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
@@ -157,6 +158,7 @@ class DispatcherService:
             now,
             policy,
             team_spend_usd=spend,
+            team_usage=usage_by_team(state.team_usage, now, policy.fair_share_half_life_seconds),
         )
         nominees = {job.job_id: job for job in state.nominees}
         for admission in decision.admitted:
@@ -362,13 +364,20 @@ def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], li
     held = [w.job for w in waiting if dependencies.verdict(w.job).readiness is not Readiness.RUN]
     held_ids = {job.job_id for job in held}
     jobs = [w.job for w in waiting if w.job.job_id not in held_ids]
+    usage = usage_by_team(state.team_usage, now, policy.fair_share_half_life_seconds)
     decision = decide(
-        jobs, running, bookings, now, policy, team_spend_usd=team_spend(ports, policy, now)
+        jobs,
+        running,
+        bookings,
+        now,
+        policy,
+        team_spend_usd=team_spend(ports, policy, now),
+        team_usage=usage,
     )
     admitted = {a.job_id for a in decision.admitted}
     listed = [
         (job, "next" if job.job_id in admitted else decision.waiting[job.job_id].value)
-        for job in admission_order(jobs, now, policy)
+        for job in admission_order(jobs, now, policy, usage)
     ] + [(job, WAITS_FOR_DEPENDENCIES) for job in held]
     rows = [
         QueueRow(

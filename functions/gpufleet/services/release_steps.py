@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.domain.fair_share import UsageCharge, charge
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.settlement import (
+    ChargeUsage,
     EndKind,
     PublishStatusChange,
     Record,
@@ -115,7 +117,7 @@ class ReleaseSteps(LifecycleBase):
         ended, moved = job, False
         for command in settlement.commands:
             if isinstance(command, ReleaseShare):
-                if self._ports.queue.release(job.job_id):
+                if self._ports.queue.release(job.job_id, self._charge(command)):
                     self._capacity_freed(job.job_id)
             elif isinstance(command, Record):
                 ended, moved = self._write(job, command.status, command.changes)
@@ -130,7 +132,8 @@ class ReleaseSteps(LifecycleBase):
         it: the job's write and the return of its share in one transaction, conditioned on the
         job not having changed since. None (nothing written) when it has, or its share has."""
         record = next((c for c in settlement.commands if isinstance(c, Record)), None)
-        if job.status.terminal or record is None:
+        share = next((c for c in settlement.commands if isinstance(c, ReleaseShare)), None)
+        if job.status.terminal or record is None or share is None:
             return None
         now = self._now()
         change = StatusChange(
@@ -141,7 +144,7 @@ class ReleaseSteps(LifecycleBase):
             record.changes,
             version=job.version,
         )
-        freed = self._ports.queue.record_release(change, _share_of(job))
+        freed = self._ports.queue.record_release(change, _share_of(job), self._charge(share))
         if freed is None:
             return None
         ended = job.with_changes(record.changes).model_copy(
@@ -152,6 +155,11 @@ class ReleaseSteps(LifecycleBase):
         if freed is Freed.OTHERS_WAIT:
             self._capacity_freed(job.job_id)
         return _settled(terminated, settlement, ended)
+
+    def _charge(self, used: ReleaseShare | ChargeUsage) -> UsageCharge:
+        """The run's GPU-hours as its team's fair-share ledger takes them."""
+        half_life = self._policy.queue.fair_share_half_life_seconds
+        return charge(used.gpu_hours, used.at, half_life)
 
     def _run_stage_here(
         self, job: Job, settlement: Settlement, state: WorkflowState
@@ -167,6 +175,9 @@ class ReleaseSteps(LifecycleBase):
             elif isinstance(command, Terminate) and command.instance_ids:
                 terminated = list(command.instance_ids)
                 self._ports.fleet.terminate_instances(terminated)
+            elif isinstance(command, ChargeUsage):
+                # After the record: a repeated step finds the stage moved past, charging none.
+                self._ports.queue.charge(command.team, self._charge(command))
         self._ports.objects.put_json(
             run_manifest_key(job.job_id),
             run_manifest(

@@ -5,7 +5,9 @@ One run replays one workload (trace jobs mapped to job specs) under one policy c
 moves jobs between states and asks the core what to do.
 
 - Queue, admission, quotas, borrowing, preemption: `gpufleet.domain.queueing.decide`, called
-  by a simulated dispatcher (see "Dispatch passes").
+  by a simulated dispatcher (see "Dispatch passes"), with each team's fair-share usage: the
+  GPU-hours each settlement charges (`ReleaseShare`), kept and decayed by
+  `gpufleet.domain.fair_share` as the queue's ledger keeps them.
 - Instance choice and launch order: `gpufleet.domain.planning.plan_launch` (which ranks with
   `selection.select` and `diversify`); after a failed launch `LaunchPlan.after_failure` says
   whether to try the next capacity type, wait `retry_wait_seconds`, or give up. Offerings that
@@ -71,6 +73,7 @@ from gpufleet.adapters.local.memory import InMemoryCapacityMemory
 from gpufleet.domain.catalog import Catalog, InstanceType, Offering, load_bundled
 from gpufleet.domain.cost import held_seconds, run_cost_usd
 from gpufleet.domain.duration import HISTORY_DEPTH, DurationEstimate, PastRun, estimate_duration
+from gpufleet.domain.fair_share import add_charge, charge, usage_by_team
 from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.launch import (
     CapacityType,
@@ -94,6 +97,7 @@ from gpufleet.domain.settlement import (
     PREEMPTED,
     RECLAIMED,
     EndKind,
+    ReleaseShare,
     RunEnd,
     Settlement,
     settle,
@@ -525,6 +529,8 @@ class Engine:
         self.seq = 0
         self.queue: dict[str, QueuedJob] = {}
         self.running: dict[str, RunningJob] = {}
+        # Each team's fair-share ledger (entry -> amount), as the queue's team items hold it.
+        self.usage_ledgers: dict[str, dict[str, float]] = {}
         self.by_id = {job.job_id: job for job in self.jobs}
         if len(self.by_id) != len(self.jobs):
             raise ValueError("job ids (spec names) must be unique within a workload")
@@ -685,8 +691,12 @@ class Engine:
             return
         self.last_pass = self.now
         started = time.perf_counter()
+        queue_policy = self.policy.queue
+        usage = usage_by_team(
+            self.usage_ledgers, self.now, queue_policy.fair_share_half_life_seconds
+        )
         decision = decide(
-            self.queue.values(), self.running.values(), (), self.now, self.policy.queue
+            self.queue.values(), self.running.values(), (), self.now, queue_policy, team_usage=usage
         )
         self.result.decide_seconds += time.perf_counter() - started
         self.result.dispatch_passes += 1
@@ -997,10 +1007,18 @@ class Engine:
             self.result.jcts[job.idx] = self.now - job.submit
         self._release_instances(job)
         self._release_admission(job)
+        for command in settlement.commands:
+            if isinstance(command, ReleaseShare):
+                self._charge(job, command)
         if settlement.requeue is not None:
             self._requeue(job, settlement)
         elif settled.status is not JobStatus.SUCCEEDED:
             self._fail(job, settlement.reason)
+
+    def _charge(self, job: _Job, share: ReleaseShare) -> None:
+        """The run's GPU-hours, to the team the queue knows the job by (the policy's)."""
+        half_life = self.policy.queue.fair_share_half_life_seconds
+        add_charge(self.usage_ledgers, job.team, charge(share.gpu_hours, share.at, half_life))
 
     def _requeue(self, job: _Job, settlement: Settlement) -> None:
         """Back to the queue with what the settlement recorded: its counters, and what it now

@@ -7,7 +7,8 @@
     state         usage#global                           GPUs and instances held; jobs waiting
                                                          per class
     state         usage#team#<team>                      GPUs the team holds; its jobs waiting
-                                                         per class and shape
+                                                         per class and shape; its fair-share
+                                                         ledger (`fair#<entry>`: GPU-hours)
     state         nominee#<job>                          a waiting job that preempted others
     state         booking#<start, 17 digits>#<booking>   GPUs a team booked for a window
     state         shortage                               until when the latest capacity
@@ -43,6 +44,7 @@ from gpufleet.adapters.aws.transactions import (
     write,
     written,
 )
+from gpufleet.domain.fair_share import UsageCharge
 from gpufleet.domain.job import JobStatus
 from gpufleet.domain.queueing import (
     CLASS_RANK,
@@ -90,6 +92,9 @@ def _waiting_counter(priority: Priority) -> str:
 
 
 _SHAPE_COUNTER = "waiting#"
+# On the team's usage item: its fair-share ledger's entries (`domain.fair_share`), each only
+# ever added to (an atomic ADD in the write that releases a run's share).
+_LEDGER_ENTRY = "fair#"
 
 
 def _shape_counter(job: QueuedJob) -> str:
@@ -349,6 +354,7 @@ class DynamoJobQueue:
         waiting: dict[Priority, int] = {}
         streams: dict[tuple[str, Priority], set[Shape]] = {}
         nominees: list[QueuedJob] = []
+        team_usage: dict[str, dict[str, float]] = {}
         gpus_held = 0
         shortages_until = 0.0
         for item in self._query(
@@ -362,6 +368,9 @@ class DynamoJobQueue:
                 for (priority, shape), count in _shape_counts(item).items():
                     if count > 0:
                         streams.setdefault((team, priority), set()).add(shape)
+                ledger = _ledger(item)
+                if ledger:
+                    team_usage[team] = ledger
             elif sk.startswith(_NOMINEE):
                 nominees.append(_queued_job(item))
             elif sk.startswith(_BOOKING):
@@ -381,6 +390,7 @@ class DynamoJobQueue:
             shortages_until=shortages_until,
             streams={key: frozenset(shapes) for key, shapes in streams.items()},
             nominees=nominees,
+            team_usage=team_usage,
         )
 
     def waiting(self) -> list[QueueEntry]:
@@ -620,7 +630,9 @@ class DynamoJobQueue:
             ]
         )
 
-    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
+    def record_release(
+        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+    ) -> Freed | None:
         if self._jobs_table is None:
             raise ValueError("record_release needs the job store's table")
         job_id = change.job_id
@@ -659,7 +671,7 @@ class DynamoJobQueue:
                 }
             },
             {"Update": usage},
-            self._team_usage(share.team, -share.gpus),
+            self._team_usage(share.team, -share.gpus, charge),
         ]
         try:
             self._transact(items)
@@ -675,17 +687,26 @@ class DynamoJobQueue:
         usage["ExpressionAttributeValues"].pop(":zero")
         return Freed.OTHERS_WAIT if self._written(items) else None
 
-    def _team_usage(self, team: str, gpus: int) -> dict[str, Any]:
-        return {
-            "Update": {
-                "TableName": self._table,
-                "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + team)},
-                "UpdateExpression": "ADD gpus :gpus",
-                "ExpressionAttributeValues": {":gpus": _n(gpus)},
-            }
+    def _team_usage(
+        self, team: str, gpus: int, charge: UsageCharge | None = None
+    ) -> dict[str, Any]:
+        update: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + team)},
+            "UpdateExpression": "ADD gpus :gpus",
+            "ExpressionAttributeValues": {":gpus": _n(gpus)},
         }
+        if charge is not None:
+            update["UpdateExpression"] += ", #entry :amount"
+            update["ExpressionAttributeNames"] = {"#entry": _LEDGER_ENTRY + charge.key}
+            update["ExpressionAttributeValues"][":amount"] = _n(charge.amount)
+        return {"Update": update}
 
-    def release(self, job_id: str) -> bool:
+    def charge(self, team: str, charge: UsageCharge) -> None:
+        update = self._team_usage(team, 0, charge)["Update"]
+        self._write(self._client.update_item, **update)
+
+    def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
         response = self._client.get_item(
             TableName=self._table,
             Key={"pk": _s(_STATE), "sk": _s(_RUNNING + job_id)},
@@ -715,7 +736,7 @@ class DynamoJobQueue:
                         },
                     }
                 },
-                self._team_usage(item["team"]["S"], -gpus),
+                self._team_usage(item["team"]["S"], -gpus, charge),
             ]
         )  # False: released by someone else in the meantime
 
@@ -829,3 +850,12 @@ def _shape_counts(item: dict[str, Any]) -> dict[tuple[Priority, Shape], int]:
             priority, gpus, instances = name.removeprefix(_SHAPE_COUNTER).split("#")
             counts[(Priority(priority), (int(gpus), int(instances)))] = int(value["N"])
     return counts
+
+
+def _ledger(item: dict[str, Any]) -> dict[str, float]:
+    """A team's usage item's fair-share ledger: entry -> GPU-hours as the entry values them."""
+    return {
+        name.removeprefix(_LEDGER_ENTRY): float(value["N"])
+        for name, value in item.items()
+        if name.startswith(_LEDGER_ENTRY)
+    }

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain.config import WarmPool
+from gpufleet.domain.fair_share import UsageCharge, add_charge
 from gpufleet.domain.history import execution_name, job_of_execution
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
@@ -412,6 +413,7 @@ class InMemoryJobQueue:
         self._bookings: list[Booking] = []
         self._notices: set[str] = set()
         self._shortages_until = 0.0
+        self._ledgers: dict[str, dict[str, float]] = {}  # each team's fair-share ledger
         self._read = 0
 
     def items_read(self) -> int:
@@ -478,6 +480,7 @@ class InMemoryJobQueue:
                 shortages_until=self._shortages_until,
                 streams={key: frozenset(shapes) for key, shapes in streams.items()},
                 nominees=list(self._nominees.values()),
+                team_usage={team: dict(ledger) for team, ledger in self._ledgers.items()},
             )
 
     def admit(
@@ -529,7 +532,9 @@ class InMemoryJobQueue:
         with self._lock:
             self._shortages_until = max(self._shortages_until, until)
 
-    def record_release(self, change: StatusChange, share: RunningShare) -> Freed | None:
+    def record_release(
+        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+    ) -> Freed | None:
         if self._jobs is None:
             raise ValueError("record_release needs the job store")
         with self._lock:
@@ -542,6 +547,8 @@ class InMemoryJobQueue:
             except (IllegalTransition, JobNotFound):
                 return None
             del self._running[change.job_id]
+            if charge is not None:
+                add_charge(self._ledgers, share.team, charge)
             return Freed.OTHERS_WAIT if self._waiting else Freed.NOBODY_WAITS
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
@@ -565,9 +572,16 @@ class InMemoryJobQueue:
             self._nominees[for_job.job_id] = for_job
             return True
 
-    def release(self, job_id: str) -> bool:
+    def charge(self, team: str, charge: UsageCharge) -> None:
         with self._lock:
-            return self._running.pop(job_id, None) is not None
+            add_charge(self._ledgers, team, charge)
+
+    def release(self, job_id: str, charge: UsageCharge | None = None) -> bool:
+        with self._lock:
+            entry = self._running.pop(job_id, None)
+            if entry is not None and charge is not None:
+                add_charge(self._ledgers, entry.job.team, charge)
+            return entry is not None
 
     def remove(self, job_id: str) -> QueueEntry | None:
         with self._lock:
