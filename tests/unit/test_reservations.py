@@ -19,6 +19,14 @@ from gpufleet.domain.config import (
 from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.launch import CapacityType
 from gpufleet.domain.planning import LaunchPlan, plan_launch
+from gpufleet.domain.reserved import (
+    FreeReservation,
+    drain_at,
+    drain_lead_seconds,
+    free_reservations,
+    runs_to_drain,
+    seconds_left,
+)
 from gpufleet.domain.spec import JobSpec, parse_spec
 
 ODCR = Reservation(
@@ -36,6 +44,7 @@ BLOCK = Reservation(
     count=4,
     start=datetime(2026, 12, 1, tzinfo=UTC),
     end=datetime(2026, 12, 3, tzinfo=UTC),
+    hourly_usd=14.5,
 )
 
 
@@ -46,7 +55,12 @@ def spec(resources: str, spot: str = "auto") -> JobSpec:
 
 
 def plan(
-    job: JobSpec, free: list[tuple[Reservation, int]], unavailable: frozenset[str] = frozenset()
+    job: JobSpec,
+    free: list[tuple[Reservation, int]],
+    unavailable: frozenset[str] = frozenset(),
+    *,
+    seconds_left: float | None = None,
+    expected_seconds: int = 3600,
 ) -> LaunchPlan:
     return plan_launch(
         job,
@@ -56,9 +70,9 @@ def plan(
         retry_wait_seconds=10,
         boot_allowance_seconds=60,
         heartbeat_timeout_seconds=60,
-        expected=DurationEstimate(3600, "default"),
+        expected=DurationEstimate(expected_seconds, "default"),
         unavailable=unavailable,
-        free_reservations=free,
+        free_reservations=[FreeReservation(r, n, seconds_left if r.end else None) for r, n in free],
     )
 
 
@@ -66,23 +80,76 @@ A100_JOB = "{gpus: 8, gpu_memory_gib: 40, gpu_models: [A100]}"
 
 
 @pytest.mark.parametrize("policy", ["auto", "required", "never"])
-def test_a_free_reservation_the_job_fits_comes_first_at_zero_marginal_price(policy: str) -> None:
+def test_a_free_reservation_the_job_fits_comes_first_at_the_on_demand_price_aws_bills_it_at(
+    policy: str,
+) -> None:
     steps = plan(spec(A100_JOB, policy), [(ODCR, 2)]).steps
     assert steps[0].capacity_type is CapacityType.RESERVED
     [override] = steps[0].overrides
+    on_demand = max(
+        o.hourly_usd
+        for o in load_bundled().offerings("us-east-1")
+        if o.instance_type.name == "p4d.24xlarge" and o.capacity_type == "on-demand"
+    )
     assert (override.instance_type, override.zone, override.hourly_usd) == (
         "p4d.24xlarge",
         "us-east-1a",
-        0.0,
+        on_demand,
     )
+    assert on_demand > 0
     assert override.reservation_id == ODCR.id and not override.capacity_block
     # Then what the spot policy allows.
     assert len(steps) == 1 + (2 if policy == "auto" else 1)
 
 
-def test_capacity_blocks_are_used_before_odcrs() -> None:
+def test_capacity_blocks_are_used_before_odcrs_at_the_price_the_config_gives() -> None:
     [override] = plan(spec(A100_JOB), [(ODCR, 2), (BLOCK, 4)]).steps[0].overrides
     assert override.reservation_id == BLOCK.id and override.capacity_block
+    assert override.hourly_usd == BLOCK.hourly_usd == 14.5
+
+
+@pytest.mark.parametrize(
+    ("seconds_left", "expected_seconds", "into"),
+    [
+        (7200.0, 3600, BLOCK.id),  # ends with an hour to spare
+        (3600.0, 3600, BLOCK.id),  # ends just as its drain would come
+        (3599.0, 3600, ODCR.id),  # would outlast the block: the ODCR, which has no end
+        (0.0, 60, ODCR.id),  # the block's runs are draining already
+    ],
+)
+def test_a_job_goes_to_a_capacity_block_only_when_its_expected_run_fits_the_time_left(
+    seconds_left: float, expected_seconds: int, into: str
+) -> None:
+    job = spec(A100_JOB)
+    steps = plan(
+        job, [(ODCR, 2), (BLOCK, 4)], seconds_left=seconds_left, expected_seconds=expected_seconds
+    ).steps
+    assert steps[0].overrides[0].reservation_id == into
+    alone = plan(job, [(BLOCK, 4)], seconds_left=seconds_left, expected_seconds=expected_seconds)
+    assert (alone.steps[0].capacity_type is CapacityType.RESERVED) == (into == BLOCK.id)
+
+
+def test_a_blocks_time_left_ends_where_its_runs_are_drained_before_ec2_terminates_them() -> None:
+    end = BLOCK.end.timestamp() if BLOCK.end else 0.0
+    lead = drain_lead_seconds(300, 120)
+    assert lead == 420
+    # EC2 begins terminating a block's instances 30 minutes before its end.
+    assert drain_at(BLOCK, lead) == end - 1800 - 420
+    assert seconds_left(BLOCK, end - 4 * 3600, lead) == 4 * 3600 - 1800 - 420
+    assert seconds_left(BLOCK, end - 600, lead) == 0.0
+    assert seconds_left(ODCR, 0.0, lead) is None
+    assert free_reservations([BLOCK, ODCR], {BLOCK.id: 1}, end - 3 * 3600, lead) == [
+        FreeReservation(BLOCK, 3, 3 * 3600 - 1800 - 420),
+        FreeReservation(ODCR, 2, None),
+    ]
+
+
+def test_runs_on_a_block_are_drained_once_its_end_is_within_the_lead() -> None:
+    lead = drain_lead_seconds(300, 120)
+    at = drain_at(BLOCK, lead) or 0.0
+    placements = [("j-block", BLOCK.id), ("j-odcr", ODCR.id), ("j-other", "cr-00000000")]
+    assert runs_to_drain(placements, [BLOCK, ODCR], at - 1, lead) == []
+    assert runs_to_drain(placements, [BLOCK, ODCR], at, lead) == ["j-block"]
 
 
 @pytest.mark.parametrize(
@@ -123,6 +190,10 @@ def test_config_round_trips_through_the_environment() -> None:
         "reservations: [{id: cr-1, kind: odcr, instance_type: p4d.24xlarge, zone: a, count: 1}]",
         "reservations: [{id: cr-0123456789abcdef0, kind: capacity-block, "
         "instance_type: p5.48xlarge, zone: us-east-1a, count: 1}]",
+        # A block without its price: the catalog has no Capacity Block prices.
+        "reservations: [{id: cr-0123456789abcdef0, kind: capacity-block, "
+        "instance_type: p5.48xlarge, zone: us-east-1a, count: 1, "
+        "start: 2026-12-01T11:30:00Z, end: 2026-12-02T11:30:00Z}]",
         "surprise: true",
         "reservations: [unclosed",
     ],

@@ -19,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog
-from gpufleet.domain.config import Reservation, ReservationKind
+from gpufleet.domain.config import ReservationKind
 from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import Job
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
+from gpufleet.domain.reserved import FreeReservation, fits_in_time, reservation_hourly_usd
 from gpufleet.domain.selection import (
     NoFeasibleOffering,
     Selection,
@@ -171,7 +172,7 @@ def plan_launch(
     heartbeat_timeout_seconds: int,
     expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
-    free_reservations: Sequence[tuple[Reservation, int]] = (),
+    free_reservations: Sequence[FreeReservation] = (),
     max_types: int = 3,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
     observed_hazard: float = 0.0,
@@ -181,12 +182,15 @@ def plan_launch(
     for `auto` the one with the cheaper expected cost to finish first (a tie goes to spot).
     `observed_hazard` is the job's (`job_observed_hazard`).
 
-    `free_reservations` are the active reservations with how many instances each has free;
+    `free_reservations` are the active reservations with how many instances each has free
+    and how long a run launched into each now may last;
     `bootable` what the deployment's launch templates boot. Raises NoFeasibleOffering when no
     capacity type has an offering that fits.
     """
     steps: list[LaunchStep] = []
-    reserved = reserved_step(spec, catalog, free_reservations, unavailable, bootable)
+    reserved = reserved_step(
+        spec, catalog, region, free_reservations, expected, unavailable, bootable
+    )
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
@@ -248,21 +252,28 @@ def plan_launch(
 def reserved_step(
     spec: JobSpec,
     catalog: Catalog,
-    free_reservations: Sequence[tuple[Reservation, int]],
+    region: str,
+    free_reservations: Sequence[FreeReservation],
+    expected: DurationEstimate,
     unavailable: frozenset[str],
     bootable: frozenset[BootTarget],
 ) -> LaunchStep | None:
     """A launch into the best reservation the job fits, if any: Capacity Blocks before ODCRs
-    (a block's hours are lost if unused), then the smallest that holds the job."""
+    (a block's hours are lost if unused), then the smallest that holds the job. A job fits a
+    reservation with enough free instances of a type it can run on, and enough time left for
+    its `expected` run (a Capacity Block ends: a run that would outlast it goes elsewhere). The
+    launch is priced at the reservation's price (`reservation_hourly_usd`)."""
     fitting = []
-    for reservation, free in free_reservations:
+    for free in free_reservations:
+        reservation = free.reservation
         key = f"{CapacityType.RESERVED.value}:{reservation.instance_type}:{reservation.zone}"
         try:
             instance = catalog.instance_type(reservation.instance_type)
         except KeyError:
             continue
         if (
-            free >= spec.resources.nodes
+            free.free >= spec.resources.nodes
+            and fits_in_time(free, expected.seconds)
             and key not in unavailable
             and is_feasible(
                 instance, spec.resources, needs_instance_store=spec.needs_instance_store
@@ -279,7 +290,7 @@ def reserved_step(
     override = LaunchOverride(
         instance_type=best.instance_type,
         zone=best.zone,
-        hourly_usd=0.0,  # marginal: the reservation is paid for whether used or not
+        hourly_usd=reservation_hourly_usd(best, catalog, region),
         reservation_id=best.id,
         capacity_block=best.kind is ReservationKind.CAPACITY_BLOCK,
     )
