@@ -347,7 +347,7 @@ class _Job:
         self.on_demand_only = False
         self.spot_held_seconds = 0.0
         # What its earlier runs cost and held (the record's `prior_*`), as settlements said.
-        self.prior: dict[str, float] = {}
+        self.prior: dict[str, Any] = {}
         self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
         self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
@@ -1015,6 +1015,7 @@ class Engine:
             "prior_cost_usd": settled.prior_cost_usd,
             "prior_held_seconds": settled.prior_held_seconds,
             "prior_storage_usd": settled.prior_storage_usd,
+            "prior_capacity_usd": settled.prior_capacity_usd,
         }
         if (settled.resources_override, settled.on_demand_only) != (
             job.resources_override,
