@@ -13,7 +13,8 @@ The rules, in the order they apply:
 2. Why the run was asked to stop (`Job.drain_reason`). Its cost reached its budget: FAILED.
    Released at a checkpoint because its GPUs sat idle: CANCELLED. Stopped to make room
    (preempted, reclaimed), for a new shape (resized), to move off hot hardware
-   (overheated) or off a reservation about to end (reservation-ending): back to the queue,
+   (overheated), off a reservation about to end (reservation-ending) or for a time window
+   that drains its class (window): back to the queue,
    always (it checkpointed and lost nothing), whatever ended the run. Restarted for a
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
@@ -72,11 +73,13 @@ BUDGET = "budget"
 # Its reservation ends soon (a Capacity Block's instances are terminated in its last half
 # hour): checkpointed and requeued, neither a retry nor a lost node.
 RESERVATION_ENDING = "reservation-ending"
+# A time window that drains its class began (gpufleet.yaml `queue.windows[].drain`).
+WINDOW = "window"
 # A stage of a multi-stage job succeeded: the job goes back to the queue for its next stage.
 NEXT_STAGE = "next-stage"
 
 # Drains after which the job always goes back to the queue: it checkpointed and lost nothing.
-_CHECKPOINTED = frozenset({PREEMPTED, RECLAIMED, RESIZED, OVERHEATED, RESERVATION_ENDING})
+_CHECKPOINTED = frozenset({PREEMPTED, RECLAIMED, RESIZED, OVERHEATED, RESERVATION_ENDING, WINDOW})
 
 # Errors a workflow step raises because of the job itself: retrying it would fail the same way.
 JOB_ERRORS = frozenset(
