@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.domain.config import ConfigFileError, config_from_yaml
+from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.config import ConfigFileError, FleetConfig, config_from_yaml
 from gpufleet.domain.queueing import (
     Admission,
     Booking,
@@ -24,7 +25,16 @@ from gpufleet.domain.queueing import (
     next_window_change,
     policy_at,
 )
+from gpufleet.domain.settlement import WINDOW
 from gpufleet.domain.spec import Priority
+from gpufleet.services.lifecycle_base import control_key
+from gpufleet.services.workflow_state import WorkflowState
+from gpufleet.sim.engine import Workload, simulate
+from gpufleet.sim.mapping import TraceMapping, to_spec
+from gpufleet.sim.policies import cap_and_pool, gpufleet_policy
+from gpufleet.sim.traces import TraceJob
+from tests.helpers import make_settings
+from tests.unit import test_dispatcher
 
 HOUR = 3600.0
 DAY = 1_767_225_600.0  # 2026-01-01 00:00 UTC
@@ -182,12 +192,6 @@ def test_a_quota_override_replaces_only_the_fields_it_gives() -> None:
 def test_the_dispatcher_drains_a_class_at_its_windows_start_and_holds_it_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpufleet.domain.config import FleetConfig
-    from gpufleet.domain.settlement import WINDOW
-    from gpufleet.services.lifecycle_base import control_key
-    from tests.helpers import make_settings
-    from tests.unit import test_dispatcher
-
     policy = test_dispatcher.POLICY.model_copy(
         update={
             "windows": [TimeWindow(name="day", start="06:00", end="22:00", drain=[Priority.LOW])]
@@ -211,7 +215,7 @@ def test_the_dispatcher_drains_a_class_at_its_windows_start_and_holds_it_back(
     # It checkpoints and stops: back to the queue, no retry or preemption counted.
     assert world.finish(job_id, instance)["exit_code"] == 0
     released = world.lifecycle.release(
-        job_id, test_dispatcher.WorkflowState.model_validate({"run": {"exit_code": 0}})
+        job_id, WorkflowState.model_validate({"run": {"exit_code": 0}})
     )
     assert released["requeue"] is True
     job = world.ports.jobs.get(job_id)
@@ -223,3 +227,30 @@ def test_the_dispatcher_drains_a_class_at_its_windows_start_and_holds_it_back(
     assert held.admitted == [] and held.blocked == {"research/low": "paused"}
     world.clock.advance(16 * HOUR)  # 22:00: the window ends
     assert world.dispatcher.run_pass().admitted == [job_id]
+
+
+def test_the_simulator_drains_and_holds_back_a_class_as_the_lambdas_do() -> None:
+    mapping = TraceMapping(high_share=0.0)
+    # Two 3-hour low-priority jobs submitted at 05:00 UTC (the trace's clock): they start,
+    # the day window drains them at 06:00 and holds them back until 22:00.
+    jobs = tuple(
+        TraceJob(f"etl-{i}", submit_seconds=5 * HOUR, duration_seconds=3 * HOUR, gpus=1, team="lab")
+        for i in range(2)
+    )
+    specs = tuple(to_spec(j, mapping).model_copy(update={"priority": Priority.LOW}) for j in jobs)
+    workload = Workload(jobs, specs, mapping, "windowed")
+    day = TimeWindow(name="day", start="06:00", end="22:00", drain=[Priority.LOW])
+    cap, pool = cap_and_pool(workload, load_bundled(), mapping.region, 8)
+    base = QueuePolicy(teams={"lab": TeamQuota(gpus=8)}, windows=[day])
+    result = simulate(workload, gpufleet_policy(workload, cap, pool, base), seed=1)
+    assert result.completed == 2
+    assert result.window_drains == 2 and result.preemptions == 0
+    # Each ran an hour, then its last two after 22:00: done no earlier than 00:00.
+    assert all(jct is not None and jct >= 19 * HOUR for jct in result.jcts)
+    without = simulate(
+        workload,
+        gpufleet_policy(workload, cap, pool, base.model_copy(update={"windows": []})),
+        seed=1,
+    )
+    assert without.window_drains == 0
+    assert all(jct is not None and jct < 5 * HOUR for jct in without.jcts)

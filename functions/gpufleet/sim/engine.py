@@ -233,6 +233,7 @@ class SimResult:
     interruptions: int = 0
     requeues: int = 0
     preemptions: int = 0
+    window_drains: int = 0  # checkpointed and requeued because a window drains their class
     ondemand_fallbacks: int = 0
     launches: int = 0
     launch_failures: int = 0
@@ -949,6 +950,8 @@ class Engine:
         job.drain_reason = reason or (PREEMPTED if for_job_id is not None else RECLAIMED)
         if reason is None:
             self.result.preemptions += 1
+        else:
+            self.result.window_drains += 1
         if job.state == _RUNNING:
             reached = self._stop_work(job)
             job.progress = reached if self._checkpoints(job) else 0.0  # saved now, in full
