@@ -53,7 +53,8 @@ class ReservationKind(StrEnum):
 
 
 class Reservation(BaseModel):
-    """Capacity the account already pays for: launching into it costs nothing more."""
+    """Capacity the account already pays for, used or not: launched into first, and a run on
+    it costed at its price (`domain/reserved.py`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
