@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 
+from gpufleet.adapters.local.memory import InMemoryObjects
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import (
     ConfigFileError,
@@ -28,6 +30,9 @@ from gpufleet.domain.reserved import (
     seconds_left,
 )
 from gpufleet.domain.spec import JobSpec, parse_spec
+from gpufleet.services.dispatcher import queue_listing
+from tests.helpers import make_settings, plan_of
+from tests.unit import test_dispatcher
 
 ODCR = Reservation(
     id="cr-0123456789abcdef0",
@@ -208,3 +213,102 @@ def test_the_repository_config_is_valid() -> None:
 
     text = (Path(__file__).resolve().parents[2] / "gpufleet.yaml").read_text()
     assert isinstance(config_from_yaml(text), FleetConfig)
+
+
+LATER_BLOCK = BLOCK.model_copy(
+    update={"start": datetime(2026, 12, 5, tzinfo=UTC), "end": datetime(2026, 12, 6, tzinfo=UTC)}
+)
+
+
+def waiting_spec(wait: bool = True) -> JobSpec:
+    return spec(A100_JOB).model_copy(update={"wait_for_block": wait})
+
+
+def upcoming(block: Reservation, left: float = 20 * 3600) -> FreeReservation:
+    assert block.start is not None
+    return FreeReservation(block, block.count, left, starts_at=block.start.timestamp())
+
+
+def plan_with(
+    job: JobSpec, free: list[FreeReservation], expected_seconds: int = 3600
+) -> LaunchPlan:
+    return plan_launch(
+        job,
+        load_bundled(),
+        "us-east-1",
+        max_launch_attempts=3,
+        retry_wait_seconds=10,
+        boot_allowance_seconds=60,
+        heartbeat_timeout_seconds=60,
+        expected=DurationEstimate(expected_seconds, "default"),
+        free_reservations=free,
+    )
+
+
+def test_a_job_that_asks_to_waits_for_a_block_that_starts_later_and_fits_it() -> None:
+    assert LATER_BLOCK.start is not None
+    waits = plan_with(waiting_spec(), [FreeReservation(ODCR, 0), upcoming(LATER_BLOCK)])
+    assert waits.block_start == LATER_BLOCK.start.timestamp()
+    # Admitted at the block's start, it launches there first, then as its spot policy allows.
+    assert waits.steps[0].overrides[0].reservation_id == LATER_BLOCK.id
+    assert [s.capacity_type for s in waits.steps[1:]] == [CapacityType.SPOT, CapacityType.ON_DEMAND]
+    # Not asked, an active reservation it fits now, or a block too short for it: no wait.
+    assert plan_with(waiting_spec(False), [upcoming(LATER_BLOCK)]).block_start is None
+    assert (
+        plan_with(waiting_spec(), [FreeReservation(ODCR, 2), upcoming(LATER_BLOCK)]).block_start
+        is None
+    )
+    short = plan_with(waiting_spec(), [upcoming(LATER_BLOCK, left=1800)])
+    assert short.block_start is None
+    # An upcoming block is never launched into before it starts.
+    assert plan_with(spec(A100_JOB), [upcoming(LATER_BLOCK)]).steps[0].capacity_type is not (
+        CapacityType.RESERVED
+    )
+
+
+def test_the_blocks_that_start_later_are_listed_with_the_time_a_run_at_their_start_has() -> None:
+    assert LATER_BLOCK.start is not None and LATER_BLOCK.end is not None
+    now = LATER_BLOCK.start.timestamp() - 3600
+    lead = drain_lead_seconds(300, 120)
+    assert free_reservations([LATER_BLOCK, ODCR], {}, now, lead) == [
+        FreeReservation(ODCR, 2, None),
+        FreeReservation(
+            LATER_BLOCK, 4, 24 * 3600 - 1800 - lead, starts_at=LATER_BLOCK.start.timestamp()
+        ),
+    ]
+
+
+def test_the_queue_holds_a_job_for_its_block_and_launches_it_there_at_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start = 1_767_225_600.0 + 2 * 3600  # the test clock's start + 2 h
+    block = Reservation(
+        id="cr-0fedcba9876543210",
+        kind=ReservationKind.CAPACITY_BLOCK,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=1,
+        start=datetime.fromtimestamp(start, UTC),
+        end=datetime.fromtimestamp(start + 24 * 3600, UTC),
+        hourly_usd=0.7,
+    )
+    config = FleetConfig(reservations=[block], queue=test_dispatcher.POLICY)
+    monkeypatch.setattr(test_dispatcher, "SETTINGS", make_settings(config=config))
+    world = test_dispatcher.World()
+    key = "jobs/research/blocky.yaml"
+    body = b"name: blocky\nteam: research\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
+    cast(InMemoryObjects, world.ports.objects).objects[key] = body + b"wait_for_block: true\n"
+    job_id = world.intake.submit_object(key, key, key).job_id
+    assert job_id is not None
+    world.plans[job_id] = plan_of(world.ports, job_id)
+    assert world.plans[job_id].block_start == start
+    world.enqueue(job_id)
+    held = world.dispatcher.run_pass()
+    assert held.admitted == [] and held.waiting == {job_id: "block"}
+    rows, _ = queue_listing(world.ports, test_dispatcher.POLICY)
+    assert [(row.job_id, row.reason) for row in rows] == [(job_id, "block")]
+    world.clock.advance(2 * 3600)  # the block starts
+    assert world.dispatcher.run_pass().admitted == [job_id]
+    world.start(job_id)
+    placement = world.ports.jobs.get(job_id).placement
+    assert placement is not None and placement.reservation_id == block.id

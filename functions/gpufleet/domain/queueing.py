@@ -252,6 +252,9 @@ class QueuedJob:
     # The jobs (ids) it waits for: the dispatcher hands the queue only those whose
     # `arrays.dependency_verdict` says run.
     depends_on: tuple[Dependency, ...] = ()
+    # Not admitted before: the start of the Capacity Block it waits for (its plan's
+    # `block_start`, spec `wait_for_block`).
+    not_before: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +365,7 @@ class WaitReason(StrEnum):
     CAPACITY = "capacity"  # the global GPU or instance cap is reached
     WINDOW = "window"  # it would fit in the reserve, which is closed to its class now
     PAUSED = "paused"  # a time window active now pauses (or drains) its class
+    BLOCK = "block"  # it waits for a Capacity Block that starts later (spec wait_for_block)
     BOOKING = "booking"  # what is left is booked by other teams
     BUDGET = "budget"  # the team's spend this month plus this job's estimate exceeds its budget
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room
@@ -995,6 +999,9 @@ def decide_streams(
             return False
         if job.priority in held_back:
             decision.waiting[job.job_id] = WaitReason.PAUSED
+            return False
+        if job.not_before is not None and job.not_before > now:
+            decision.waiting[job.job_id] = WaitReason.BLOCK
             return False
         if state.over_budget(job):
             decision.waiting[job.job_id] = WaitReason.BUDGET

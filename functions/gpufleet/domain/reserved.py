@@ -25,12 +25,14 @@ BLOCK_TERMINATION_LEAD_SECONDS = 30 * 60
 
 @dataclass(frozen=True, slots=True)
 class FreeReservation:
-    """An active reservation as a plan sees it: instances no live job holds, and how long a
-    run launched into it now may last (None: no end)."""
+    """A reservation as a plan sees it: instances no live job holds, and how long a run
+    launched into it may last (None: no end); `starts_at` for a Capacity Block that has not
+    started yet (None: active now), which a job that asks to may wait for."""
 
     reservation: Reservation
     free: int
     seconds_left: float | None = None
+    starts_at: float | None = None
 
 
 def drain_lead_seconds(check_period_seconds: int, grace_seconds: int) -> int:
@@ -64,12 +66,22 @@ def free_reservations(
     drain_lead: float,
 ) -> list[FreeReservation]:
     """The reservations active now, with the instances `held` (per reservation id) leaves free
-    and the time left to a run launched into each."""
-    return [
+    and the time left to a run launched into each; then the Capacity Blocks that start later,
+    with the time a run launched at their start has."""
+    listed = list(reservations)
+    active = [
         FreeReservation(r, r.count - held.get(r.id, 0), seconds_left(r, now, drain_lead))
-        for r in reservations
+        for r in listed
         if r.active_at(now)
     ]
+    upcoming = [
+        FreeReservation(r, r.count, seconds_left(r, start, drain_lead), starts_at=start)
+        for r in listed
+        if r.kind is ReservationKind.CAPACITY_BLOCK
+        and r.start is not None
+        and (start := r.start.timestamp()) > now
+    ]
+    return active + upcoming
 
 
 def fits_in_time(free: FreeReservation, expected_seconds: float) -> bool:

@@ -152,11 +152,17 @@ class LifecycleBase:
         )
 
     def _free_reservations(self) -> list[FreeReservation]:
-        """Active reservations with the instances live jobs do not hold, and the time a run
-        launched into each now has."""
-        now = self._now()
-        if not any(r.active_at(now) for r in self._policy.reservations):
+        """Active reservations with the instances live jobs do not hold and the time a run
+        launched into each now has; then the Capacity Blocks that start later."""
+        now, reservations = self._now(), self._policy.reservations
+        if not reservations:
             return []
+        active = any(r.active_at(now) for r in reservations)
+        held = self._held_reservations() if active else {}
+        return free_reservations(reservations, held, now, self._block_drain_lead())
+
+    def _held_reservations(self) -> dict[str, int]:
+        """The instances live jobs hold in each reservation (by id)."""
         held: dict[str, int] = {}
         for status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             for job in self._ports.jobs.list_jobs(status):
@@ -164,7 +170,7 @@ class LifecycleBase:
                     held[job.placement.reservation_id] = held.get(
                         job.placement.reservation_id, 0
                     ) + len(job.placement.instance_ids)
-        return free_reservations(self._policy.reservations, held, now, self._block_drain_lead())
+        return held
 
     def _block_drain_lead(self) -> int:
         """How long before a Capacity Block's instances are terminated its runs checkpoint."""
