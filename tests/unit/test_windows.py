@@ -3,6 +3,8 @@ all through the one effective policy (`policy_at`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpufleet.domain.catalog import load_bundled
@@ -254,3 +256,16 @@ def test_the_simulator_drains_and_holds_back_a_class_as_the_lambdas_do() -> None
     )
     assert without.window_drains == 0
     assert all(jct is not None and jct < 5 * HOUR for jct in without.jcts)
+
+
+def test_a_nominee_the_window_holds_back_does_not_keep_its_victims_waiting() -> None:
+    policy = POLICY.model_copy(
+        update={
+            "windows": [TimeWindow(name="w", start="00:00", end="23:59", pause=[Priority.NORMAL])]
+        }
+    )
+    nominee = queued("n", team="training", priority=Priority.NORMAL)
+    victim = replace(queued("v", team="training"), preempted_for="n")  # low, stopped for n
+    decision = decide([nominee, victim], [], [], NIGHT, policy)
+    assert decision.waiting == {"n": WaitReason.PAUSED}
+    assert [a.job_id for a in decision.admitted] == ["v"]

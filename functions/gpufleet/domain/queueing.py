@@ -23,6 +23,12 @@ free now). Jobs admitted on borrowed
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
 critical work, or for the classes a time window opens it to.
 
+Windows. A daily time window active now may set its own GPU cap and team quotas (the
+policy in force is `policy_at`), open the reserve to more classes, pause classes (their jobs
+wait, `paused`) or drain them (paused, and their running jobs checkpoint and requeue:
+`Decision.window_drains`). A job whose spec waits for a Capacity Block waits (`block`) until
+the block's start (`QueuedJob.not_before`).
+
 Reading. The waiting jobs of one team and class form a stream already in admission order; a
 pass merges the streams lazily and stops reading one when its shapes show that nothing of it
 could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait), so jobs
@@ -951,8 +957,8 @@ def decide_streams(
     reading have no entry in `waiting`; `blocked_streams` says why. `team_spend_usd` is each
     team's spend so far this month, for the teams that have a monthly budget.
     """
-    window = policy.window_at(now)
-    policy = policy.in_window(window)  # `policy_at`
+    window = policy.window_at(now)  # its paused and drained classes, below
+    policy = policy_at(policy, now)
     held_back = window.held_back if window else frozenset()
     state = _Pass(
         policy=policy,
@@ -988,7 +994,8 @@ def decide_streams(
     nominated = [
         j
         for j in admission_order(waiting.nominated, now, policy)
-        if j.preempted_for not in nominee_ids
+        # A nominee the window holds back waits with everyone: its victims need not yield.
+        if j.preempted_for not in nominee_ids and j.priority not in held_back
     ]
     nominated_ids = decision.nominated = {j.job_id for j in nominated}
 
