@@ -8,7 +8,7 @@ from typing import cast
 import pytest
 
 from gpufleet.adapters.local.memory import InMemoryObjects
-from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.catalog import CatalogError, load_bundled
 from gpufleet.domain.config import (
     ConfigFileError,
     FleetConfig,
@@ -26,6 +26,7 @@ from gpufleet.domain.reserved import (
     drain_at,
     drain_lead_seconds,
     free_reservations,
+    reservation_hourly_usd,
     runs_to_drain,
     seconds_left,
 )
@@ -312,3 +313,11 @@ def test_the_queue_holds_a_job_for_its_block_and_launches_it_there_at_the_start(
     world.start(job_id)
     placement = world.ports.jobs.get(job_id).placement
     assert placement is not None and placement.reservation_id == block.id
+
+
+def test_an_odcr_of_a_type_the_catalog_does_not_price_there_needs_its_price_in_the_config() -> None:
+    odcr = ODCR.model_copy(update={"instance_type": "p4d.24xlarge"})
+    with pytest.raises(CatalogError, match="give its hourly_usd in the config"):
+        reservation_hourly_usd(odcr, load_bundled(), "xx-nowhere-1")
+    priced = odcr.model_copy(update={"hourly_usd": 9.0})
+    assert reservation_hourly_usd(priced, load_bundled(), "xx-nowhere-1") == 9.0
