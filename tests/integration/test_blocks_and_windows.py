@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.cli import main
@@ -41,14 +42,16 @@ def _hhmm(moment: datetime) -> str:
 
 
 def _config(now: datetime) -> FleetConfig:
-    def block(suffix: str, end: datetime) -> Reservation:
+    def block(
+        suffix: str, end: datetime, start: datetime | None = None, instance_type: str = "g5.xlarge"
+    ) -> Reservation:
         return Reservation(
             id=f"cr-0{suffix * 16}",
             kind=ReservationKind.CAPACITY_BLOCK,
-            instance_type="g5.xlarge",
+            instance_type=instance_type,
             zone="us-east-1a",
             count=1,
-            start=now - timedelta(hours=1),
+            start=start or now - timedelta(hours=1),
             end=end,
             hourly_usd=0.5,
         )
@@ -63,7 +66,12 @@ def _config(now: datetime) -> FleetConfig:
         teams={"nlp": QuotaOverride(gpus=8)},
     )
     return FleetConfig(
-        reservations=[block("a", short_end), block("b", now + timedelta(hours=6))],
+        reservations=[
+            block("a", short_end),
+            block("b", now + timedelta(hours=6)),
+            # Tomorrow's, of L4 GPUs: a job that asks waits for it.
+            block("c", now + timedelta(days=2), now + timedelta(days=1), "g6.xlarge"),
+        ],
         queue=QueuePolicy(
             max_gpus=16,
             max_instances=8,
@@ -76,7 +84,7 @@ def _config(now: datetime) -> FleetConfig:
 
 
 CONFIG = _config(datetime.now(UTC))
-SHORT, LONG = CONFIG.reservations
+SHORT, LONG, TOMORROW = CONFIG.reservations
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +114,12 @@ def config_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def submit(account: Account, name: str, team: str, extra: str = "", gpus: int = 1) -> None:
+def submit(
+    account: Account, name: str, team: str, extra: str = "", resources: str = "{gpus: 1}"
+) -> None:
     body = (
         f"name: {name}\nteam: {team}\nimage: img\ncommand: [x]\n"
-        f"resources: {{gpus: {gpus}}}\ncheckpoint: s3://ckpt/{name}/\n{extra}"
+        f"resources: {resources}\ncheckpoint: s3://ckpt/{name}/\n{extra}"
     )
     account.client("s3").put_object(
         Bucket=account.bucket, Key=f"{INTAKE_PREFIX}{team}/{name}.yaml", Body=body
@@ -155,7 +165,8 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
     submit(account, "hour-long", "vision")  # the default estimate: an hour
     submit(account, "etl", "vision", "priority: low\n")
     # nlp's own quota is 4 GPUs: only the window's 8 holds this job (intake accepts it too).
-    submit(account, "wide", "nlp", gpus=8)
+    submit(account, "wide", "nlp", resources="{gpus: 8}")
+    submit(account, "on-l4", "nlp", "wait_for_block: true\n", "{gpus: 1, gpu_models: [L4]}")
 
     short_run = placed(account, "on-short")
     assert short_run.placement is not None and short_run.placement.reservation_id == SHORT.id
@@ -175,9 +186,35 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
     wide = placed(account, "wide", JobStatus.SUCCEEDED)
     assert wide.spec.resources.total_gpus == 8
     waiting = cli_json(capsys, "queue", "--config", config_file)["waiting"]
-    assert [(w["job_id"], w["reason"]) for w in waiting if w["team"] == "vision"] == [
-        (job_named(account, "etl").job_id, "paused")  # type: ignore[union-attr]
+    reasons = {w["job_id"]: w["reason"] for w in waiting}
+    assert reasons == {
+        job_named(account, "etl").job_id: "paused",  # type: ignore[union-attr]
+        job_named(account, "on-l4").job_id: "block",  # type: ignore[union-attr]
+    }
+    # EC2's side: tomorrow's block is scheduled, with no room before it starts.
+    ec2 = account.client("ec2")
+    [scheduled] = ec2.describe_capacity_reservations(CapacityReservationIds=[TOMORROW.id])[
+        "CapacityReservations"
     ]
+    assert (scheduled["State"], scheduled["AvailableInstanceCount"]) == ("scheduled", 0)
+    assert scheduled["EndDateType"] == "limited" and scheduled["StartDate"] == TOMORROW.start
+    [in_zone] = [
+        subnet["SubnetId"]
+        for subnet in ec2.describe_subnets(SubnetIds=account.subnet_ids)["Subnets"]
+        if subnet["AvailabilityZone"] == TOMORROW.zone
+    ]
+    with pytest.raises(ClientError, match="ReservationCapacityExceeded"):
+        ec2.run_instances(
+            LaunchTemplate={"LaunchTemplateId": account.launch_templates["x86_64-nvidia"]},
+            InstanceType="g6.xlarge",
+            SubnetId=in_zone,
+            MinCount=1,
+            MaxCount=1,
+            InstanceMarketOptions={"MarketType": "capacity-block"},
+            CapacityReservationSpecification={
+                "CapacityReservationTarget": {"CapacityReservationId": TOMORROW.id}
+            },
+        )
 
     # The short block's end comes: the reconciler asks its run to checkpoint.
     due = drain_at(SHORT, LEAD)
