@@ -286,6 +286,9 @@ METRIC_WATCH = Function(
     timeout_seconds=120,
     memory_mb=1024,
 )
+# How often the reconciler runs: also how late it may notice that a Capacity Block's runs must
+# checkpoint before the block ends (`domain/reserved.py`).
+RECONCILE_PERIOD_SECONDS = 300
 RECONCILE = Function(
     "Reconcile",
     "gpufleet.handlers.on_reconcile.handler",
@@ -435,7 +438,7 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule(
         construct_id="ReconcileSchedule",
         description="Find and terminate orphaned instances",
-        expression="rate(5 minutes)",
+        expression=f"rate({RECONCILE_PERIOD_SECONDS // 60} minutes)",
         target_function=RECONCILE.construct_id,
     ),
     # Spot prices move daily at most (EC2's smoothed pricing); the readers refuse a refreshed

@@ -425,3 +425,15 @@ def test_a_waiting_job_keeps_the_jobs_it_depends_on(queue: JobQueue) -> None:
         "j-dependant": depends_on,
         "j-free": (),
     }
+
+
+def test_a_waiting_job_keeps_the_start_of_the_block_it_waits_for(queue: JobQueue) -> None:
+    item = entry("j-blocky")
+    item = replace(item, job=replace(item.job, not_before=NOW + 7200.5))
+    queue.enqueue(item)
+    queue.enqueue(entry("j-free"))
+    assert list(queue.stream("t", Priority.NORMAL)) == [item, entry("j-free")]
+    assert {w.job.job_id: w.job.not_before for w in queue.waiting()} == {
+        "j-blocky": NOW + 7200.5,
+        "j-free": None,
+    }

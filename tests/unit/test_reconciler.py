@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -14,15 +16,18 @@ from gpufleet.adapters.local.memory import (
     RecordingWorkflow,
     in_memory_ports,
 )
-from gpufleet.domain.config import WarmPool
+from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind, WarmPool
 from gpufleet.domain.history import requeue_budget
 from gpufleet.domain.job import JobChanges, JobStatus
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
+from gpufleet.domain.reserved import BLOCK_TERMINATION_LEAD_SECONDS, drain_lead_seconds
+from gpufleet.domain.settlement import RESERVATION_ENDING
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.services.reconciler import ReconcilerService
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import WorkflowState
+from gpufleet.topology import RECONCILE_PERIOD_SECONDS
 from tests.helpers import SPEC_YAML, local_ports, plan_of
 from tests.unit.test_services import SETTINGS
 
@@ -276,3 +281,68 @@ def test_a_requeue_past_its_budget_continues_the_job_in_a_new_execution_the_back
     clock.advance(1_000)
     assert reconciler.run().jobs_ended == [job_id]
     assert ports.jobs.get(job_id).failure_reason == "RequeueFailed: boom"
+
+
+def test_runs_on_a_capacity_block_checkpoint_and_requeue_before_the_block_ends() -> None:
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    now = clock.now()
+    lead = drain_lead_seconds(
+        RECONCILE_PERIOD_SECONDS, SETTINGS.config.queue.preemption_grace_seconds
+    )
+    # Two hours before its runs must stop: a run expected to last an hour (the default) fits.
+    block = Reservation(
+        id="cr-0fedcba9876543210",
+        kind=ReservationKind.CAPACITY_BLOCK,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=2,
+        start=datetime.fromtimestamp(now - 3600, UTC),
+        end=datetime.fromtimestamp(now + 2 * 3600 + BLOCK_TERMINATION_LEAD_SECONDS + lead, UTC),
+        hourly_usd=0.8,
+    )
+    settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
+    lifecycle = build_lifecycle(ports, settings)
+    intake = build_intake(ports, settings, lifecycle)
+    reconciler = ReconcilerService(
+        ports,
+        lifecycle,
+        grace_seconds=300,
+        boot_allowance_seconds=900,
+        abandoned_after_seconds=900,
+    )
+
+    def submitted(name: str) -> str:
+        key = f"jobs/vision/{name}.yaml"
+        cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
+        job_id = intake.submit_object(key, key, key).job_id
+        assert job_id is not None
+        return job_id
+
+    job_id = submitted("on-block")
+    assert lifecycle.launch(job_id, plan_of(ports, job_id), 0, 0, "token") is None
+    placement = ports.jobs.get(job_id).placement
+    assert placement is not None and placement.reservation_id == block.id
+    assert placement.hourly_usd == 0.8  # the block's price, from the config
+    instance = placement.instance_ids[0]
+    lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
+    assert reconciler.run().reservation_drains == []
+
+    clock.advance(3600 + 1)  # less than an hour left: a new job's plan skips the block
+    later = submitted("later")
+    assert plan_of(ports, later).steps[0].capacity_type is CapacityType.SPOT
+    clock.advance(3600)  # the drain is due
+    assert reconciler.run().reservation_drains == [job_id]
+    assert reconciler.run().reservation_drains == []  # asked once
+    job = ports.jobs.get(job_id)
+    assert job.drain_reason == RESERVATION_ENDING
+    control = cast(InMemoryObjects, ports.objects).objects[f"runs/{job_id}/control.json"]
+    assert json.loads(control)["action"] == "checkpoint"
+    # It checkpoints and stops: back to the queue, no retry used.
+    lifecycle.node_report(
+        NodeReport(job_id=job_id, instance_id=instance, phase="finished", exit_code=0)
+    )
+    released = lifecycle.release(job_id, WorkflowState.model_validate({"run": {"exit_code": 0}}))
+    assert released["requeue"] is True
+    requeued = ports.jobs.get(job_id)
+    assert (requeued.retries, requeued.preemptions, requeued.interruptions) == (0, 0, 0)

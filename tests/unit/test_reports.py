@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gpufleet.domain.cost import cost_report
-from gpufleet.domain.job import Job, JobStatus, Placement
+from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
+from gpufleet.domain.settlement import requeue_changes
 from gpufleet.domain.spec import parse_spec
 from gpufleet.services.reports import (
     CostGrouping,
@@ -139,3 +140,39 @@ def test_find_jobs_filters_by_status_and_team_newest_first() -> None:
     assert [j.job_id for j in find_jobs(store, JobStatus.SUCCEEDED, "vision")] == ["b", "a"]
     assert [j.job_id for j in find_jobs(store, JobStatus.RUNNING)] == ["d"]
     assert [j.job_id for j in find_jobs(store, limit=2)] == ["d", "c"]
+
+
+def test_reserved_runs_are_costed_at_their_price_and_shown_apart_from_spot_and_on_demand() -> None:
+    # One hour on spot at $2, preempted and requeued; then two hours on a Capacity Block at the
+    # $1.5 the config prices it at.
+    spot = make_job("r", "vision", DAY1, held=3600, hourly=2.0, status=JobStatus.RUNNING)
+    assert spot.placement is not None and spot.released_at is not None
+    requeued = spot.with_changes(requeue_changes(spot, spot.released_at))
+    assert requeued.prior_capacity_usd == {"spot": pytest.approx(2.0)}
+    launched = DAY1 + 7200
+    block = Placement(
+        instance_ids=["i-2"],
+        instance_type="p5.48xlarge",
+        capacity_type="reserved",
+        reservation_id="cr-0fedcba9876543210",
+        hourly_usd=1.5,
+        launched_at=launched,
+    )
+    ended = requeued.with_changes(
+        JobChanges(placement=block, released_at=launched + 7200, cost_usd=None)
+    ).model_copy(update={"status": JobStatus.SUCCEEDED})
+    report = cost_report(ended)
+    assert (report["spot_usd"], report["on_demand_usd"], report["reserved_usd"]) == (
+        pytest.approx(2.0),
+        0.0,
+        pytest.approx(3.0),
+    )
+    assert report["cost_usd"] == pytest.approx(
+        report["spot_usd"]
+        + report["on_demand_usd"]
+        + report["reserved_usd"]
+        + report["storage_usd"]
+    )
+    # `gpufleet cost` adds each up per team like any amount.
+    [row] = group_costs(cost_lines([ended, JOBS[0]]), CostGrouping.TEAM)
+    assert (row["spot_usd"], row["reserved_usd"]) == (pytest.approx(4.0), pytest.approx(3.0))

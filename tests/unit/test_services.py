@@ -485,7 +485,9 @@ def test_a_reservation_takes_jobs_until_it_is_full_and_again_once_released() -> 
     assert service.launch(second, plans[second], 1, 1, task_token=f"{second}-2") is None
     placed = {job_id: ports.jobs.get(job_id).placement for job_id in (first, second)}
     assert placed[first].capacity_type == "reserved"
-    assert placed[first].reservation_id == reservation.id and placed[first].hourly_usd == 0.0
+    assert placed[first].reservation_id == reservation.id
+    # Costed at the on-demand price AWS bills an ODCR at (the catalog's, g5.xlarge us-east-1).
+    assert placed[first].hourly_usd == 1.006
     assert placed[second].capacity_type == "spot"  # the reservation was full
 
     service.node_report(finished(first, placed[first].instance_ids[0]))

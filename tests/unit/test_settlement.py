@@ -22,6 +22,7 @@ from gpufleet.domain.settlement import (
     OUT_OF_MEMORY,
     PREEMPTED,
     RECLAIMED,
+    RESERVATION_ENDING,
     RETRY,
     ChargeUsage,
     EndKind,
@@ -84,10 +85,35 @@ def test_success_ends_the_job_and_a_cancelled_job_keeps_its_status() -> None:
     assert verdict(cancelled, end(EndKind.CANCELLED)) == (None, JobStatus.CANCELLED)
 
 
-@pytest.mark.parametrize("drain", [PREEMPTED, RECLAIMED, "resized", "overheated"])
+@pytest.mark.parametrize(
+    "drain", [PREEMPTED, RECLAIMED, "resized", "overheated", RESERVATION_ENDING]
+)
 def test_a_checkpointed_run_is_always_requeued(drain: str) -> None:
     assert verdict(running(drain_reason=drain), end(exit_code=0)) == (drain, JobStatus.QUEUED)
     assert verdict(running(drain_reason=drain, retries=2), end(exit_code=1))[0] == drain
+
+
+@pytest.mark.parametrize(
+    "run_end",
+    [
+        end(exit_code=0),  # it checkpointed and stopped, as asked
+        end(EndKind.NODE_LOST, reason="instance i-1 is terminated"),  # EC2 ended the block first
+        end(EndKind.DRAINED, exit_code=None, reason="stopped after the grace period"),
+    ],
+)
+def test_a_run_drained_for_its_reservations_end_is_requeued_using_no_retry(
+    run_end: RunEnd,
+) -> None:
+    job = running(
+        drain_reason=RESERVATION_ENDING,
+        retries=2,  # none left: the requeue uses none
+        placement=PLACEMENT.model_copy(
+            update={"capacity_type": "reserved", "reservation_id": "cr-0123456789abcdef0"}
+        ),
+    )
+    settled = settle(job, run_end)
+    assert (settled.requeue, settled.job.status) == (RESERVATION_ENDING, JobStatus.QUEUED)
+    assert (settled.job.retries, settled.job.preemptions, settled.job.interruptions) == (2, 0, 0)
 
 
 REQUIRED = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})

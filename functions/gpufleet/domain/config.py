@@ -53,7 +53,8 @@ class ReservationKind(StrEnum):
 
 
 class Reservation(BaseModel):
-    """Capacity the account already pays for: launching into it costs nothing more."""
+    """Capacity the account already pays for, used or not: launched into first, and a run on
+    it costed at its price (`domain/reserved.py`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -64,11 +65,22 @@ class Reservation(BaseModel):
     count: int = Field(ge=1, le=1000, description="Instances the reservation holds")
     start: datetime | None = None
     end: datetime | None = None
+    hourly_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="What one instance-hour on it costs: a Capacity Block's upfront fee over "
+        "its hours and instances (needed: the catalog has no Capacity Block prices); an ODCR "
+        "defaults to the catalog's on-demand price, which AWS bills it at",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> Reservation:
         if self.kind is ReservationKind.CAPACITY_BLOCK and (self.start is None or self.end is None):
             raise ValueError("a capacity block needs its start and end")
+        if self.kind is ReservationKind.CAPACITY_BLOCK and self.hourly_usd is None:
+            raise ValueError(
+                "a capacity block needs its hourly_usd (its upfront fee / hours / instances)"
+            )
         if self.start and self.end and self.end <= self.start:
             raise ValueError("end must be after start")
         return self

@@ -9,8 +9,8 @@ report the CLI prints, a team's spend this month, the budget stop) goes through 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,10 +45,23 @@ def storage_cost_usd(placement: Placement, released_at: float) -> float:
     return per_hour * held_seconds(placement, released_at) / 3600.0
 
 
+def compute_cost_usd(placement: Placement, released_at: float) -> float:
+    """The instances alone, for as long as the run held them, at the placement's price (a
+    reservation's own, for a run on reserved capacity: `domain.reserved`)."""
+    return fleet_hourly_usd(placement) * held_seconds(placement, released_at) / 3600.0
+
+
 def run_cost_usd(placement: Placement, released_at: float) -> float:
     """Instances and their storage, for as long as the run held them."""
-    compute = fleet_hourly_usd(placement) * held_seconds(placement, released_at) / 3600.0
-    return compute + storage_cost_usd(placement, released_at)
+    return compute_cost_usd(placement, released_at) + storage_cost_usd(placement, released_at)
+
+
+# The capacity types a cost report shows the instances' cost of, each on its own.
+CAPACITY_COST_FIELDS = {
+    "spot": "spot_usd",
+    "on-demand": "on_demand_usd",
+    "reserved": "reserved_usd",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,8 @@ class Spent:
     cost_usd: float  # instances and storage
     held_seconds: float
     storage_usd: float  # the storage part of cost_usd
+    # The instances' part of cost_usd by capacity type (spot, on-demand, reserved).
+    by_capacity: dict[str, float] = field(default_factory=dict)
 
     def as_prior(self) -> JobChanges:
         """The job's fields that keep it once the current run has ended."""
@@ -65,6 +80,7 @@ class Spent:
             prior_cost_usd=self.cost_usd,
             prior_held_seconds=self.held_seconds,
             prior_storage_usd=self.storage_usd,
+            prior_capacity_usd=self.by_capacity,
         )
 
 
@@ -72,12 +88,18 @@ def spent_until(job: Job, until: float | None) -> Spent:
     """The job's cost, held time and storage cost of every run so far, its current run's up
     to `until` included (None, or no placement: the earlier runs' alone)."""
     placement = job.placement
+    by_capacity = dict(job.prior_capacity_usd)
     if placement is None or until is None:
-        return Spent(job.prior_cost_usd, job.prior_held_seconds, job.prior_storage_usd)
+        return Spent(job.prior_cost_usd, job.prior_held_seconds, job.prior_storage_usd, by_capacity)
+    compute = compute_cost_usd(placement, until)
+    kind = placement.capacity_type
+    by_capacity[kind] = by_capacity.get(kind, 0.0) + compute
+    storage = storage_cost_usd(placement, until)
     return Spent(
-        job.prior_cost_usd + run_cost_usd(placement, until),
+        job.prior_cost_usd + compute + storage,
         job.prior_held_seconds + held_seconds(placement, until),
-        job.prior_storage_usd + storage_cost_usd(placement, until),
+        job.prior_storage_usd + storage,
+        by_capacity,
     )
 
 
@@ -105,16 +127,25 @@ def estimated_run_usd(plan: LaunchPlan, *, root_volume_gib: int, cost: CostPolic
     return round(plan.estimated_cost_usd() * cost.estimate_factor + storage * hours, 6)
 
 
+def _by_capacity(by_capacity: Mapping[str, float]) -> dict[str, float]:
+    """The instances' cost of each capacity type, as a cost report names them."""
+    return {
+        name: round(by_capacity.get(kind, 0.0), 6) for kind, name in CAPACITY_COST_FIELDS.items()
+    }
+
+
 def cost_report(job: Job) -> dict[str, Any]:
     """The job's cost line, as the demo and the CLI print it: cost_usd = hourly_usd x
     held_seconds / 3600 + storage_usd, over every run of the job (a preempted or interrupted
-    run was paid for too)."""
+    run was paid for too); the instances' part of it shown by capacity type (spot_usd,
+    on_demand_usd, reserved_usd: a run on a reservation at the reservation's price)."""
     placement = job.placement
     estimate = job.estimated_cost_usd
     if placement is None or job.released_at is None:
         return {
             "hourly_usd": None,
             "held_seconds": round(job.prior_held_seconds, 3),
+            **_by_capacity(job.prior_capacity_usd),
             "storage_usd": round(job.prior_storage_usd, 6),
             "cost_usd": job.cost_usd or 0.0,
             "estimated_cost_usd": estimate,
@@ -130,6 +161,7 @@ def cost_report(job: Job) -> dict[str, Any]:
     return {
         "hourly_usd": round(hourly, 6),
         "held_seconds": round(spent.held_seconds, 3),
+        **_by_capacity(spent.by_capacity),
         "storage_usd": round(storage, 6),
         "cost_usd": round(cost, 6),
         "estimated_cost_usd": estimate,

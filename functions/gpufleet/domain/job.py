@@ -244,6 +244,8 @@ class Job(BaseModel):
     prior_cost_usd: float = 0.0  # instances and storage, of every earlier run
     prior_held_seconds: float = 0.0
     prior_storage_usd: float = 0.0  # the storage part of prior_cost_usd
+    # The instances' part of prior_cost_usd by capacity type (spot, on-demand, reserved).
+    prior_capacity_usd: dict[str, float] = Field(default_factory=dict)
     storage_usd: float | None = None  # the storage part of cost_usd, once the job ended
     # Before the first run: price x expected hours x the estimate factor, plus storage.
     estimated_cost_usd: float | None = None
@@ -399,6 +401,7 @@ class JobChanges(BaseModel):
     prior_cost_usd: float | None = None
     prior_held_seconds: float | None = None
     prior_storage_usd: float | None = None
+    prior_capacity_usd: dict[str, float] | None = None
     storage_usd: float | None = None
     estimated_cost_usd: float | None = None
     first_admitted_at: float | None = None

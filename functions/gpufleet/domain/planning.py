@@ -23,6 +23,7 @@ from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.duration import DurationEstimate
 from gpufleet.domain.job import Job
 from gpufleet.domain.launch import CapacityType, ErrorCategory, LaunchOverride
+from gpufleet.domain.reserved import FreeReservation, fits_in_time, reservation_hourly_usd
 from gpufleet.domain.selection import (
     NoFeasibleOffering,
     Selection,
@@ -82,6 +83,11 @@ class LaunchPlan(BaseModel):
 
     expected_seconds: int = Field(ge=1, description="Expected run time offerings were ranked by")
     expected_source: str = Field(description="Where the expected run time came from")
+    block_start: float | None = Field(
+        default=None,
+        description="When the Capacity Block the job waits for starts (spec wait_for_block): "
+        "the queue admits it no earlier",
+    )
 
     def estimated_cost_usd(self) -> float:
         """The run's cost on the plan's first choice: what admission budgets against."""
@@ -171,7 +177,7 @@ def plan_launch(
     heartbeat_timeout_seconds: int,
     expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
-    free_reservations: Sequence[tuple[Reservation, int]] = (),
+    free_reservations: Sequence[FreeReservation] = (),
     max_types: int = 3,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
     observed_hazard: float = 0.0,
@@ -181,12 +187,23 @@ def plan_launch(
     for `auto` the one with the cheaper expected cost to finish first (a tie goes to spot).
     `observed_hazard` is the job's (`job_observed_hazard`).
 
-    `free_reservations` are the active reservations with how many instances each has free;
+    `free_reservations` are the reservations with how many instances each has free and how
+    long a run launched into each may last (and the Capacity Blocks that start later, which a
+    job whose spec says `wait_for_block` waits for: `block_start`);
     `bootable` what the deployment's launch templates boot. Raises NoFeasibleOffering when no
     capacity type has an offering that fits.
     """
     steps: list[LaunchStep] = []
-    reserved = reserved_step(spec, catalog, free_reservations, unavailable, bootable)
+    reserved = reserved_step(
+        spec, catalog, region, free_reservations, expected, unavailable, bootable
+    )
+    block_start = None
+    if reserved is None:
+        waited = block_to_wait_for(spec, catalog, free_reservations, expected, bootable)
+        if waited is not None:
+            # The queue admits it at the block's start; its launch then goes there first.
+            reserved = _reserved_launch(waited.reservation, catalog, region)
+            block_start = waited.starts_at
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
@@ -242,45 +259,89 @@ def plan_launch(
         ),
         expected_seconds=expected.seconds,
         expected_source=expected.source,
+        block_start=block_start,
     )
 
 
 def reserved_step(
     spec: JobSpec,
     catalog: Catalog,
-    free_reservations: Sequence[tuple[Reservation, int]],
+    region: str,
+    free_reservations: Sequence[FreeReservation],
+    expected: DurationEstimate,
     unavailable: frozenset[str],
     bootable: frozenset[BootTarget],
 ) -> LaunchStep | None:
-    """A launch into the best reservation the job fits, if any: Capacity Blocks before ODCRs
-    (a block's hours are lost if unused), then the smallest that holds the job."""
-    fitting = []
-    for reservation, free in free_reservations:
-        key = f"{CapacityType.RESERVED.value}:{reservation.instance_type}:{reservation.zone}"
-        try:
-            instance = catalog.instance_type(reservation.instance_type)
-        except KeyError:
-            continue
-        if (
-            free >= spec.resources.nodes
-            and key not in unavailable
-            and is_feasible(
-                instance, spec.resources, needs_instance_store=spec.needs_instance_store
-            )
-            and boots(instance, bootable)
-        ):
-            fitting.append(reservation)
+    """A launch into the best reservation active now that the job fits, if any: Capacity
+    Blocks before ODCRs (a block's hours are lost if unused), then the smallest that holds the
+    job. The launch is priced at the reservation's price (`reservation_hourly_usd`)."""
+    fitting = [
+        free.reservation
+        for free in free_reservations
+        if free.starts_at is None and _fits(spec, catalog, free, expected, unavailable, bootable)
+    ]
     if not fitting:
         return None
     best = min(
         fitting,
         key=lambda r: (r.kind is not ReservationKind.CAPACITY_BLOCK, r.count, r.id),
     )
+    return _reserved_launch(best, catalog, region)
+
+
+def _reserved_launch(reservation: Reservation, catalog: Catalog, region: str) -> LaunchStep:
     override = LaunchOverride(
-        instance_type=best.instance_type,
-        zone=best.zone,
-        hourly_usd=0.0,  # marginal: the reservation is paid for whether used or not
-        reservation_id=best.id,
-        capacity_block=best.kind is ReservationKind.CAPACITY_BLOCK,
+        instance_type=reservation.instance_type,
+        zone=reservation.zone,
+        hourly_usd=reservation_hourly_usd(reservation, catalog, region),
+        reservation_id=reservation.id,
+        capacity_block=reservation.kind is ReservationKind.CAPACITY_BLOCK,
     )
     return LaunchStep(capacity_type=CapacityType.RESERVED, overrides=[override])
+
+
+def block_to_wait_for(
+    spec: JobSpec,
+    catalog: Catalog,
+    free_reservations: Sequence[FreeReservation],
+    expected: DurationEstimate,
+    bootable: frozenset[BootTarget],
+) -> FreeReservation | None:
+    """For a job whose spec asks to wait for a Capacity Block (`wait_for_block`): the block
+    not yet started that it fits and that starts first; None when it does not ask, or none
+    fits."""
+    if not spec.wait_for_block:
+        return None
+    fitting = [
+        free
+        for free in free_reservations
+        if free.starts_at is not None
+        and _fits(spec, catalog, free, expected, frozenset(), bootable)
+    ]
+    return min(fitting, key=lambda f: (f.starts_at or 0.0, f.reservation.id), default=None)
+
+
+def _fits(
+    spec: JobSpec,
+    catalog: Catalog,
+    free: FreeReservation,
+    expected: DurationEstimate,
+    unavailable: frozenset[str],
+    bootable: frozenset[BootTarget],
+) -> bool:
+    """Whether the job fits the reservation: enough free instances of a type it can run on,
+    not just failed for capacity, and enough time left for its `expected` run (a Capacity
+    Block ends: a run that would outlast it goes elsewhere)."""
+    reservation = free.reservation
+    key = f"{CapacityType.RESERVED.value}:{reservation.instance_type}:{reservation.zone}"
+    try:
+        instance = catalog.instance_type(reservation.instance_type)
+    except KeyError:
+        return False
+    return (
+        free.free >= spec.resources.nodes
+        and fits_in_time(free, expected.seconds)
+        and key not in unavailable
+        and is_feasible(instance, spec.resources, needs_instance_store=spec.needs_instance_store)
+        and boots(instance, bootable)
+    )

@@ -25,6 +25,12 @@ free now). Jobs admitted on borrowed
 GPUs are the first to be reclaimed. A share of the global cap (`reserve_share`) is kept for
 critical work, or for the classes a time window opens it to.
 
+Windows. A daily time window active now may set its own GPU cap and team quotas (the
+policy in force is `policy_at`), open the reserve to more classes, pause classes (their jobs
+wait, `paused`) or drain them (paused, and their running jobs checkpoint and requeue:
+`Decision.window_drains`). A job whose spec waits for a Capacity Block waits (`block`) until
+the block's start (`QueuedJob.not_before`).
+
 Reading. The waiting jobs of one team and class form a stream already in admission order; a
 pass merges the streams lazily and stops reading one when its shapes show that nothing of it
 could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait), so jobs
@@ -86,8 +92,19 @@ class TeamQuota(BaseModel):
     )
 
 
+class QuotaOverride(BaseModel):
+    """A team's quota while a time window is active: the fields given replace its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int | None = Field(default=None, ge=0)
+    borrow: int | None = Field(default=None, ge=0)
+
+
 class TimeWindow(BaseModel):
-    """A daily window (UTC) in which the reserve opens to more classes of work."""
+    """A daily window (UTC) with its own rules while it is active: the reserve opens to more
+    classes of work, the GPU cap and teams' quotas change, classes of work are paused (they
+    wait) or drained (their running jobs checkpoint and requeue, and they wait)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,10 +112,40 @@ class TimeWindow(BaseModel):
     start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="HH:MM UTC")
     end: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="HH:MM UTC")
     reserve_open_to: list[Priority] = Field(default_factory=list)
+    max_gpus: int | None = Field(
+        default=None, ge=1, description="GPUs all jobs together may hold while it is active"
+    )
+    teams: dict[str, QuotaOverride] = Field(
+        default_factory=dict, description="Quotas of named teams while it is active"
+    )
+    pause: list[Priority] = Field(
+        default_factory=list, description="Classes not admitted while it is active"
+    )
+    drain: list[Priority] = Field(
+        default_factory=list,
+        description="Classes whose running jobs checkpoint and requeue while it is active "
+        "(from its start), and which are not admitted meanwhile",
+    )
+
+    @model_validator(mode="after")
+    def _critical_work_runs(self) -> TimeWindow:
+        if Priority.CRITICAL in self.pause or Priority.CRITICAL in self.drain:
+            raise ValueError("critical work is never paused or drained by a window")
+        return self
+
+    @property
+    def held_back(self) -> frozenset[Priority]:
+        """The classes it admits none of: paused or drained."""
+        return frozenset((*self.pause, *self.drain))
 
     def _minutes(self, hhmm: str) -> int:
         hours, minutes = hhmm.split(":")
         return int(hours) * 60 + int(minutes)
+
+    @property
+    def edges(self) -> tuple[int, int]:
+        """Its start and its end, in minutes of the UTC day."""
+        return self._minutes(self.start), self._minutes(self.end)
 
     def active_at(self, epoch_seconds: float) -> bool:
         minute = int(epoch_seconds // 60) % (24 * 60)
@@ -146,6 +193,19 @@ class QueuePolicy(BaseModel):
     def _quotas_fit(self) -> QueuePolicy:
         if self.reserve_gpus >= self.max_gpus:
             raise ValueError("the reserve leaves no GPUs for other work")
+        for window in self.windows:
+            unknown = sorted(set(window.teams) - set(self.teams))
+            if unknown:
+                raise ValueError(
+                    f"window {window.name!r} sets the quota of teams not in queue.teams: "
+                    f"{', '.join(unknown)}"
+                )
+            inside = self.in_window(window)
+            if inside.reserve_gpus >= inside.max_gpus:
+                raise ValueError(
+                    f"window {window.name!r}: the reserve ({inside.reserve_gpus} GPUs) leaves "
+                    f"none of its max_gpus {inside.max_gpus} for other work"
+                )
         return self
 
     @property
@@ -160,7 +220,46 @@ class QueuePolicy(BaseModel):
         return self.fair_share_half_life_hours * 3600
 
     def window_at(self, epoch_seconds: float) -> TimeWindow | None:
+        """The window whose rules hold now: the first listed that is active."""
         return next((w for w in self.windows if w.active_at(epoch_seconds)), None)
+
+    def in_window(self, window: TimeWindow | None) -> QueuePolicy:
+        """The policy with the window's cap and team quotas in place of its own (itself
+        without a window, or one that changes neither)."""
+        if window is None or (window.max_gpus is None and not window.teams):
+            return self
+        teams = {
+            team: quota.model_copy(update=window.teams[team].model_dump(exclude_none=True))
+            if team in window.teams
+            else quota
+            for team, quota in self.teams.items()
+        }
+        return self.model_copy(
+            update={"max_gpus": window.max_gpus or self.max_gpus, "teams": teams}
+        )
+
+
+def next_window_change(policy: QueuePolicy, now: float) -> float | None:
+    """The first moment after `now` at which a time window starts or ends (None: the policy
+    has none): where a runtime that passes only on events must pass once more."""
+    day = now // 86_400 * 86_400
+    moments = [
+        day + offset + minute * 60
+        for w in policy.windows
+        if w.start != w.end
+        for minute in w.edges
+        for offset in (0, 86_400)
+    ]
+    return min((m for m in moments if m > now), default=None)
+
+
+def policy_at(policy: QueuePolicy, now: float) -> QueuePolicy:
+    """The queue policy in force at `now`: the configured one, with the cap and the team
+    quotas of the time window active then (`QueuePolicy.window_at`). Every admission pass,
+    the limits its writes are conditioned on and the never-admissible check go through it, in
+    the Lambdas, the embedded account and the simulator alike. The window's other rules (the
+    reserve's classes, paused and drained classes) are read from `window_at` by the pass."""
+    return policy.in_window(policy.window_at(now))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +279,9 @@ class QueuedJob:
     # The jobs (ids) it waits for: the dispatcher hands the queue only those whose
     # `arrays.dependency_verdict` says run.
     depends_on: tuple[Dependency, ...] = ()
+    # Not admitted before: the start of the Capacity Block it waits for (its plan's
+    # `block_start`, spec `wait_for_block`).
+    not_before: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,8 +345,9 @@ def check_booking(
 ) -> None:
     """Raise BookingRefused for a booking of no GPUs, over an empty or inverted window or one
     that has ended, for a team the config does not name, or of more GPUs than the fleet can
-    hold for bookings (its cap outside the reserve, which is for urgent work) at some moment
-    of the window, with the bookings already made. A window that has begun holds from now."""
+    hold for bookings (its cap outside the reserve, which is for urgent work; the smallest
+    such cap, where a time window lowers `max_gpus`) at some moment of the window, with the
+    bookings already made. A window that has begun holds from now."""
     if booking.gpus < 1:
         raise BookingRefused(f"a booking needs at least 1 GPU (got {booking.gpus})")
     if booking.end <= booking.start:
@@ -257,11 +360,15 @@ def check_booking(
     if booking.team not in policy.teams:
         named = ", ".join(sorted(policy.teams)) or "none"
         raise BookingRefused(f"team {booking.team!r} is not in the config (queue.teams: {named})")
-    bookable = policy.max_gpus - policy.reserve_gpus
+    smallest = min(
+        (policy, *(policy.in_window(w) for w in policy.windows)),
+        key=lambda p: p.max_gpus - p.reserve_gpus,
+    )
+    bookable = smallest.max_gpus - smallest.reserve_gpus
     if booking.gpus > bookable:
         raise BookingRefused(
             f"{booking.gpus} GPUs can never be held: the fleet holds {bookable} GPUs outside "
-            f"the reserve (max_gpus {policy.max_gpus}, reserve {policy.reserve_gpus})"
+            f"the reserve (max_gpus {smallest.max_gpus}, reserve {smallest.reserve_gpus})"
         )
     start = max(booking.start, now)
     overlapping = [b for b in booked if b.start < booking.end and start < b.end]
@@ -284,6 +391,8 @@ class WaitReason(StrEnum):
     QUOTA = "quota"  # the team's quota and borrowing are used up
     CAPACITY = "capacity"  # the global GPU or instance cap is reached
     WINDOW = "window"  # it would fit in the reserve, which is closed to its class now
+    PAUSED = "paused"  # a time window active now pauses (or drains) its class
+    BLOCK = "block"  # it waits for a Capacity Block that starts later (spec wait_for_block)
     BOOKING = "booking"  # what is left is booked by other teams
     BUDGET = "budget"  # the team's spend this month plus this job's estimate exceeds its budget
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room
@@ -325,6 +434,8 @@ class Decision:
     waiting: dict[str, WaitReason] = field(default_factory=dict)
     # Running jobs that entered the reserve through a window that has closed.
     reclaims: list[str] = field(default_factory=list)
+    # Running jobs of a class the active time window drains: they checkpoint and requeue.
+    window_drains: list[str] = field(default_factory=list)
     # Streams (team, class) the pass stopped reading, and why: none of their jobs it did not
     # consider could have been admitted or have preempted (or, `behind`, a page of them waited).
     blocked_streams: dict[tuple[str, Priority], WaitReason] = field(default_factory=dict)
@@ -496,6 +607,7 @@ class _Pass:
     booked: dict[str, int]  # GPUs each team has booked now
     reserve_open_to: frozenset[Priority]  # the classes that may use the reserve now
     spend: dict[str, float]  # this month, of the teams with a budget (admissions included)
+    held_back: frozenset[Priority] = frozenset()  # classes the active window pauses or drains
     usage: _Usage = field(default_factory=_Usage)
     changes: int = 0  # admissions and preemptions made so far in the pass
     # (team, class) -> shapes no job of that kind could find victims for (`preemptable_for`):
@@ -658,6 +770,8 @@ class _Pass:
         its shape that was never preempted and costs nothing, nor finds victims where
         `preemptable_for` says no job of its shape could; and as a pass admits and preempts,
         what is left only gets harder."""
+        if stream.priority in self.held_back:
+            return WaitReason.PAUSED
         budget = self.policy.quota(stream.team).monthly_budget_usd
         if budget is not None and self.spend.get(stream.team, 0.0) > budget:
             return WaitReason.BUDGET
@@ -924,6 +1038,9 @@ def decide_streams(
     team's spend so far this month, for the teams that have a monthly budget; `team_usage`
     each team's decayed GPU-hours now (`fair_share.usage_at`; a team left out has none).
     """
+    window = policy.window_at(now)  # its paused and drained classes, below
+    policy = policy_at(policy, now)
+    held_back = window.held_back if window else frozenset()
     state = _Pass(
         policy=policy,
         now=now,
@@ -931,14 +1048,22 @@ def decide_streams(
         booked=_booked_at(bookings, now),
         reserve_open_to=_reserve_open_at(policy, now),
         spend=dict(team_spend_usd or {}),
+        held_back=held_back,
     )
     for holder in state.running.values():
         state.usage.add(holder.team, holder.gpus, holder.instances)
     decision = Decision()
+    drained = frozenset(window.drain) if window else frozenset()
+    decision.window_drains = sorted(
+        r.job_id for r in state.running.values() if not r.draining and r.priority in drained
+    )
     decision.reclaims = sorted(
         r.job_id
         for r in state.running.values()
-        if r.in_reserve and not r.draining and r.priority not in state.reserve_open_to
+        if r.in_reserve
+        and not r.draining
+        and r.priority not in state.reserve_open_to
+        and r.priority not in drained
     )
     # Jobs that already have victims draining for them wait for those, and preempt no more.
     draining_for = {r.draining_for for r in state.running.values() if r.draining_for}
@@ -950,7 +1075,8 @@ def decide_streams(
     nominated = [
         j
         for j in admission_order(waiting.nominated, now, policy)
-        if j.preempted_for not in nominee_ids
+        # A nominee the window holds back waits with everyone: its victims need not yield.
+        if j.preempted_for not in nominee_ids and j.priority not in held_back
     ]
     nominated_ids = decision.nominated = {j.job_id for j in nominated}
 
@@ -958,6 +1084,12 @@ def decide_streams(
         """Admit the job, or say why it waits (making room for it when it may preempt)."""
         if job.preempted_for in nominated_ids:
             decision.waiting[job.job_id] = WaitReason.YIELDING
+            return False
+        if job.priority in held_back:
+            decision.waiting[job.job_id] = WaitReason.PAUSED
+            return False
+        if job.not_before is not None and job.not_before > now:
+            decision.waiting[job.job_id] = WaitReason.BLOCK
             return False
         if state.over_budget(job):
             decision.waiting[job.job_id] = WaitReason.BUDGET
@@ -1044,7 +1176,9 @@ def admission_limits(
 ) -> AdmissionLimits:
     """The limits an admission `decide` made must still hold within when it is written: the
     fleet's caps (its GPUs outside the reserve, unless admitted into the reserve) and, outside
-    the reserve, the team's entitlement plus all it may borrow."""
+    the reserve, the team's entitlement plus all it may borrow; both as the time window active
+    now sets them (`policy_at`)."""
+    policy = policy_at(policy, now)
     if admission.in_reserve:
         return AdmissionLimits(policy.max_gpus, policy.max_instances, None)
     team_gpus = entitlement(job.team, _booked_at(bookings, now), policy)
@@ -1079,15 +1213,24 @@ def never_admissible(job: QueuedJob, policy: QueuePolicy, booked_gpus: int = 0) 
     budget can never be admitted either."""
     windows = [w for w in policy.windows if w.start != w.end]  # start == end: never open
     opened = frozenset(p for w in windows for p in w.reserve_open_to)
-    best = _Pass(
-        policy=policy,
-        now=0.0,
-        running={},
-        booked={job.team: booked_gpus} if booked_gpus else {},
-        reserve_open_to=opened | {Priority.CRITICAL},
-        spend={},
-    )
+
+    def best_in(variant: QueuePolicy) -> _Pass:
+        return _Pass(
+            policy=variant,
+            now=0.0,
+            running={},
+            booked={job.team: booked_gpus} if booked_gpus else {},
+            reserve_open_to=opened | {Priority.CRITICAL},
+            spend={},
+        )
+
+    best = best_in(policy)
     reason, _, _ = best.fit(job)
+    # A window's larger cap or quota admits it while the window is active.
+    if reason is not None and any(
+        best_in(policy.in_window(w)).fit(job)[0] is None for w in windows
+    ):
+        reason = None
     quota = policy.quota(job.team)
     if reason is WaitReason.CAPACITY and job.instances > policy.max_instances:
         return f"asks for {job.instances} instances; the fleet's cap is {policy.max_instances}"

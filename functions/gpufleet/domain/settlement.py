@@ -12,8 +12,10 @@ The rules, in the order they apply:
    left to take it back to the queue.
 2. Why the run was asked to stop (`Job.drain_reason`). Its cost reached its budget: FAILED.
    Released at a checkpoint because its GPUs sat idle: CANCELLED. Stopped to make room
-   (preempted, reclaimed), for a new shape (resized) or to move off hot hardware
-   (overheated): back to the queue, always (it checkpointed and lost nothing). Restarted for a
+   (preempted, reclaimed), for a new shape (resized), to move off hot hardware
+   (overheated), off a reservation about to end (reservation-ending) or for a time window
+   that drains its class (window): back to the queue,
+   always (it checkpointed and lost nothing), whatever ended the run. Restarted for a
    GPU memory leak: a retry while retries last.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
    back to the queue without using a retry. A job that may run on-demand (`spot: auto`) and
@@ -68,11 +70,16 @@ OVERHEATED = "overheated"  # moved off hardware running too hot: requeued elsewh
 MEMORY_LEAK = "memory-leak"
 # Stopped (at a checkpoint, or at once) because its cost reached its budget: the job ends.
 BUDGET = "budget"
+# Its reservation ends soon (a Capacity Block's instances are terminated in its last half
+# hour): checkpointed and requeued, neither a retry nor a lost node.
+RESERVATION_ENDING = "reservation-ending"
+# A time window that drains its class began (gpufleet.yaml `queue.windows[].drain`).
+WINDOW = "window"
 # A stage of a multi-stage job succeeded: the job goes back to the queue for its next stage.
 NEXT_STAGE = "next-stage"
 
 # Drains after which the job always goes back to the queue: it checkpointed and lost nothing.
-_CHECKPOINTED = frozenset({PREEMPTED, RECLAIMED, RESIZED, OVERHEATED})
+_CHECKPOINTED = frozenset({PREEMPTED, RECLAIMED, RESIZED, OVERHEATED, RESERVATION_ENDING, WINDOW})
 
 # Errors a workflow step raises because of the job itself: retrying it would fail the same way.
 JOB_ERRORS = frozenset(

@@ -694,6 +694,12 @@ class JobSpec(_Strict):
         alias="expected_duration",
         description="Expected run time, used for cost estimates and selection",
     )
+    wait_for_block: Flag = Field(
+        default=False,
+        description="When no Capacity Block of the config it fits is active now but one "
+        "starts later, wait in the queue for that one instead of running elsewhere now "
+        "(docs/fleet.md)",
+    )
     budget_usd: Number | None = Field(default=None, gt=0, le=10_000_000)
     on_budget: Literal["checkpoint", "stop"] = Field(
         default="checkpoint",

@@ -22,7 +22,12 @@ documents, so the code under test meets the answers a real account gives:
    launch's zone `ReservationCapacityExceeded` ("does not have sufficient compatible and
    available capacity"). moto has no capacity reservations: they live here
    (CreateCapacityReservation, DescribeCapacityReservations, and `hold` for the ones a config
-   names).
+   names). A Capacity Block is `scheduled` before its start ("Before a Capacity Block
+   reservation begins, the available capacity appears as zero"), `active` until its end,
+   then `expired` ("the reserved capacity is no longer available for your use"): outside its
+   window it has no room, so a launch into it is `ReservationCapacityExceeded` (EC2 User
+   Guide, "View Capacity Blocks"). Its instances are not terminated at its end here (see
+   docs/aws-fidelity.md): the control plane drains them before (`domain/reserved.py`).
 
 4. **The image and the network interfaces must fit the instance type.** An AMI of another
    architecture than the type's is `InvalidParameterValue` ("The architecture 'arm64' of the
@@ -48,6 +53,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import botocore.handlers
@@ -106,8 +112,18 @@ class _CapacityReservation:
     reservation_type: str  # "default" (an ODCR) or "capacity-block"
     match: str  # "open" or "targeted"
     instance_ids: set[str] = field(default_factory=set)
+    start: datetime | None = None  # a Capacity Block's window
+    end: datetime | None = None
 
-    def described(self, available: int) -> dict[str, Any]:
+    def state(self, now: datetime) -> str:
+        if self.start is not None and now < self.start:
+            return "scheduled"
+        if self.end is not None and now >= self.end:
+            return "expired"
+        return "active"
+
+    def described(self, available: int, now: datetime) -> dict[str, Any]:
+        window = {"StartDate": self.start, "EndDate": self.end} if self.end else {}
         return {
             "CapacityReservationId": self.reservation_id,
             "InstanceType": self.instance_type,
@@ -116,10 +132,11 @@ class _CapacityReservation:
             "Tenancy": "default",
             "TotalInstanceCount": self.count,
             "AvailableInstanceCount": available,
-            "State": "active",
-            "EndDateType": "unlimited",
+            "State": self.state(now),
+            "EndDateType": "limited" if self.end else "unlimited",
             "InstanceMatchCriteria": self.match,
             "ReservationType": self.reservation_type,
+            **window,
         }
 
 
@@ -170,6 +187,8 @@ class Ec2Rules:
                     r.count,
                     "capacity-block" if block else "default",
                     "targeted" if block else "open",
+                    start=r.start,
+                    end=r.end,
                 )
 
     # -- CreateFleet and RunInstances ------------------------------------------------------------
@@ -330,6 +349,9 @@ class Ec2Rules:
             )
 
     def _available(self, backend: Any, reservation: _CapacityReservation) -> int:
+        """Its instances not in use; none outside its window (a Capacity Block's)."""
+        if reservation.state(_now()) != "active":
+            return 0
         live = sum(
             1
             for instance in backend.all_instances()
@@ -372,7 +394,8 @@ class Ec2Rules:
         )
         with self._lock:
             self._reservations[reservation.reservation_id] = reservation
-        return _answer(200, {"CapacityReservation": reservation.described(reservation.count)})
+        described = reservation.described(reservation.count, _now())
+        return _answer(200, {"CapacityReservation": described})
 
     def _describe_reservations(self, context: dict[str, Any], **kwargs: Any) -> Answer:
         wanted = (context.get(_REQUEST) or {}).get("CapacityReservationIds") or []
@@ -385,11 +408,16 @@ class Ec2Rules:
                     f"The capacity reservation ID '{unknown[0]}' does not exist",
                 )
             described = [
-                r.described(self._available(backend, r))
+                r.described(self._available(backend, r), _now())
                 for r in self._reservations.values()
                 if not wanted or r.reservation_id in wanted
             ]
         return _answer(200, {"CapacityReservations": described})
+
+
+def _now() -> datetime:
+    # EC2's own clock: the embedded account's timestamps are the wall clock's.
+    return datetime.now(UTC)
 
 
 def _keep_request(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:

@@ -28,4 +28,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             "ended what lost events left behind",
             extra={"runs": result.runs_ended, "jobs": result.jobs_ended},
         )
+    if result.reservation_drains:
+        logger.info(
+            "runs on an ending reservation asked to checkpoint",
+            extra={"jobs": result.reservation_drains},
+        )
     return asdict(result)

@@ -38,7 +38,7 @@ from gpufleet.domain.queueing import (
     decide_streams,
     effective_priority,
 )
-from gpufleet.domain.settlement import PREEMPTED, RECLAIMED
+from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
 from gpufleet.domain.spec import Dependency
 from gpufleet.ports import JobStore, Ports, QueueEntry, QueueState, RunningEntry
 from gpufleet.services.lifecycle import LifecycleService
@@ -54,6 +54,7 @@ class PassResult:
     cancelled: dict[str, str] = field(default_factory=dict)  # a dependency ended: why
     preempted: list[str] = field(default_factory=list)
     reclaimed: list[str] = field(default_factory=list)
+    window_drained: list[str] = field(default_factory=list)  # their class's window began
     forced: list[str] = field(default_factory=list)
     lost_races: int = 0
     waiting: dict[str, str] = field(default_factory=dict)  # of the jobs the pass considered
@@ -184,6 +185,10 @@ class DispatcherService:
             if ports.queue.mark_draining(job_id, "reserve"):
                 self._lifecycle.drain(job_id, RECLAIMED)
                 result.reclaimed.append(job_id)
+        for job_id in decision.window_drains:
+            if ports.queue.mark_draining(job_id, WINDOW):
+                self._lifecycle.drain(job_id, WINDOW)
+                result.window_drained.append(job_id)
         for job_id, reason in cancels.items():
             if self._cancel(job_id, reason):
                 result.cancelled[job_id] = reason

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpufleet.domain.catalog import Catalog, InstanceType
-    from gpufleet.domain.config import Reservation
     from gpufleet.domain.duration import DurationEstimate
     from gpufleet.domain.planning import LaunchPlan
+    from gpufleet.domain.reserved import FreeReservation
     from gpufleet.domain.spec import JobSpec
     from gpufleet.ports import Ports
     from gpufleet.services.actions import MetricActions
@@ -116,7 +116,7 @@ def build_lifecycle(ports: Ports, settings: Settings) -> LifecycleService:
         *,
         unavailable: frozenset[str],
         expected: DurationEstimate,
-        free_reservations: Sequence[tuple[Reservation, int]],
+        free_reservations: Sequence[FreeReservation],
         observed_hazard: float,
     ) -> LaunchPlan:
         return plan_launch(

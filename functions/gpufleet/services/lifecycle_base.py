@@ -9,7 +9,7 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,7 +22,13 @@ from gpufleet.domain.node_access import manifest_access
 from gpufleet.domain.planning import LaunchPlan, job_observed_hazard
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
 from gpufleet.domain.rendezvous import MASTER_PORT, ranked_peers
-from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS
+from gpufleet.domain.reserved import (
+    FreeReservation,
+    drain_lead_seconds,
+    free_reservations,
+    runs_to_drain,
+)
+from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS, RESERVATION_ENDING
 from gpufleet.domain.spec import JobSpec
 from gpufleet.domain.stages import next_stage_may_reuse, stage_environment
 from gpufleet.errors import Conflict
@@ -31,6 +37,7 @@ from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     DETAIL_CAPACITY_FREED,
     DETAIL_JOB_STATUS_CHANGED,
+    RECONCILE_PERIOD_SECONDS,
     RUNS_PREFIX,
 )
 
@@ -42,7 +49,7 @@ class Planner(Protocol):
         *,
         unavailable: frozenset[str],
         expected: DurationEstimate,
-        free_reservations: Sequence[tuple[Reservation, int]],
+        free_reservations: Sequence[FreeReservation],
         observed_hazard: float,
     ) -> LaunchPlan: ...
 
@@ -144,11 +151,18 @@ class LifecycleBase:
             observed_hazard=job_observed_hazard(job),
         )
 
-    def _free_reservations(self) -> list[tuple[Reservation, int]]:
-        """Active reservations with the instances live jobs do not hold."""
-        active = [r for r in self._policy.reservations if r.active_at(self._now())]
-        if not active:
+    def _free_reservations(self) -> list[FreeReservation]:
+        """Active reservations with the instances live jobs do not hold and the time a run
+        launched into each now has; then the Capacity Blocks that start later."""
+        now, reservations = self._now(), self._policy.reservations
+        if not reservations:
             return []
+        active = any(r.active_at(now) for r in reservations)
+        held = self._held_reservations() if active else {}
+        return free_reservations(reservations, held, now, self._block_drain_lead())
+
+    def _held_reservations(self) -> dict[str, int]:
+        """The instances live jobs hold in each reservation (by id)."""
         held: dict[str, int] = {}
         for status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             for job in self._ports.jobs.list_jobs(status):
@@ -156,7 +170,33 @@ class LifecycleBase:
                     held[job.placement.reservation_id] = held.get(
                         job.placement.reservation_id, 0
                     ) + len(job.placement.instance_ids)
-        return [(r, r.count - held.get(r.id, 0)) for r in active]
+        return held
+
+    def _block_drain_lead(self) -> int:
+        """How long before a Capacity Block's instances are terminated its runs checkpoint."""
+        return drain_lead_seconds(
+            RECONCILE_PERIOD_SECONDS, self._policy.queue.preemption_grace_seconds
+        )
+
+    def drain_for_reservation_end(self, jobs: Iterable[Job]) -> list[str]:
+        """Ask the runs on reservations about to end (a Capacity Block's last half hour) to
+        checkpoint and go back to the queue, neither a retry nor a lost node
+        (`settlement.RESERVATION_ENDING`); the dispatcher stops one that does not within the
+        checkpoint grace. The jobs asked now."""
+        placements = [
+            (job.job_id, job.placement.reservation_id)
+            for job in jobs
+            if job.placement is not None and job.placement.reservation_id
+        ]
+        due = runs_to_drain(
+            placements, self._policy.reservations, self._now(), self._block_drain_lead()
+        )
+        drained = []
+        for job_id in due:
+            self._ports.queue.mark_draining(job_id, RESERVATION_ENDING)
+            if self.drain(job_id, RESERVATION_ENDING):
+                drained.append(job_id)
+        return drained
 
     def _expected_duration(self, spec: JobSpec) -> DurationEstimate:
         if spec.expected_duration_seconds:

@@ -120,6 +120,7 @@ class QueueSteps(LifecycleBase):
                 queued,
                 estimated_cost_usd=self.estimate_usd(plan),
                 expected_seconds=plan.expected_seconds,
+                not_before=plan.block_start,
             ),
             task_token=task_token,
             queued_at=self._now(),

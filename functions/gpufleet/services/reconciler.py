@@ -18,7 +18,8 @@ service events on a best-effort basis, and a delivery can end in a dead-letter q
 
 It also tends the warm pool, when the config has one: idle warm instances are nobody's orphans;
 the pool is topped up while launches ask for its type and released when they stop asking
-(`domain.warm_pool`). And it deletes the bookings whose window has ended.
+(`domain.warm_pool`). It asks the runs on a Capacity Block that ends soon to checkpoint and
+go back to the queue (`domain.reserved`), and it deletes the bookings whose window has ended.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class ReconcileResult:
     runs_ended: dict[str, str] = field(default_factory=dict)  # job id -> the instance found gone
     jobs_ended: list[str] = field(default_factory=list)  # live jobs whose workflow had ended
     bookings_expired: list[str] = field(default_factory=list)  # whose window has ended
+    # Asked to checkpoint and requeue: their reservation (a Capacity Block) ends soon.
+    reservation_drains: list[str] = field(default_factory=list)
 
 
 class ReconcilerService:
@@ -97,6 +100,9 @@ class ReconcilerService:
             if gone and self._lifecycle.instance_gone(gone, "not running", job.job_id):
                 result.runs_ended[job.job_id] = gone
         result.jobs_ended = self._backstop.abandoned(live, now, self._abandoned_after)
+        result.reservation_drains = self._lifecycle.drain_for_reservation_end(
+            job for job in live if job.status is not JobStatus.QUEUED
+        )
         if self._warm_pool is not None:
             self._tend_warm_pool(self._warm_pool, now, result)
         result.bookings_expired = [b.booking_id for b in expire_bookings(self._ports)]

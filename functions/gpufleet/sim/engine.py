@@ -90,12 +90,14 @@ from gpufleet.domain.queueing import (
     RunningJob,
     decide,
     never_admissible,
+    next_window_change,
 )
 from gpufleet.domain.selection import NoFeasibleOffering, observed_hazard
 from gpufleet.domain.settlement import (
     DEFAULT_MAX_INTERRUPTIONS,
     PREEMPTED,
     RECLAIMED,
+    WINDOW,
     EndKind,
     ReleaseShare,
     RunEnd,
@@ -235,6 +237,7 @@ class SimResult:
     interruptions: int = 0
     requeues: int = 0
     preemptions: int = 0
+    window_drains: int = 0  # checkpointed and requeued because a window drains their class
     ondemand_fallbacks: int = 0
     launches: int = 0
     launch_failures: int = 0
@@ -351,7 +354,7 @@ class _Job:
         self.on_demand_only = False
         self.spot_held_seconds = 0.0
         # What its earlier runs cost and held (the record's `prior_*`), as settlements said.
-        self.prior: dict[str, float] = {}
+        self.prior: dict[str, Any] = {}
         self.failed_runs: tuple[RunExit, ...] = trace.failed_runs
         self.ended_runs = 0  # runs that reached their end (successful or not)
         self.attempts = 0
@@ -687,7 +690,8 @@ class Engine:
     def _dispatch(self) -> None:
         """One dispatcher pass: `decide` over the queue and the running set, then apply."""
         self.dispatch_at = None
-        if not self.queue:
+        windows = bool(self.policy.queue.windows)
+        if not self.queue and not (windows and self.running):
             return
         self.last_pass = self.now
         started = time.perf_counter()
@@ -703,6 +707,11 @@ class Engine:
         self._apply(decision)
         if self.queue and self.running and self.policy.queue.preemption:
             self._schedule_pass(self.now + self.config.recheck_seconds)
+        change = next_window_change(self.policy.queue, self.now)
+        if change is not None and (self.queue or self.running):
+            # A window's start or end changes the rules (caps, quotas, paused and drained
+            # classes, the reserve): the schedule's pass at that minute, as in the Lambdas.
+            self._schedule_pass(change)
 
     def _apply(self, decision: Decision) -> None:
         for admission in decision.admitted:
@@ -729,6 +738,8 @@ class Engine:
             self._drain(self.by_id[preemption.victim_id], preemption.for_job_id)
         for job_id in decision.reclaims:
             self._drain(self.by_id[job_id], None)
+        for job_id in decision.window_drains:
+            self._drain(self.by_id[job_id], None, WINDOW)
 
     # -- Launch --------------------------------------------------------------------------------
 
@@ -938,15 +949,19 @@ class Engine:
         self.result.interruptions += 1
         self._settle(job, RunEnd(EndKind.INTERRUPTED, self.now))
 
-    def _drain(self, job: _Job, for_job_id: str | None) -> None:
-        """`decide` asked this job to make room: checkpoint, stop, requeue."""
+    def _drain(self, job: _Job, for_job_id: str | None, reason: str | None = None) -> None:
+        """`decide` asked this job to make room (or its window drains its class): checkpoint,
+        stop, requeue."""
         running = self.running.get(job.job_id)
         if running is None or running.draining:
             return
         self.running[job.job_id] = replace(running, draining_for=for_job_id or "")
         job.preempted_for = for_job_id
-        job.drain_reason = PREEMPTED if for_job_id is not None else RECLAIMED
-        self.result.preemptions += 1
+        job.drain_reason = reason or (PREEMPTED if for_job_id is not None else RECLAIMED)
+        if reason is None:
+            self.result.preemptions += 1
+        else:
+            self.result.window_drains += 1
         if job.state == _RUNNING:
             reached = self._stop_work(job)
             job.progress = reached if self._checkpoints(job) else 0.0  # saved now, in full
@@ -1033,6 +1048,7 @@ class Engine:
             "prior_cost_usd": settled.prior_cost_usd,
             "prior_held_seconds": settled.prior_held_seconds,
             "prior_storage_usd": settled.prior_storage_usd,
+            "prior_capacity_usd": settled.prior_capacity_usd,
         }
         if (settled.resources_override, settled.on_demand_only) != (
             job.resources_override,

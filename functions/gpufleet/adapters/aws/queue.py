@@ -165,6 +165,8 @@ def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
         item["preempted_for"] = _s(job.preempted_for)
     if job.depends_on:
         item["depends_on"] = _s(_DEPENDENCIES.dump_json(job.depends_on).decode())
+    if job.not_before is not None:
+        item["not_before"] = _n(job.not_before)
     return item
 
 
@@ -191,6 +193,7 @@ def _queued_job(item: dict[str, Any]) -> QueuedJob:
             item.get("expected_seconds", {}).get("N", str(DEFAULT_EXPECTED_SECONDS))
         ),
         depends_on=_DEPENDENCIES.validate_json(item.get("depends_on", {}).get("S", "[]")),
+        not_before=float(item["not_before"]["N"]) if "not_before" in item else None,
     )
 
 
