@@ -11,10 +11,13 @@ from math import ceil
 import pytest
 
 from gpufleet.adapters.admission_batches import ITEMS_PER_ADMISSION, TRANSACTION_ITEMS
+from gpufleet.adapters.aws.queue import DynamoJobQueue
+from gpufleet.adapters.aws.transactions import Backoff
 from gpufleet.adapters.local.memory import InMemoryJobQueue
 from gpufleet.domain.spec import Priority
-from gpufleet.emulator.account import Account
+from gpufleet.emulator.account import Account, table_definition
 from gpufleet.ports import AdmissionLimits, AdmissionRequest, JobQueue, QueueEntry
+from gpufleet.topology import QUEUE_TABLE
 from tests.integration.dynamo_faults import cancelled_first_tries
 from tests.integration.test_queue_contract import (
     UNBOUNDED,
@@ -54,11 +57,11 @@ def test_a_pass_admitting_250_jobs_writes_as_many_to_a_transaction_as_fit(
     before = queue.transactions()
     admitted = queue.admit_all(requests_for(items))
     assert admitted == [item.job.job_id for item in items]
-    # Each job's own 4 items (entry, locator, nominee, running), and the 2 counter items
-    # (the fleet's, the team's) once per transaction: 24 jobs to a transaction of 98 items.
+    # Each job's own 2 items (its entry, its running item), and the 2 counter items (the
+    # fleet's, the team's) once per transaction: 49 jobs to a transaction of 100 items.
     per_transaction = (TRANSACTION_ITEMS - 2) // ITEMS_PER_ADMISSION
-    assert per_transaction == 24
-    assert queue.transactions() - before == ceil(250 / per_transaction) == 11
+    assert per_transaction == 49
+    assert queue.transactions() - before == ceil(250 / per_transaction) == 6
     state = queue.state()
     assert len(state.running) == 250 == state.gpus_held
     assert sum(waiting_by_class(state).values()) == 0 and state.streams == {}
@@ -66,11 +69,11 @@ def test_a_pass_admitting_250_jobs_writes_as_many_to_a_transaction_as_fit(
 
 
 def test_each_team_in_a_batch_takes_one_counter_item(queue: JobQueue) -> None:
-    # 3 teams: the fleet's counter and 3 teams' in every transaction, 23 jobs to one.
+    # 3 teams: the fleet's counter and 3 teams' in every transaction, 48 jobs to one.
     items = [item for team in ("a", "b", "c") for item in queued(queue, 20, team)]
     before = queue.transactions()
     assert len(queue.admit_all(requests_for(items))) == 60
-    assert queue.transactions() - before == ceil(60 / 23)
+    assert queue.transactions() - before == ceil(60 / 48) == 2
     assert queue.state().gpus_held == 60
 
 
@@ -164,12 +167,26 @@ def test_a_job_asked_for_twice_in_a_pass_is_admitted_once(queue: JobQueue) -> No
     assert queue.state().gpus_held == 1
 
 
+def test_an_admitted_nominee_is_one_no_more_and_its_job_can_wait_again_after_release(
+    queue: JobQueue,
+) -> None:
+    victim, preemptor = entry("j-victim", Priority.LOW), entry("j-high", Priority.HIGH)
+    queue.enqueue(victim)
+    assert queue.admit(victim, running(victim), UNBOUNDED)
+    queue.enqueue(preemptor)
+    assert queue.preempt("j-victim", preemptor.job)
+    assert queue.admit_all(requests_for([preemptor])) == ["j-high"]
+    assert queue.state().nominees == [] and queue.remove("j-high") is None  # it runs
+    assert queue.release("j-high")
+    queue.enqueue(preemptor)  # requeued: it waits again, and can be taken out by id
+    assert queue.state().nominees == []
+    assert queue.remove("j-high") == preemptor and queue.waiting() == []
+
+
 # -- DynamoDB only: a batch another transaction got in the way of -------------------------------
 
 
 def test_a_throttled_batch_is_tried_again_and_admits_every_job(account: Account) -> None:
-    from gpufleet.adapters.aws.transactions import Backoff
-
     client = account.client("dynamodb")
     waits: list[float] = []
     queue = dynamo_queue(client, backoff=Backoff(sleep=waits.append))  # waits asked, not taken
@@ -177,5 +194,23 @@ def test_a_throttled_batch_is_tried_again_and_admits_every_job(account: Account)
     with cancelled_first_tries(client, "ThrottlingError") as cancelled:
         admitted = queue.admit_all(requests_for(items))
     assert admitted == [item.job.job_id for item in items]
-    assert list(cancelled.values()) == [1, 1] and len(waits) == 2  # two batches, each retried
+    assert list(cancelled.values()) == [1] and len(waits) == 1  # one batch, retried
     assert queue.state().gpus_held == 30
+
+
+def test_a_released_job_leaves_nothing_of_its_wait_behind(account: Account) -> None:
+    client = account.client("dynamodb")
+    client.create_table(**table_definition(QUEUE_TABLE, "queue-left-behind"))
+    queue = DynamoJobQueue(client, "queue-left-behind")
+    victim, preemptor = entry("j-victim", Priority.LOW), entry("j-high", Priority.HIGH)
+    queue.enqueue(victim)
+    assert queue.admit(victim, running(victim), UNBOUNDED)
+    queue.enqueue(preemptor)
+    assert queue.preempt("j-victim", preemptor.job)
+    assert queue.admit_all(requests_for([preemptor])) == ["j-high"]
+    assert queue.release("j-high") and queue.release("j-victim")
+    left = {
+        (item["pk"]["S"], item["sk"]["S"].split("#")[0])
+        for item in client.scan(TableName="queue-left-behind")["Items"]
+    }
+    assert left == {("state", "usage")}  # counters only: no locator, nominee or entry

@@ -4,8 +4,8 @@ A dispatcher pass may admit thousands of jobs (a large array on a fleet that can
 admission is all or nothing, so it is a transaction; but a transaction may hold up to 100
 items, and most of an admission's items are shared by every admission of the pass: the
 fleet's counters (`usage#global`) and its team's. So the admissions of a pass go in batches:
-each batch is one transaction with every job's own items (its queue entry, locator and
-nominee item deleted, its running item put) and one update per counter item, adding the
+each batch is one transaction with every job's own items (its queue entry deleted, its running
+item put) and one update per counter item, adding the
 batch's total with a condition that is exactly what the batch's admissions, written one after
 another in their order, would each have checked (`rooms`).
 
@@ -32,9 +32,10 @@ from gpufleet.ports import AdmissionRequest
 # DynamoDB's TransactWriteItems: at most 100 items, 4 MB in all, no two actions on one item.
 TRANSACTION_ITEMS = 100
 TRANSACTION_BYTES = 4 * 1024 * 1024
-# An admission's own items: its entry, its locator and its nominee item (deleted), its running
-# item (put). The counters' items are the batch's: `usage#global`, and each team's usage item.
-ITEMS_PER_ADMISSION = 4
+# An admission's own items: its entry (deleted) and its running item (put); its locator and
+# nominee item go at its release. The counters' items are the batch's: `usage#global`, and each
+# team's usage item.
+ITEMS_PER_ADMISSION = 2
 # Of an admission's items besides its task token (keys, a few numbers), in bytes at most. Step
 # Functions' tokens are at most 2,048 characters (SendTaskSuccess): a batch stays far from 4 MB.
 ADMISSION_BYTES = 1024

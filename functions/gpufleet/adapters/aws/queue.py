@@ -395,7 +395,8 @@ class DynamoJobQueue:
             gpus_held=gpus_held,
             shortages_until=shortages_until,
             streams={key: frozenset(shapes) for key, shapes in streams.items()},
-            nominees=nominees,
+            # A nominee admitted keeps its item until its release (`_leaving`): not a nominee.
+            nominees=[job for job in nominees if job.job_id not in {r.job.job_id for r in running}],
         )
 
     def waiting(self) -> list[QueueEntry]:
@@ -457,22 +458,23 @@ class DynamoJobQueue:
         }
         leaves = [
             {"Delete": delete},
-            *self._leaving(entry.job),
+            *self._leaving(entry.job.job_id),
             *self._count_waiting(entry.job, -1),
         ]
         if not self._written(leaves):
             return None  # admitted or removed by someone else meanwhile
         return entry
 
-    def _leaving(self, job: QueuedJob) -> list[dict[str, Any]]:
-        """What goes with a waiting job's entry when it leaves the queue: its locator, and its
-        nominee item if it has one."""
+    def _leaving(self, job_id: str) -> list[dict[str, Any]]:
+        """What goes with a job's entry when it is removed from the queue, and with its running
+        item when it is released: its locator, and its nominee item if it has one. (An
+        admission leaves them: it writes only the entry and the running item, so that a
+        transaction holds as many admissions as it can; a job released holds no entry, so
+        neither is of use any more, and until then `remove` finds no entry at the locator and
+        `state` no nominee in a running job.)"""
         return [
             {"Delete": {"TableName": self._table, "Key": key}}
-            for key in (
-                _locator(job.job_id),
-                {"pk": _s(_STATE), "sk": _s(_NOMINEE + job.job_id)},
-            )
+            for key in (_locator(job_id), {"pk": _s(_STATE), "sk": _s(_NOMINEE + job_id)})
         ]
 
     # -- running jobs --------------------------------------------------------------------------
@@ -506,7 +508,7 @@ class DynamoJobQueue:
     ) -> tuple[list[dict[str, Any]], list[str | None]]:
         """The transaction that admits the batch, and whose each item is (a job's own, or None:
         a counter's). Each job's own: with `waiting`, its entry leaves the queue (it must still
-        be there: the proof that it still waits) with its locator and nominee item; without,
+        be there: the proof that it still waits); without,
         its job record must still say QUEUED (admitted as it arrives, never queued); and its
         running item is put (it must not exist). Then one update per counter item: the batch's
         GPUs and instances added, conditioned on `rooms`, and with `waiting`, its jobs counted
@@ -569,7 +571,7 @@ class DynamoJobQueue:
             "Key": _entry_key(queued),
             "ConditionExpression": "attribute_exists(pk)",
         }
-        return [{"Delete": delete}, *self._leaving(queued)]
+        return [{"Delete": delete}]
 
     def _running_put(self, request: AdmissionRequest) -> dict[str, Any]:
         job = request.job
@@ -712,6 +714,7 @@ class DynamoJobQueue:
             },
             {"Update": usage},
             self._team_usage(share.team, -share.gpus),
+            *self._leaving(job_id),
         ]
         try:
             self._transact(items)
@@ -768,6 +771,7 @@ class DynamoJobQueue:
                     }
                 },
                 self._team_usage(item["team"]["S"], -gpus),
+                *self._leaving(job_id),
             ]
         )  # False: released by someone else in the meantime
 

@@ -517,8 +517,7 @@ class InMemoryJobQueue:
         keys: list[tuple[str, str]] = []
         for request in batch:
             job_id = request.job.job_id
-            keys += [("entry", job_id), ("locator", job_id), ("nominee", job_id)]
-            keys.append(("running", job_id))
+            keys += [("entry", job_id), ("running", job_id)]
         keys += [("usage", "global"), *(("usage", team) for team in {r.job.team for r in batch})]
         check_transaction(keys, sum(admission_bytes(r) for r in batch))
         with self._lock:
