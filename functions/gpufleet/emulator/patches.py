@@ -15,7 +15,7 @@ of the service models, see `sessions`); the AWS APIs themselves (the stack's res
 schedules). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
-The registry (`PATCHES`: 19 attributes, 17 of moto and 2 of Powertools), and why each cannot be
+The registry (`PATCHES`: 22 attributes, 20 of moto and 2 of Powertools), and why each cannot be
 avoided:
 
 - `LambdaFunction._invoke_lambda`: without Docker moto runs no function code. Every invocation
@@ -33,6 +33,10 @@ avoided:
   condition and applies the write without a lock, so two threads can both pass one condition.
   DynamoDB applies each conditional write (and each transaction) atomically: the backend's
   writes are serialized, for in-process and HTTP callers alike.
+- `DynamoDBBackend.get_item`, `query`, `scan`: moto applies a transaction's items one by one to
+  the live table, so a read made meanwhile sees some of them (and, if the transaction fails,
+  writes that never happened: a pass told a job another pass's cancelled batch had admitted).
+  DynamoDB's reads never see a transaction in progress: they wait for the writes' lock.
 - `copy` in moto's DynamoDB models (with `transact_write_items` above): moto deep-copies every
   table a transaction touches, once per item, to put back if the transaction fails: time in
   proportion to the table times the items (a pass's batch of admissions holds up to 100). The
@@ -211,6 +215,10 @@ ATOMIC_WRITES = (
     ),
     ATOMIC_TRANSACTIONS,
 )
+COMMITTED_READS = tuple(
+    Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "reads see no transaction in progress")
+    for operation in ("get_item", "query", "scan")
+)
 TABLES_NOT_COPIED = Patch(
     _DYNAMODB,
     "copy",
@@ -277,6 +285,7 @@ PATCHES: tuple[Patch, ...] = (
     S3_TO_LAMBDA,
     S3_RECORD_VERSION,
     *ATOMIC_WRITES,
+    *COMMITTED_READS,
     TABLES_NOT_COPIED,
     HEARTBEAT_TIMEOUTS,
     WAIT_STATES,
@@ -534,7 +543,10 @@ def install(
         RULE_TARGETS: _lambda_targets,
         S3_TO_LAMBDA: lambda _original: _s3_invoke,
         S3_RECORD_VERSION: _with_version_ids,
-        **{patch: functools.partial(_serialized, write_lock) for patch in ATOMIC_WRITES},
+        **{
+            patch: functools.partial(_serialized, write_lock)
+            for patch in (*ATOMIC_WRITES, *COMMITTED_READS)
+        },
         # A failed transaction is undone inside the lock.
         ATOMIC_TRANSACTIONS: lambda original: _serialized(
             write_lock, _undone_item_by_item(original)
