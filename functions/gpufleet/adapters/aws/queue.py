@@ -2,7 +2,8 @@
 
     pk            sk                                     what
     q#<team>      <3-rank>#<enqueued, 17 digits>#<job>   a waiting job
-    waiting#<job> at                                     where a waiting job's entry is
+    waiting#<job> at                                     where a waiting job's entry is (kept
+                                                         till its release once admitted)
     state         running#<job>                          an admitted job and its share
     state         usage#global                           GPUs and instances held; jobs waiting
                                                          per class
@@ -388,6 +389,7 @@ class DynamoJobQueue:
                 for priority in _PRIORITIES:
                     count = int(item.get(_waiting_counter(priority), {}).get("N", "0"))
                     waiting[priority] = max(0, count)
+        admitted = {r.job.job_id for r in running}
         return QueueState(
             running=running,
             bookings=bookings,
@@ -396,7 +398,7 @@ class DynamoJobQueue:
             shortages_until=shortages_until,
             streams={key: frozenset(shapes) for key, shapes in streams.items()},
             # A nominee admitted keeps its item until its release (`_leaving`): not a nominee.
-            nominees=[job for job in nominees if job.job_id not in {r.job.job_id for r in running}],
+            nominees=[job for job in nominees if job.job_id not in admitted],
         )
 
     def waiting(self) -> list[QueueEntry]:
@@ -508,11 +510,11 @@ class DynamoJobQueue:
     ) -> tuple[list[dict[str, Any]], list[str | None]]:
         """The transaction that admits the batch, and whose each item is (a job's own, or None:
         a counter's). Each job's own: with `waiting`, its entry leaves the queue (it must still
-        be there: the proof that it still waits); without,
-        its job record must still say QUEUED (admitted as it arrives, never queued); and its
-        running item is put (it must not exist). Then one update per counter item: the batch's
-        GPUs and instances added, conditioned on `rooms`, and with `waiting`, its jobs counted
-        out of the waiting counters of their classes and shapes."""
+        be there: the proof that it still waits); without, its job record must still say QUEUED
+        (admitted as it arrives, never queued); and its running item is put (it must not
+        exist). Then one update per counter item: the batch's GPUs and instances added,
+        conditioned on `rooms`, and with `waiting`, its jobs counted out of the waiting counters
+        of their classes and shapes."""
         room = rooms(batch)
         items: list[dict[str, Any]] = []
         owners: list[str | None] = []
