@@ -129,6 +129,15 @@ class RunningEntry:
 
 
 @dataclass(frozen=True)
+class AdmissionRequest:
+    """A waiting job to admit as `job`, within `limits` (`admission_limits`)."""
+
+    entry: QueueEntry
+    job: RunningJob
+    limits: AdmissionLimits
+
+
+@dataclass(frozen=True)
 class QueueState:
     """What an admission pass starts from besides the waiting jobs, read in one request."""
 
@@ -185,6 +194,13 @@ class JobQueue(Protocol):
         cap would be exceeded. With `waiting=False` the job is admitted as it arrives, never
         having been put in the queue: then False too when the job store no longer has it
         QUEUED."""
+        ...
+
+    def admit_all(self, requests: Sequence[AdmissionRequest]) -> list[str]:
+        """`admit` for each waiting job of a pass, as many in one transaction as fit
+        (`adapters/admission_batches.py`): the jobs admitted, in the requests' order. A job that
+        another dispatcher admitted or removed meanwhile, or that would exceed a cap or quota
+        after the ones before it, is not admitted, and holds back none of the others."""
         ...
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
@@ -259,6 +275,11 @@ class JobQueue(Protocol):
 
     def items_read(self) -> int:
         """Queue items read so far (for the admission benchmark)."""
+        ...
+
+    def transactions(self) -> int:
+        """Transactions written so far, or cancelled (for the admission benchmark; the tries
+        again of one that met another writer or was throttled are not counted)."""
         ...
 
 

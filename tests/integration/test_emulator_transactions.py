@@ -1,5 +1,7 @@
 """The embedded account's DynamoDB transactions are all or nothing: what a failed transaction
-wrote before the item that failed is undone, item by item (the emulator's patch to moto)."""
+wrote before the item that failed is undone, item by item (the emulator's patch to moto, which
+would deep-copy each table once per item); and one DynamoDB refuses (over 100 items, two
+actions on one item) is refused, nothing written."""
 
 from __future__ import annotations
 
@@ -66,3 +68,38 @@ def test_a_transaction_that_succeeds_writes_every_item(account: Account) -> None
         ]
     )
     assert sorted(i["pk"]["S"] for i in client.scan(TableName=name)["Items"]) == ["a", "b"]
+
+
+def test_two_actions_on_one_item_refuse_the_transaction_and_write_nothing(
+    account: Account,
+) -> None:
+    client = account.client("dynamodb")
+    name = table(client)
+    client.put_item(TableName=name, Item={"pk": {"S": "counter"}, "n": {"N": "1"}})
+    add = {
+        "Update": {
+            "TableName": name,
+            "Key": {"pk": {"S": "counter"}},
+            "UpdateExpression": "ADD n :one",
+            "ExpressionAttributeValues": {":one": {"N": "1"}},
+        }
+    }
+    with pytest.raises(ClientError) as refused:
+        client.transact_write_items(
+            TransactItems=[{"Put": {"TableName": name, "Item": {"pk": {"S": "new"}}}}, add, add]
+        )
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+    items = client.scan(TableName=name)["Items"]
+    assert [(i["pk"]["S"], i["n"]["N"]) for i in items] == [("counter", "1")]
+
+
+def test_a_transaction_of_more_than_100_items_is_refused(account: Account) -> None:
+    client = account.client("dynamodb")
+    name = table(client)
+    puts = [{"Put": {"TableName": name, "Item": {"pk": {"S": f"k{i}"}}}} for i in range(101)]
+    with pytest.raises(ClientError) as refused:
+        client.transact_write_items(TransactItems=puts)
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+    assert client.scan(TableName=name)["Items"] == []
+    client.transact_write_items(TransactItems=puts[:100])
+    assert client.scan(TableName=name, Select="COUNT")["Count"] == 100

@@ -16,7 +16,7 @@ of the service models, see `sessions`); the AWS APIs themselves (the stack's res
 schedules). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
-The registry (`PATCHES`: 18 attributes, 16 of moto and 2 of Powertools), and why each cannot be
+The registry (`PATCHES`: 22 attributes, 20 of moto and 2 of Powertools), and why each cannot be
 avoided:
 
 - `LambdaFunction._invoke_lambda`: without Docker moto runs no function code. Every invocation
@@ -34,6 +34,15 @@ avoided:
   condition and applies the write without a lock, so two threads can both pass one condition.
   DynamoDB applies each conditional write (and each transaction) atomically: the backend's
   writes are serialized, for in-process and HTTP callers alike.
+- `DynamoDBBackend.get_item`, `query`, `scan`: moto applies a transaction's items one by one to
+  the live table, so a read made meanwhile sees some of them (and, if the transaction fails,
+  writes that never happened: a pass told a job another pass's cancelled batch had admitted).
+  DynamoDB's reads never see a transaction in progress: they wait for the writes' lock.
+- `copy` in moto's DynamoDB models (with `transact_write_items` above): moto deep-copies every
+  table a transaction touches, once per item, to put back if the transaction fails: time in
+  proportion to the table times the items (a pass's batch of admissions holds up to 100). The
+  copy is the live table, and what a failed transaction wrote is undone from the items it
+  touched, as they were before it.
 - `CallbackEndpoint.setup_heartbeat_endpoint`: a `.waitForTaskToken` task with a heartbeat whose
   result was sent while its Lambda still ran (Launch handing back a launch that got no capacity)
   waits out a whole heartbeat period in moto, which makes the heartbeat endpoint after the
@@ -60,6 +69,7 @@ moto is pinned exactly (requirements.lock): these patches rely on its internals.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import inspect
@@ -197,9 +207,24 @@ S3_RECORD_VERSION = Patch(
     "the records of a versioned bucket carry the object's version id, as S3's do",
     ("event_name", "bucket", "key", "notification_id"),
 )
-ATOMIC_WRITES = tuple(
-    Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "conditional writes are atomic")
-    for operation in ("put_item", "update_item", "delete_item", "transact_write_items")
+ATOMIC_TRANSACTIONS = Patch(
+    _DYNAMODB, "DynamoDBBackend.transact_write_items", "conditional writes are atomic"
+)
+ATOMIC_WRITES = (
+    *(
+        Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "conditional writes are atomic")
+        for operation in ("put_item", "update_item", "delete_item")
+    ),
+    ATOMIC_TRANSACTIONS,
+)
+COMMITTED_READS = tuple(
+    Patch(_DYNAMODB, f"DynamoDBBackend.{operation}", "reads see no transaction in progress")
+    for operation in ("get_item", "query", "scan")
+)
+TABLES_NOT_COPIED = Patch(
+    _DYNAMODB,
+    "copy",
+    "a transaction keeps no copy of its tables: a failed one is undone item by item",
 )
 HEARTBEAT_TIMEOUTS = Patch(
     f"{_SFN}.asl.eval.callback.callback",
@@ -262,6 +287,8 @@ PATCHES: tuple[Patch, ...] = (
     S3_TO_LAMBDA,
     S3_RECORD_VERSION,
     *ATOMIC_WRITES,
+    *COMMITTED_READS,
+    TABLES_NOT_COPIED,
     HEARTBEAT_TIMEOUTS,
     WAIT_STATES,
     EARLY_TASK_RESULT,
@@ -520,7 +547,15 @@ def install(
         RULE_TARGETS: _lambda_targets,
         S3_TO_LAMBDA: lambda _original: _s3_invoke,
         S3_RECORD_VERSION: _with_version_ids,
-        **{patch: functools.partial(_serialized, write_lock) for patch in ATOMIC_WRITES},
+        **{
+            patch: functools.partial(_serialized, write_lock)
+            for patch in (*ATOMIC_WRITES, *COMMITTED_READS)
+        },
+        # A failed transaction is undone inside the lock.
+        ATOMIC_TRANSACTIONS: lambda original: _serialized(
+            write_lock, _undone_item_by_item(original)
+        ),
+        TABLES_NOT_COPIED: lambda _module: _TablesKeptLive,
         HEARTBEAT_TIMEOUTS: lambda _original: _heartbeat_wait_on(clock),
         WAIT_STATES: lambda _original: _wait_state_on(clock),
         EARLY_TASK_RESULT: _told_of_an_earlier_result,
@@ -664,6 +699,51 @@ def _with_version_ids(original: Callable[..., Any]) -> Callable[..., Any]:
         return event
 
     return s3_event
+
+
+class _TablesKeptLive:
+    """moto's DynamoDB models' `copy` module, whose `deepcopy` hands a table back as it is."""
+
+    @staticmethod
+    def deepcopy(value: Any, memo: Any = None) -> Any:
+        from moto.dynamodb.models.table import Table
+
+        return value if isinstance(value, Table) else copy.deepcopy(value, memo)
+
+
+def _undone_item_by_item(original: Callable[..., Any]) -> Callable[..., Any]:
+    """moto's transaction, undone from the items it touched when it fails (its own copies of
+    the tables are the live ones: `_TablesKeptLive`)."""
+
+    def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
+        before = [
+            _item_before(self, op)
+            for item in transact_items
+            for op in item.values()
+            if op.get("TableName") in self.tables
+        ]
+        try:
+            original(self, transact_items)
+        except Exception:
+            for table_name, key, attributes in reversed(before):
+                if attributes is not None:
+                    self.put_item(table_name, attributes)
+                elif self.get_item(table_name, key) is not None:
+                    self.delete_item(table_name, key)
+            raise
+
+    return transact_write_items
+
+
+def _item_before(backend: Any, op: dict[str, Any]) -> tuple[str, dict[str, Any], Any]:
+    """(table, key, the item's attributes now, or None) of one item of a transaction."""
+    table = backend.get_table(op["TableName"])
+    key = op.get("Key")
+    if key is None:
+        names = [table.hash_key_attr, table.range_key_attr]
+        key = {name: op["Item"][name] for name in names if name is not None}
+    current = backend.get_item(op["TableName"], key)
+    return op["TableName"], key, None if current is None else current.to_json()["Attributes"]
 
 
 def _serialized(lock: threading.RLock, original: Callable[..., Any]) -> Callable[..., Any]:

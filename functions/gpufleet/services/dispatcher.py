@@ -3,9 +3,10 @@
 A job that arrives when nothing waits is admitted by its own Enqueue task, with the same policy
 and the same conditional write (`enqueue`). Passes are triggered by `Job Queued` and `Capacity
 Freed` events and by a schedule (which also catches time window boundaries). Several can run
-at once: each admission is one conditional transaction (the queue item must still exist, the
-caps and the team's quota must still have room), so a job is never admitted twice and no quota
-is exceeded, whoever wins.
+at once: a pass's admissions are written as many to one conditional transaction as fit (each
+queue item must still exist, the caps and the teams' quotas must still have room for them all:
+`adapters/admission_batches.py`), so a job is never admitted twice and no quota is exceeded,
+whoever wins.
 
 A job that depends on others (docs/arrays.md) reaches the policy only once
 `arrays.dependency_verdict` says it may run: until then it waits out of the policy's sight (it
@@ -40,7 +41,14 @@ from gpufleet.domain.queueing import (
 )
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
 from gpufleet.domain.spec import Dependency
-from gpufleet.ports import JobStore, Ports, QueueEntry, QueueState, RunningEntry
+from gpufleet.ports import (
+    AdmissionRequest,
+    JobStore,
+    Ports,
+    QueueEntry,
+    QueueState,
+    RunningEntry,
+)
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
@@ -162,14 +170,23 @@ class DispatcherService:
             team_usage=usage_by_team(state.team_usage, now, policy.fair_share_half_life_seconds),
         )
         nominees = {job.job_id: job for job in state.nominees}
+        requests = []
         for admission in decision.admitted:
             # A nominee is considered before its stream is read: its entry is fetched.
             entry = read.get(admission.job_id) or ports.queue.waiting_entry(
                 nominees[admission.job_id]
             )
-            if entry is not None and self._admit(entry, admission, state, now):
-                result.admitted.append(admission.job_id)
-                result.waited_seconds.append(max(0.0, now - entry.queued_at))
+            if entry is None:
+                result.lost_races += 1
+            else:
+                requests.append(self._admission_request(entry, admission, state, now))
+        # As many admissions to a transaction as fit; each job is then told as before.
+        admitted = set(ports.queue.admit_all(requests))
+        for request in requests:
+            if request.job.job_id in admitted:
+                self._tell(request.entry, state, now)
+                result.admitted.append(request.job.job_id)
+                result.waited_seconds.append(max(0.0, now - request.entry.queued_at))
             else:
                 result.lost_races += 1
         for preemption in decision.preemptions:
@@ -220,8 +237,17 @@ class DispatcherService:
         *,
         waiting: bool = True,
     ) -> bool:
-        """Admit the job under the caps and quotas, and tell its workflow (with when the
-        latest capacity shortage the state knows of expires, for its launch)."""
+        """Admit the job under the caps and quotas, and tell its workflow."""
+        request = self._admission_request(entry, admission, state, now)
+        if not self._ports.queue.admit(entry, request.job, request.limits, waiting=waiting):
+            return False
+        self._tell(entry, state, now)
+        return True
+
+    def _admission_request(
+        self, entry: QueueEntry, admission: Admission, state: QueueState, now: float
+    ) -> AdmissionRequest:
+        """The job as it runs once admitted, and the caps and quotas its write must hold within."""
         job = entry.job
         limits = admission_limits(job, admission, state.bookings, now, self._policy)
         running = RunningJob(
@@ -236,16 +262,18 @@ class DispatcherService:
             preemptions=job.preemptions,
             expected_end=now + job.expected_seconds,
         )
-        if not self._ports.queue.admit(entry, running, limits, waiting=waiting):
-            return False
+        return AdmissionRequest(entry, running, limits)
+
+    def _tell(self, entry: QueueEntry, state: QueueState, now: float) -> None:
+        """Tell an admitted job's workflow (with when the latest capacity shortage the state
+        knows of expires, for its launch)."""
         # The launch that follows notes the wait on the job, in the write it makes anyway.
         told = {
             "queued_at": entry.queued_at,
             "admitted_at": now,
             "shortages_until": state.shortages_until,
         }
-        self._tell_admitted(job.job_id, entry.task_token, told)
-        return True
+        self._tell_admitted(entry.job.job_id, entry.task_token, told)
 
     def _stop_teams_over_budget(
         self, running: list[RunningEntry], spend: dict[str, float], now: float

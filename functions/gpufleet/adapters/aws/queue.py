@@ -2,7 +2,8 @@
 
     pk            sk                                     what
     q#<team>      <3-rank>#<enqueued, 17 digits>#<job>   a waiting job
-    waiting#<job> at                                     where a waiting job's entry is
+    waiting#<job> at                                     where a waiting job's entry is (kept
+                                                         till its release once admitted)
     state         running#<job>                          an admitted job and its share
     state         usage#global                           GPUs and instances held; jobs waiting
                                                          per class
@@ -30,11 +31,19 @@ hold, without reading them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
 
+from gpufleet.adapters.admission_batches import (
+    BatchOutcome,
+    admit_in_batches,
+    check_transaction,
+    rooms,
+)
 from gpufleet.adapters.aws.job_store import transition_write
 from gpufleet.adapters.aws.transactions import (
     BACKOFF,
@@ -57,6 +66,7 @@ from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Dependency, Priority
 from gpufleet.errors import ConditionFailed, TransientError
 from gpufleet.ports import (
     AdmissionLimits,
+    AdmissionRequest,
     Freed,
     QueueEntry,
     QueueState,
@@ -240,9 +250,13 @@ class DynamoJobQueue:
         self._jobs_table = jobs_table
         self._backoff = backoff
         self._items_read = 0
+        self._transactions = 0
 
     def items_read(self) -> int:
         return self._items_read
+
+    def transactions(self) -> int:
+        return self._transactions
 
     def _query(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         kwargs["TableName"] = self._table
@@ -322,10 +336,12 @@ class DynamoJobQueue:
 
     def _transact(self, items: list[dict[str, Any]]) -> None:
         """See `transact`: written, or `ConditionsFailed` naming each item's reason."""
+        self._transactions += 1
         transact(self._client, items, self._backoff)
 
     def _written(self, items: list[dict[str, Any]]) -> bool:
         """See `written`: False when a condition failed."""
+        self._transactions += 1
         return written(self._client, items, self._backoff)
 
     def _write(self, operation: Callable[..., dict[str, Any]], **request: Any) -> dict[str, Any]:
@@ -385,6 +401,7 @@ class DynamoJobQueue:
                 for priority in _PRIORITIES:
                     count = int(item.get(_waiting_counter(priority), {}).get("N", "0"))
                     waiting[priority] = max(0, count)
+        admitted = {r.job.job_id for r in running}
         return QueueState(
             running=running,
             bookings=bookings,
@@ -392,7 +409,8 @@ class DynamoJobQueue:
             gpus_held=gpus_held,
             shortages_until=shortages_until,
             streams={key: frozenset(shapes) for key, shapes in streams.items()},
-            nominees=nominees,
+            # A nominee admitted keeps its item until its release (`_leaving`): not a nominee.
+            nominees=[job for job in nominees if job.job_id not in admitted],
             team_usage=team_usage,
         )
 
@@ -455,22 +473,23 @@ class DynamoJobQueue:
         }
         leaves = [
             {"Delete": delete},
-            *self._leaving(entry.job),
+            *self._leaving(entry.job.job_id),
             *self._count_waiting(entry.job, -1),
         ]
         if not self._written(leaves):
             return None  # admitted or removed by someone else meanwhile
         return entry
 
-    def _leaving(self, job: QueuedJob) -> list[dict[str, Any]]:
-        """What goes with a waiting job's entry when it leaves the queue: its locator, and its
-        nominee item if it has one."""
+    def _leaving(self, job_id: str) -> list[dict[str, Any]]:
+        """What goes with a job's entry when it is removed from the queue, and with its running
+        item when it is released: its locator, and its nominee item if it has one. (An
+        admission leaves them: it writes only the entry and the running item, so that a
+        transaction holds as many admissions as it can; a job released holds no entry, so
+        neither is of use any more, and until then `remove` finds no entry at the locator and
+        `state` no nominee in a running job.)"""
         return [
             {"Delete": {"TableName": self._table, "Key": key}}
-            for key in (
-                _locator(job.job_id),
-                {"pk": _s(_STATE), "sk": _s(_NOMINEE + job.job_id)},
-            )
+            for key in (_locator(job_id), {"pk": _s(_STATE), "sk": _s(_NOMINEE + job_id)})
         ]
 
     # -- running jobs --------------------------------------------------------------------------
@@ -481,7 +500,41 @@ class DynamoJobQueue:
     def admit(
         self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
     ) -> bool:
-        queued = entry.job
+        batch = [AdmissionRequest(entry, job, limits)]
+        if not rooms(batch).possible:
+            return False
+        items, _ = self._admission_items(batch, waiting=waiting)
+        return self._written(items)
+
+    def admit_all(self, requests: Sequence[AdmissionRequest]) -> list[str]:
+        return admit_in_batches(requests, self._write_batch)
+
+    def _write_batch(self, batch: list[AdmissionRequest]) -> BatchOutcome:
+        items, owners = self._admission_items(batch, waiting=True)
+        try:
+            self._transact(items)
+        except ConditionsFailed as cancelled:
+            gone = {owners[p] for p in cancelled.failed_positions}
+            return BatchOutcome(False, frozenset(job_id for job_id in gone if job_id))
+        return BatchOutcome(True)
+
+    def _admission_items(
+        self, batch: list[AdmissionRequest], *, waiting: bool
+    ) -> tuple[list[dict[str, Any]], list[str | None]]:
+        """The transaction that admits the batch, and whose each item is (a job's own, or None:
+        a counter's). Each job's own: with `waiting`, its entry leaves the queue (it must still
+        be there: the proof that it still waits); without, its job record must still say QUEUED
+        (admitted as it arrives, never queued); and its running item is put (it must not
+        exist). Then one update per counter item: the batch's GPUs and instances added,
+        conditioned on `rooms`, and with `waiting`, its jobs counted out of the waiting counters
+        of their classes and shapes."""
+        room = rooms(batch)
+        items: list[dict[str, Any]] = []
+        owners: list[str | None] = []
+        for request in batch:
+            own = [*self._leaves(request.entry.job, waiting), self._running_put(request)]
+            items += own
+            owners += [request.job.job_id] * len(own)
         usage: dict[str, Any] = {
             "TableName": self._table,
             "Key": {"pk": _s(_STATE), "sk": _s(_GLOBAL)},
@@ -490,75 +543,78 @@ class DynamoJobQueue:
                 "attribute_not_exists(gpus) OR (gpus <= :gpu_room AND instances <= :instance_room)"
             ),
             "ExpressionAttributeValues": {
-                ":gpus": _n(job.gpus),
-                ":instances": _n(job.instances),
-                ":gpu_room": _n(limits.max_gpus - job.gpus),
-                ":instance_room": _n(limits.max_instances - job.instances),
+                ":gpus": _n(room.gpus_added),
+                ":instances": _n(room.instances_added),
+                ":gpu_room": _n(room.gpus),
+                ":instance_room": _n(room.instances),
             },
         }
-        team_update: dict[str, Any] = {
-            "TableName": self._table,
-            "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + job.team)},
-            "UpdateExpression": "ADD gpus :gpus",
-            "ExpressionAttributeValues": {":gpus": _n(job.gpus)},
-        }
-        if limits.team_gpus is not None:
-            team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
-            team_update["ExpressionAttributeValues"][":room"] = _n(limits.team_gpus - job.gpus)
+        updates = {_GLOBAL: usage}
+        for team, gpus in room.team_gpus_added.items():
+            team_update: dict[str, Any] = {
+                "TableName": self._table,
+                "Key": {"pk": _s(_STATE), "sk": _s(_TEAM + team)},
+                "UpdateExpression": "ADD gpus :gpus",
+                "ExpressionAttributeValues": {":gpus": _n(gpus)},
+            }
+            if team in room.teams:
+                team_update["ConditionExpression"] = "attribute_not_exists(gpus) OR gpus <= :room"
+                team_update["ExpressionAttributeValues"][":room"] = _n(room.teams[team])
+            updates[_TEAM + team] = team_update
         if waiting:
-            # The job leaves the queue: its entry must still be there (the proof that it still
-            # waits), its locator and nominee item go with it, and its counters count one fewer.
-            leaves = [
-                {
-                    "Delete": {
-                        "TableName": self._table,
-                        "Key": _entry_key(queued),
-                        "ConditionExpression": "attribute_exists(pk)",
-                    }
+            counted: Counter[tuple[str, str]] = Counter()
+            for request in batch:
+                queued = request.entry.job
+                counted[(_GLOBAL, _waiting_counter(queued.priority))] += 1
+                counted[(_TEAM + queued.team, _shape_counter(queued))] += 1
+            for index, ((sk, counter), count) in enumerate(sorted(counted.items())):
+                update = updates[sk]
+                update["UpdateExpression"] += f", #w{index} :w{index}"
+                update.setdefault("ExpressionAttributeNames", {})[f"#w{index}"] = counter
+                update["ExpressionAttributeValues"][f":w{index}"] = _n(-count)
+        items += [{"Update": update} for update in updates.values()]
+        owners += [None] * len(updates)
+        keys = [_item_key(item) for item in items]
+        check_transaction(keys, len(json.dumps(items)))
+        return items, owners
+
+    def _leaves(self, queued: QueuedJob, waiting: bool) -> list[dict[str, Any]]:
+        if not waiting:
+            return self._still_queued(queued.job_id)
+        delete = {
+            "TableName": self._table,
+            "Key": _entry_key(queued),
+            "ConditionExpression": "attribute_exists(pk)",
+        }
+        return [{"Delete": delete}]
+
+    def _running_put(self, request: AdmissionRequest) -> dict[str, Any]:
+        job = request.job
+        return {
+            "Put": {
+                "TableName": self._table,
+                "Item": {
+                    "pk": _s(_STATE),
+                    "sk": _s(_RUNNING + job.job_id),
+                    "team": _s(job.team),
+                    "priority": _s(job.priority.value),
+                    "gpus": _n(job.gpus),
+                    "instances": _n(job.instances),
+                    "admitted_at": _n(job.admitted_at),
+                    "borrowed": {"BOOL": job.borrowed},
+                    "in_reserve": {"BOOL": job.in_reserve},
+                    "preemptions": _n(job.preemptions),
+                    **(
+                        {"expected_end": _n(job.expected_end)}
+                        if job.expected_end is not None
+                        else {}
+                    ),
+                    "notified": {"BOOL": False},
+                    "task_token": _s(request.entry.task_token),
                 },
-                *self._leaving(queued),
-            ]
-            for update, counter in (
-                (usage, _waiting_counter(queued.priority)),
-                (team_update, _shape_counter(queued)),
-            ):
-                update["UpdateExpression"] += ", #waiting :less"
-                update["ExpressionAttributeNames"] = {"#waiting": counter}
-                update["ExpressionAttributeValues"][":less"] = _n(-1)
-        else:
-            # Admitted as it arrives, never queued: the job record must still say QUEUED.
-            leaves = self._still_queued(queued.job_id)
-        items: list[dict[str, Any]] = [
-            *leaves,
-            {
-                "Put": {
-                    "TableName": self._table,
-                    "Item": {
-                        "pk": _s(_STATE),
-                        "sk": _s(_RUNNING + job.job_id),
-                        "team": _s(job.team),
-                        "priority": _s(job.priority.value),
-                        "gpus": _n(job.gpus),
-                        "instances": _n(job.instances),
-                        "admitted_at": _n(job.admitted_at),
-                        "borrowed": {"BOOL": job.borrowed},
-                        "in_reserve": {"BOOL": job.in_reserve},
-                        "preemptions": _n(job.preemptions),
-                        **(
-                            {"expected_end": _n(job.expected_end)}
-                            if job.expected_end is not None
-                            else {}
-                        ),
-                        "notified": {"BOOL": False},
-                        "task_token": _s(entry.task_token),
-                    },
-                    "ConditionExpression": "attribute_not_exists(pk)",
-                }
-            },
-            {"Update": usage},
-            {"Update": team_update},
-        ]
-        return self._written(items)
+                "ConditionExpression": "attribute_not_exists(pk)",
+            }
+        }
 
     def _launch_note(self, job_id: str, hourly_usd: float, stop_at: float | None) -> dict[str, Any]:
         values: dict[str, Any] = {":yes": {"BOOL": True}, ":hourly": _n(hourly_usd)}
@@ -675,6 +731,7 @@ class DynamoJobQueue:
             },
             {"Update": usage},
             self._team_usage(share.team, -share.gpus, charge),
+            *self._leaving(job_id),
         ]
         try:
             self._transact(items)
@@ -740,6 +797,7 @@ class DynamoJobQueue:
                     }
                 },
                 self._team_usage(item["team"]["S"], -gpus, charge),
+                *self._leaving(job_id),
             ]
         )  # False: released by someone else in the meantime
 
@@ -821,6 +879,13 @@ class DynamoJobQueue:
         except ConditionFailed:
             return False
         return True
+
+
+def _item_key(item: dict[str, Any]) -> tuple[str, str]:
+    """The table and key of one item of a transaction (a Put's is in its item: the queue's)."""
+    ((_, action),) = item.items()
+    key = action.get("Key") or {name: action["Item"][name] for name in ("pk", "sk")}
+    return action["TableName"], json.dumps(key, sort_keys=True)
 
 
 def _booking_item(booking: Booking) -> dict[str, Any]:

@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufleet.adapters.admission_batches import (
+    BatchOutcome,
+    Rooms,
+    admission_bytes,
+    admit_in_batches,
+    check_transaction,
+    rooms,
+)
 from gpufleet.domain.config import WarmPool
 from gpufleet.domain.fair_share import UsageCharge, add_charge
 from gpufleet.domain.history import execution_name, job_of_execution
@@ -27,6 +35,7 @@ from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
 from gpufleet.domain.spec import Priority
 from gpufleet.ports import (
     AdmissionLimits,
+    AdmissionRequest,
     Clock,
     Freed,
     ManagedInstance,
@@ -415,9 +424,13 @@ class InMemoryJobQueue:
         self._shortages_until = 0.0
         self._ledgers: dict[str, dict[str, float]] = {}  # each team's fair-share ledger
         self._read = 0
+        self._transactions = 0
 
     def items_read(self) -> int:
         return self._read
+
+    def transactions(self) -> int:
+        return self._transactions
 
     def _still_queued(self, job_id: str) -> bool:
         if self._jobs is None:
@@ -486,25 +499,60 @@ class InMemoryJobQueue:
     def admit(
         self, entry: QueueEntry, job: RunningJob, limits: AdmissionLimits, *, waiting: bool = True
     ) -> bool:
+        request = AdmissionRequest(entry, job, limits)
+        if waiting:
+            return self.admit_all([request]) == [job.job_id]
         with self._lock:
-            if job.job_id in self._running:
+            self._transactions += 1
+            if job.job_id in self._running or not self._still_queued(job.job_id):
                 return False
-            if waiting and entry.job.job_id not in self._waiting:
+            if not self._within(rooms([request])):
                 return False
-            if not waiting and not self._still_queued(entry.job.job_id):
-                return False
-            held = list(self._running.values())
-            gpus = sum(r.job.gpus for r in held) + job.gpus
-            instances = sum(r.job.instances for r in held) + job.instances
-            team = sum(r.job.gpus for r in held if r.job.team == job.team) + job.gpus
-            if gpus > limits.max_gpus or instances > limits.max_instances:
-                return False
-            if limits.team_gpus is not None and team > limits.team_gpus:
-                return False
-            self._waiting.pop(entry.job.job_id, None)
-            self._nominees.pop(entry.job.job_id, None)
             self._running[job.job_id] = RunningEntry(job, entry.task_token, notified=False)
             return True
+
+    def admit_all(self, requests: Sequence[AdmissionRequest]) -> list[str]:
+        return admit_in_batches(requests, self._write_batch)
+
+    def _write_batch(self, batch: list[AdmissionRequest]) -> BatchOutcome:
+        """The batch's transaction, as DynamoDB's: refused past its limits, and all or
+        nothing; each job's own items and each counter item checked."""
+        keys: list[tuple[str, str]] = []
+        for request in batch:
+            job_id = request.job.job_id
+            keys += [("entry", job_id), ("running", job_id)]
+        keys += [("usage", "global"), *(("usage", team) for team in {r.job.team for r in batch})]
+        check_transaction(keys, sum(admission_bytes(r) for r in batch))
+        with self._lock:
+            self._transactions += 1
+            gone = frozenset(
+                r.job.job_id
+                for r in batch
+                if r.job.job_id not in self._waiting or r.job.job_id in self._running
+            )
+            room = rooms(batch)
+            if gone or not self._within(room):
+                return BatchOutcome(False, gone)
+            for request in batch:
+                job_id = request.job.job_id
+                self._waiting.pop(job_id)
+                self._nominees.pop(job_id, None)
+                self._running[job_id] = RunningEntry(
+                    request.job, request.entry.task_token, notified=False
+                )
+            return BatchOutcome(True)
+
+    def _within(self, room: Rooms) -> bool:
+        """Whether what the running jobs hold meets a batch's conditions (under the lock)."""
+        held = [r.job for r in self._running.values()]
+        if not room.possible:
+            return False
+        if sum(j.gpus for j in held) > room.gpus or sum(j.instances for j in held) > room.instances:
+            return False
+        return all(
+            sum(j.gpus for j in held if j.team == team) <= team_room
+            for team, team_room in room.teams.items()
+        )
 
     def note_launch(self, job_id: str, hourly_usd: float, stop_at: float | None) -> None:
         with self._lock:
