@@ -301,6 +301,7 @@ class _Job:
         "prior",
         "priority",
         "progress",
+        "record",
         "resources_override",
         "retries",
         "run_from",
@@ -364,6 +365,7 @@ class _Job:
         self.past_run: PastRun | None = None  # its completed run, for the team's history
         self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
         self.expected: DurationEstimate | None = None  # what its current plan is ranked by
+        self.record: Job | None = None  # its record's fixed fields, validated once (`_settle`)
 
 
 def _plan_seconds(seconds: int) -> int:
@@ -957,23 +959,31 @@ class Engine:
         (`domain.settlement.settle`, on the job as its record would stand), and carry it out:
         its instances and its share released, then back to the queue, or its end."""
         placement = job.placement
-        record = Job(
-            job_id=job.job_id,
-            status=JobStatus.RUNNING,
-            spec=job.spec,
-            source="simulation",
-            created_at=job.submit,
-            updated_at=self.now,
-            placement=placement,
-            drain_reason=job.drain_reason,
-            preempted_for=job.preempted_for,
-            retries=job.retries,
-            interruptions=job.interruptions,
-            preemptions=job.preemptions,
-            resources_override=job.resources_override,
-            on_demand_only=job.on_demand_only,
-            spot_held_seconds=job.spot_held_seconds,
-            **job.prior,
+        if job.record is None:
+            job.record = Job(
+                job_id=job.job_id,
+                status=JobStatus.RUNNING,
+                spec=job.spec,
+                source="simulation",
+                created_at=job.submit,
+                updated_at=job.submit,
+            )
+        # The fields below are of the types the record's (the loop's own, or a settlement's):
+        # copied in without validating the spec again, which costs ten times the copy.
+        record = job.record.model_copy(
+            update={
+                "updated_at": self.now,
+                "placement": placement,
+                "drain_reason": job.drain_reason,
+                "preempted_for": job.preempted_for,
+                "retries": job.retries,
+                "interruptions": job.interruptions,
+                "preemptions": job.preemptions,
+                "resources_override": job.resources_override,
+                "on_demand_only": job.on_demand_only,
+                "spot_held_seconds": job.spot_held_seconds,
+                **job.prior,
+            }
         )
         cap = job.spec.max_retries if self.policy.interruptions_use_retries else None
         settlement = settle(
