@@ -640,9 +640,13 @@ class Engine:
     def _arrive(self, job: _Job) -> None:
         if self.history is not None:
             self.history.arrived(job)
-        self._enqueue(job, job.submit)
+        self._enqueue(job, job.submit, intake=True)
 
-    def _enqueue(self, job: _Job, at: float, preempted_for: str | None = None) -> None:
+    def _enqueue(
+        self, job: _Job, at: float, preempted_for: str | None = None, *, intake: bool = False
+    ) -> None:
+        """Into the queue; at `intake` (its arrival) refused when it could never be admitted,
+        as intake refuses it (a requeue asks for what its first run did)."""
         job.state = _QUEUED
         if not self.policy.requeue_keeps_place:
             job.enqueued_at = at
@@ -659,7 +663,7 @@ class Engine:
             # What the queue entry carries in the Lambdas: the estimate its plan ranks by.
             expected_seconds=self._expected(job).seconds,
         )
-        if never_admissible(queued, self.policy.queue) is not None:
+        if intake and never_admissible(queued, self.policy.queue) is not None:
             self._fail(job, "never admissible", settled=False)  # intake refuses it
             return
         self.queue[job.job_id] = queued
