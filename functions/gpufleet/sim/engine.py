@@ -301,7 +301,6 @@ class _Job:
         "prior",
         "priority",
         "progress",
-        "record",
         "resources_override",
         "retries",
         "run_from",
@@ -365,7 +364,6 @@ class _Job:
         self.past_run: PastRun | None = None  # its completed run, for the team's history
         self.in_history = False  # among its team's HISTORY_DEPTH most recent submissions
         self.expected: DurationEstimate | None = None  # what its current plan is ranked by
-        self.record: Job | None = None  # its record's fixed fields, validated once (`_settle`)
 
 
 def _plan_seconds(seconds: int) -> int:
@@ -517,6 +515,7 @@ class Engine:
         self._shortages_noted = 0
         self._unavailable_cache: tuple[float, int, frozenset[str]] = (-math.inf, -1, frozenset())
         self._offerings: dict[tuple[CapacityType, str, str | None], Offering] = {}
+        self._record: Job | None = None  # a job's record, that `_settle` copies each job's into
         self.jobs = [
             _Job(i, trace, spec, policy)
             for i, (trace, spec) in enumerate(zip(workload.jobs, workload.specs, strict=True))
@@ -963,8 +962,8 @@ class Engine:
         (`domain.settlement.settle`, on the job as its record would stand), and carry it out:
         its instances and its share released, then back to the queue, or its end."""
         placement = job.placement
-        if job.record is None:
-            job.record = Job(
+        if self._record is None:
+            self._record = Job(
                 job_id=job.job_id,
                 status=JobStatus.RUNNING,
                 spec=job.spec,
@@ -972,10 +971,14 @@ class Engine:
                 created_at=job.submit,
                 updated_at=job.submit,
             )
-        # The fields below are of the types the record's (the loop's own, or a settlement's):
-        # copied in without validating the spec again, which costs ten times the copy.
-        record = job.record.model_copy(
+        # Every field below has the type of the record's (the spec validated by `to_spec`, the
+        # others the loop's own or a settlement's): copied into one validated record rather
+        # than validated again, which costs ten times the copy (the spec's rules, each time).
+        record = self._record.model_copy(
             update={
+                "job_id": job.job_id,
+                "spec": job.spec,
+                "created_at": job.submit,
                 "updated_at": self.now,
                 "placement": placement,
                 "drain_reason": job.drain_reason,
