@@ -66,10 +66,15 @@ def estimate_duration(
 ) -> DurationEstimate:
     if spec.expected_duration_seconds:
         return DurationEstimate(spec.expected_duration_seconds, "spec")
+    image, resources = spec.image, spec.resources
+    # `is` first: runs of one shape often share its `Resources` (the simulator's always do),
+    # and pydantic's == compares them field by field.
     similar = [
         run.run_seconds
         for run in history
-        if run.image == spec.image and run.resources == spec.resources and run.run_seconds > 0
+        if run.image == image
+        and (run.resources is resources or run.resources == resources)
+        and run.run_seconds > 0
     ]
     if len(similar) >= min_samples:
         return DurationEstimate(round(statistics.median(similar)), "history", len(similar))

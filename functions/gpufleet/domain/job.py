@@ -324,11 +324,15 @@ class Job(BaseModel):
             )
         return lines
 
-    def with_changes(self, changes: JobChanges) -> Job:
-        """The job with `changes` applied: what every job store writes (and what a step that
-        knows the job predicts of the write). No validation is repeated here: each field of
-        `JobChanges` has the type of this model's field, checked when the changes were made."""
-        return self.model_copy(update=changes.fields())
+    def with_changes(self, changes: JobChanges, *, status: JobStatus | None = None) -> Job:
+        """The job with `changes` applied (and moved to `status`, when given): what every job
+        store writes (and what a step that knows the job predicts of the write). No validation
+        is repeated here: each field of `JobChanges` has the type of this model's field,
+        checked when the changes were made."""
+        update = changes.fields()
+        if status is not None:
+            update["status"] = status
+        return self.model_copy(update=update)
 
     def total(self, counter: Literal["retries", "preemptions", "interruptions"]) -> int:
         """`counter` over the whole job. A multi-stage job's counters start again at each
@@ -429,12 +433,21 @@ class JobChanges(BaseModel):
 
     def __or__(self, later: JobChanges) -> JobChanges:
         """Both changes, `later`'s value where both set a field. Each was checked when it was
-        made: their union is not validated again."""
+        made: their union is not validated again. (Changes are frozen: with nothing on one
+        side, the other serves as it is.)"""
+        if not later.model_fields_set:
+            return self
+        if not self.model_fields_set:
+            return later
         return self.model_copy(update=later.fields())
 
     def __bool__(self) -> bool:
         """Whether these changes set anything (no field named: nothing to write)."""
         return bool(self.model_fields_set)
+
+
+# Changes that set nothing (frozen: one serves every caller).
+NO_CHANGES = JobChanges()
 
 
 def _refused_fields(exc: ValidationError) -> dict[str, str]:

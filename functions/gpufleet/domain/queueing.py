@@ -598,6 +598,18 @@ class _Usage:
     def copy(self) -> _Usage:
         return _Usage(self.gpus, self.instances, dict(self.team_gpus))
 
+    @classmethod
+    def held_by(cls, holders: Iterable[RunningJob]) -> _Usage:
+        """What `holders` hold together (`add` of each, in one loop: a pass starts with every
+        running job, and passes are many)."""
+        gpus = instances = 0
+        team_gpus: dict[str, int] = {}
+        for holder in holders:
+            gpus += holder.gpus
+            instances += holder.instances
+            team_gpus[holder.team] = team_gpus.get(holder.team, 0) + holder.gpus
+        return cls(gpus, instances, team_gpus)
+
 
 @dataclass
 class _Pass:
@@ -1050,8 +1062,7 @@ def decide_streams(
         spend=dict(team_spend_usd or {}),
         held_back=held_back,
     )
-    for holder in state.running.values():
-        state.usage.add(holder.team, holder.gpus, holder.instances)
+    state.usage = _Usage.held_by(state.running.values())
     decision = Decision()
     drained = frozenset(window.drain) if window else frozenset()
     decision.window_drains = sorted(

@@ -48,10 +48,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from gpufleet.domain.catalog import InstanceType
 from gpufleet.domain.cost import held_seconds, run_cost_usd, spent_until, storage_cost_usd
-from gpufleet.domain.job import Job, JobChanges, JobStatus
+from gpufleet.domain.job import NO_CHANGES, Job, JobChanges, JobStatus
 from gpufleet.domain.spec import JobSpec, SpotPolicy
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse
 
@@ -252,7 +253,7 @@ def settle(
     released_at = job.released_at
     if released_at is None and placement is not None:
         released_at = end.at
-    released = JobChanges()
+    released = NO_CHANGES
     if released_at != job.released_at:
         released = JobChanges(released_at=released_at)
     ran: float | None = None  # for as long as the run held its instances
@@ -274,7 +275,7 @@ def settle(
 
     if job.status.terminal:
         # Cancelled while it ran, or while it waited after earlier runs (or stages) it paid.
-        changes = JobChanges()
+        changes = NO_CHANGES
         if job.cost_usd is None and (placement is not None or job.prior_cost_usd):
             until = released_at if released_at is not None else end.at
             spent = spent_until(job, until)
@@ -315,8 +316,8 @@ def settle(
             changes |= JobChanges(failure_reason=None)
             changes |= _stage_end(job, JobStatus.SUCCEEDED, released_at, instance_type)
         released_job = job.with_changes(changes)
-        queued = released_job.with_changes(requeue_changes(released_job, end.at)).model_copy(
-            update={"status": JobStatus.QUEUED}
+        queued = released_job.with_changes(
+            requeue_changes(released_job, end.at), status=JobStatus.QUEUED
         )
         commands = (
             Terminate(),
@@ -342,7 +343,7 @@ def settle(
         Record(status, changes),
         PublishStatusChange(job.status, status),
     )
-    ended = job.with_changes(changes).model_copy(update={"status": status})
+    ended = job.with_changes(changes, status=status)
     return settled(ended, None, reason, commands)
 
 
@@ -352,25 +353,28 @@ def requeue_changes(job: Job, now: float) -> JobChanges:
     out of memory, its cost so far in `prior_*`; its placement and its workflow's plumbing
     cleared. `now` stands for a release that was not recorded."""
     released_at = job.released_at if job.released_at is not None else now
-    changes = JobChanges(
-        placement=None,
-        released_at=None,
-        task_token=None,
-        run_result=None,
-        started_instances=[],
-        drain_reason=None,
-        drain_requested_at=None,
-    )
-    changes |= spent_until(job, released_at).as_prior()
+    # Gathered, then checked once: every requeue goes through here (the simulator's, a
+    # hundred thousand of them, too).
+    fields: dict[str, Any] = {
+        "placement": None,
+        "released_at": None,
+        "task_token": None,
+        "run_result": None,
+        "started_instances": [],
+        "drain_reason": None,
+        "drain_requested_at": None,
+        **spent_until(job, released_at).as_prior().fields(),
+    }
     counter = _COUNTERS.get(job.drain_reason or "")
     if counter is not None:
-        changes |= JobChanges.model_validate({counter: getattr(job, counter) + 1})
+        fields[counter] = getattr(job, counter) + 1
     if job.drain_reason == ON_DEMAND:
-        changes |= JobChanges(on_demand_only=True)
+        fields["on_demand_only"] = True
     placement = job.placement
     if placement is not None and placement.capacity_type == "spot":
         ran = held_seconds(placement, released_at)
-        changes |= JobChanges(spot_held_seconds=job.spot_held_seconds + ran)
+        fields["spot_held_seconds"] = job.spot_held_seconds + ran
+    changes = JobChanges.model_validate(fields)
     if job.drain_reason == OUT_OF_MEMORY and job.placement is not None:
         # Next time, only GPUs with more memory than those it ran out of.
         resources = job.effective_spec.resources
@@ -568,7 +572,7 @@ def _stage_end(
     """The changes that record a multi-stage job's current stage as ended with `status`, with
     its cost and held time up to `until`; none for a job without stages."""
     if not job.spec.stages:
-        return JobChanges()
+        return NO_CHANGES
     spent = spent_until(job, until)
     records = close_stage(
         job,
