@@ -103,12 +103,12 @@ class RecordWriter:
         self, record: Job, end: RunEnd, settlement: Settlement, worked_from: float | None
     ) -> None:
         placement = record.placement
-        live = self.until is not None and end.at > self.until
-        if not live:
-            self._records[record.job_id] = settlement.job
-        elif placement is None or placement.launched_at >= self.until:
-            return  # it ran after the records' end
-        else:
+        released, live = end.at, False
+        if self.until is not None and end.at > self.until:
+            if placement is None or placement.launched_at >= self.until:
+                return  # it ran after the records' end
+            # Still held at the records' end: the record as the run left it while it ran.
+            released, live = self.until, True
             worked = worked_from is not None and worked_from <= self.until
             self._records[record.job_id] = record.model_copy(
                 update={
@@ -116,6 +116,8 @@ class RecordWriter:
                     "updated_at": placement.launched_at,
                 }
             )
+        else:
+            self._records[record.job_id] = settlement.job
         if placement is None:
             return
         resources = record.effective_spec.resources
@@ -125,7 +127,7 @@ class RecordWriter:
             _Run(
                 job_id=record.job_id,
                 placement_launched=placement.launched_at,
-                released=self.until if live and self.until is not None else end.at,
+                released=released,
                 worked_from=worked_from,
                 interrupted=end.kind is not EndKind.EXITED,
                 instance_ids=tuple(placement.instance_ids),
