@@ -15,7 +15,8 @@ spot traces there at run time, and `--trace` defaults to the format's folder und
 `--json` one JSON object is printed (see gpufleet/sim/report.py); `--report DIR` also writes PNG
 plots and DIR/index.html. `--records DIR` writes the `--policy` run's job records and their
 usage in the stack's shapes (gpufleet/sim/records.py, adapters/local/records.py) for
-`gpufleet review --records DIR`.
+`gpufleet review --records DIR`: as they stood at the window's end with `--days` (jobs still
+running then live), else once every job ended.
 
 Without the shared data folder (a fresh clone), `--format philly` runs on the week of Philly
 that ships in gpufleet/sim/data/philly-sample (see its SOURCE.md), and a market left at its
@@ -310,7 +311,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--records: {policies[0].name} runs its jobs on one shared pool, so they hold "
                 "no instances of their own to record; pick another --policy"
             )
-        writer = RecordWriter(workload, catalog, trace_origin(trace.origin))
+        origin = trace_origin(trace.origin)
+        writer = RecordWriter(workload, catalog, origin, until=trace.window_end_seconds)
     results: list[SimResult] = []
     started = time.perf_counter()
     engine = settings.engine_config()

@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog, InstanceType
@@ -84,7 +85,7 @@ class ReviewedJob:
     job: Job
     nodes: tuple[NodeUsage, ...] = ()
 
-    @property
+    @cached_property
     def usage(self) -> UsageSummary:
         return summarize(self.nodes)
 
@@ -207,6 +208,7 @@ def right_size(
             families[(item.job.spec.team, item.job.spec.name)].append(item)
     prices = on_demand_prices(catalog, region, bootable)
     price_of = {it.name: price for price, it in prices}
+    cheapest: dict[tuple[str, float], tuple[float, InstanceType] | None] = {}
     found: list[RightSize] = []
     for (team, name), items in families.items():
         types = {i.job.placement.instance_type for i in items if i.job.placement}
@@ -214,7 +216,9 @@ def right_size(
             continue
         (current,) = types
         current_price = price_of.get(current)
-        usage = summarize([n for i in items for n in i.nodes])
+        usage = (
+            items[0].usage if len(items) == 1 else summarize([n for i in items for n in i.nodes])
+        )
         if current_price is None or usage.gpu_mem_mib.peak is None:
             continue
         resources = items[-1].job.effective_spec.resources
@@ -226,14 +230,18 @@ def right_size(
             }
         )
         # The cheapest first: the first that fits is the one, and none past the current price.
-        best = next(
-            (
-                (price, it)
-                for price, it in prices
-                if price < current_price and is_feasible(it, needs)
-            ),
-            None,
-        )
+        # Families alike (a trace's jobs of one shape) need the same: each shape looked up once.
+        key = (needs.model_dump_json(), current_price)
+        if key not in cheapest:
+            cheapest[key] = next(
+                (
+                    (price, it)
+                    for price, it in prices
+                    if price < current_price and is_feasible(it, needs)
+                ),
+                None,
+            )
+        best = cheapest[key]
         if best is None:
             continue
         best_price, best_type = best

@@ -114,7 +114,8 @@ class NodeUsage:
     def from_json(cls, raw: bytes) -> NodeUsage:
         """The document `raw`; UsageLayoutError when it is not one of this layout."""
         try:
-            document = json.loads(raw)
+            # NaN and Infinity refused as they are read: every number left is finite.
+            document = json.loads(raw, parse_constant=_not_finite)
             if not isinstance(document, dict) or document.get("v") != LAYOUT_VERSION:
                 raise UsageLayoutError(f"not a usage document of layout {LAYOUT_VERSION}")
             t0 = _number(document["t0"])
@@ -123,13 +124,15 @@ class NodeUsage:
             if any(not isinstance(c, list) or len(c) != len(offsets) for c in columns):
                 raise UsageLayoutError("the usage columns differ in length")
             util, mem, cpu, host = columns
+            _check_optional(cpu)
+            _check_optional(host)
             samples = tuple(
                 Sample(
                     t=t0 + offsets[i],
-                    gpu_util=tuple(_optional(v) for v in util[i]),
-                    gpu_mem_mib=tuple(_optional(v) for v in mem[i]),
-                    cpu_percent=_optional(cpu[i]),
-                    mem_mib=_optional(host[i]),
+                    gpu_util=_optional_row(util[i]),
+                    gpu_mem_mib=_optional_row(mem[i]),
+                    cpu_percent=cpu[i],
+                    mem_mib=host[i],
                 )
                 for i in range(len(offsets))
             )
@@ -258,3 +261,25 @@ def _number(value: object) -> float:
 
 def _optional(value: object) -> float | None:
     return None if value is None else _number(value)
+
+
+# What a column of a document read with `_not_finite` may hold (bool is not int here).
+_OPTIONAL_NUMBER = frozenset({int, float, type(None)})
+
+
+def _not_finite(name: str) -> float:
+    raise UsageLayoutError(f"{name} is not finite")
+
+
+def _check_optional(values: list[object]) -> None:
+    """Every value a number or null; one check per value, for the thousands a document holds."""
+    if not all(type(v) in _OPTIONAL_NUMBER for v in values):
+        bad = next(v for v in values if type(v) not in _OPTIONAL_NUMBER)
+        raise UsageLayoutError(f"{bad!r} is not a number")
+
+
+def _optional_row(values: object) -> tuple[float | None, ...]:
+    if not isinstance(values, list):
+        raise UsageLayoutError(f"{values!r} is not a list of numbers")
+    _check_optional(values)
+    return tuple(values)

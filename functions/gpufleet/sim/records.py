@@ -16,6 +16,17 @@ and node a usage document (`domain/usage_layout.py`) made from what the simulati
 - marks: `started` when the work (re)started, then `finished` when the run exited or
   `interrupted` when it was interrupted or drained.
 
+With `until` (the end of the trace window, `gpufleet simulate --days D`), the records are the
+store as it stood then, as a review run at the end of the window would read it, not after the
+simulation drained the jobs still running: a run that outlived `until` is recorded live
+(RUNNING, or LAUNCHING before its work started; no release, no cost yet) with its usage up to
+`until` and no end mark, a job waiting then is QUEUED, and nothing that happened later is
+recorded. Without it, every job as it ended.
+
+A job that ended while it waited (never admissible, never admitted again) is settled by the
+rule the stack's backstop applies to a job whose workflow ended without a run to settle
+(`settle` with an `ABANDONED` end): FAILED with the reason, its earlier runs' cost kept.
+
 Times are the simulation's seconds after the trace's start plus `origin` (the trace's own
 wall clock where it gives one, e.g. Philly's first submission, read as UTC). Job ids are
 derived as intake derives them (`job_id_for_delivery`), from `simulation/<spec name>`.
@@ -31,7 +42,7 @@ from datetime import UTC, datetime
 from gpufleet.adapters.local.records import Export
 from gpufleet.domain.catalog import Catalog
 from gpufleet.domain.job import Job, JobStatus, job_id_for_delivery
-from gpufleet.domain.settlement import EndKind, RunEnd, Settlement
+from gpufleet.domain.settlement import EndKind, RunEnd, Settlement, settle
 from gpufleet.domain.spec import JobSpec
 from gpufleet.domain.usage_layout import (
     EVENT_FINISHED,
@@ -66,13 +77,18 @@ class _Run:
     gpus_total: tuple[float, ...]  # MiB per GPU of the type
     working_gpus: int
     gpu_mem_needed_mib: float
+    live: bool = False  # still running at the records' end: no end mark
 
 
 class RecordWriter:
-    """Collects the records and usage of one simulated run of a workload (an observer)."""
+    """Collects the records and usage of one simulated run of a workload (an observer), as
+    they stood at `until` (simulation seconds; None: at the end of the simulation)."""
 
-    def __init__(self, workload: Workload, catalog: Catalog, origin: float) -> None:
+    def __init__(
+        self, workload: Workload, catalog: Catalog, origin: float, until: float | None = None
+    ) -> None:
         self.origin = origin
+        self.until = until
         self._catalog = catalog
         self._specs: dict[str, tuple[JobSpec, float]] = {
             spec.name: (spec, trace.submit_seconds)
@@ -86,8 +102,22 @@ class RecordWriter:
     def run_settled(
         self, record: Job, end: RunEnd, settlement: Settlement, worked_from: float | None
     ) -> None:
-        self._records[record.job_id] = settlement.job
         placement = record.placement
+        released, live = end.at, False
+        if self.until is not None and end.at > self.until:
+            if placement is None or placement.launched_at >= self.until:
+                return  # it ran after the records' end
+            # Still held at the records' end: the record as the run left it while it ran.
+            released, live = self.until, True
+            worked = worked_from is not None and worked_from <= self.until
+            self._records[record.job_id] = record.model_copy(
+                update={
+                    "status": JobStatus.RUNNING if worked else JobStatus.LAUNCHING,
+                    "updated_at": placement.launched_at,
+                }
+            )
+        else:
+            self._records[record.job_id] = settlement.job
         if placement is None:
             return
         resources = record.effective_spec.resources
@@ -97,58 +127,67 @@ class RecordWriter:
             _Run(
                 job_id=record.job_id,
                 placement_launched=placement.launched_at,
-                released=end.at,
+                released=released,
                 worked_from=worked_from,
                 interrupted=end.kind is not EndKind.EXITED,
                 instance_ids=tuple(placement.instance_ids),
                 gpus_total=(total,) * gpus,
                 working_gpus=resources.gpus,
                 gpu_mem_needed_mib=min(total, resources.gpu_memory_gib * 1024),
+                live=live,
             )
         )
 
     def ended_queued(self, job_id: str, reason: str, at: float) -> None:
-        last = self._records.get(job_id)
-        if last is None:
-            spec, submitted = self._specs[job_id]
-            last = Job(
-                job_id=job_id,
-                status=JobStatus.QUEUED,
-                spec=spec,
-                source="simulation",
-                created_at=submitted,
-                updated_at=at,
-            )
-        spent = last.prior_cost_usd
-        self._records[job_id] = last.model_copy(
-            update={
-                "status": JobStatus.FAILED,
-                "failure_reason": reason,
-                "updated_at": at,
-                "cost_usd": round(spent, 6) if spent else None,
-                "storage_usd": round(last.prior_storage_usd, 6) if spent else None,
-            }
+        if self.until is not None and at > self.until:
+            return  # still waiting at the records' end
+        last = self._records.get(job_id) or self._queued(job_id)
+        # No run to settle: the rule the backstop applies when a job's workflow ends so.
+        ended = settle(last, RunEnd(EndKind.ABANDONED, at, reason=reason)).job
+        self._records[job_id] = ended.model_copy(update={"updated_at": at})
+
+    def _queued(self, name: str) -> Job:
+        """The record of a job that has not run yet, as intake stored it."""
+        spec, submitted = self._specs[name]
+        return Job(
+            job_id=name,
+            status=JobStatus.QUEUED,
+            spec=spec,
+            source="simulation",
+            created_at=submitted,
+            updated_at=submitted,
         )
 
     # -- What it writes ------------------------------------------------------------------------
 
     def ids(self) -> Mapping[str, str]:
         """Spec name -> the job id its record has."""
-        return {name: job_id_for_delivery(f"simulation/{name}") for name in self._records}
+        return {name: job_id_for_delivery(f"simulation/{name}") for name in self._submitted()}
 
     def jobs(self) -> Iterator[Job]:
-        """Each job's record, in epoch seconds, under its job id."""
+        """Each job's record, in epoch seconds, under its job id (one submitted by the records'
+        end that has not run by then: QUEUED)."""
         ids = self.ids()
-        for name, job in self._records.items():
+        for name in self._submitted():
+            job = self._records.get(name) or self._queued(name)
             yield self._shifted(job, ids[name])
+
+    def _submitted(self) -> list[str]:
+        """The jobs submitted by the records' end."""
+        until = self.until
+        return [n for n, (_, at) in self._specs.items() if until is None or at <= until]
 
     def usage(self) -> Iterator[NodeUsage]:
         """Each run's usage document per node, in epoch seconds, under its job's id."""
         ids = self.ids()
         for run in self._runs:
             samples = self._samples(run)
-            events = [] if run.worked_from is None else [(run.worked_from, EVENT_STARTED)]
-            events.append((run.released, EVENT_INTERRUPTED if run.interrupted else EVENT_FINISHED))
+            events = []
+            if run.worked_from is not None and run.worked_from <= run.released:
+                events.append((run.worked_from, EVENT_STARTED))
+            if not run.live:
+                end_mark = EVENT_INTERRUPTED if run.interrupted else EVENT_FINISHED
+                events.append((run.released, end_mark))
             interval = samples[1].t - samples[0].t if len(samples) > 1 else AGENT_INTERVAL
             shifted = tuple(Sample(s.t + self.origin, s.gpu_util, s.gpu_mem_mib) for s in samples)
             for instance in run.instance_ids:
@@ -161,8 +200,10 @@ class RecordWriter:
                     events=tuple((t + self.origin, name) for t, name in events),
                 )
 
-    def export(self, region: str, start: float, end: float) -> Export:
-        """What the records cover: `start` and `end` in the simulation's seconds."""
+    def export(self, region: str, start: float, simulated_until: float) -> Export:
+        """What the records cover, from `start` (the simulation's seconds) to `until`, or to
+        `simulated_until` (the simulation's end) without it."""
+        end = self.until if self.until is not None else simulated_until
         return Export(region=region, start=start + self.origin, end=end + self.origin)
 
     def _shifted(self, job: Job, job_id: str) -> Job:

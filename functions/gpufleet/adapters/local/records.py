@@ -16,6 +16,7 @@ window the records cover (epoch seconds), which the review counts back from.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +103,15 @@ class RecordsFolder:
         left out (as the S3 reader does)."""
         found: list[NodeUsage] = []
         folder = self._folder / usage_prefix(RUNS_PREFIX, job_id)
-        if not folder.is_dir():
+        try:
+            names = os.listdir(folder)  # one call a job: a month's review lists tens of thousands
+        except OSError:
             return found
-        for path in folder.glob("*.json"):
+        for name in names:
+            if not name.endswith(".json"):
+                continue
             try:
-                found.append(NodeUsage.from_json(path.read_bytes()))
+                found.append(NodeUsage.from_json((folder / name).read_bytes()))
             except UsageLayoutError:
                 continue
         return sorted(found, key=lambda usage: usage.instance_id)
