@@ -64,6 +64,12 @@ class JobStore(Protocol):
         """Store a new job; False (and no change) when the id already exists."""
         ...
 
+    def put_many(self, jobs: Sequence[Job]) -> None:
+        """Store jobs in batches (DynamoDB's BatchWriteItem: 25 a call, no condition, so a job
+        already stored is written over): for jobs nothing else writes yet, an array's children
+        before any of them is queued."""
+        ...
+
     def get(self, job_id: str) -> Job:
         """The job, or raise JobNotFound."""
         ...

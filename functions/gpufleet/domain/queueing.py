@@ -159,6 +159,8 @@ class QueuedJob:
     # The jobs (ids) it waits for: the dispatcher hands the queue only those whose
     # `arrays.dependency_verdict` says run.
     depends_on: tuple[Dependency, ...] = ()
+    # A child of an array: its index, by which an element-by-element dependency is judged.
+    array_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

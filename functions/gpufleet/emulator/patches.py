@@ -502,6 +502,7 @@ def install(
     from gpufleet.emulator import (
         account_baseline,
         cloudwatch_rules,
+        dynamodb_rules,
         executions,
         loopback,
         pricing,
@@ -536,12 +537,14 @@ def install(
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
         # CloudWatch's alarm windows and GetMetricData's 500 queries a call likewise
-        # (`cloudwatch_rules`), and what moto lacks of Lambda's account settings
+        # (`cloudwatch_rules`), BatchWriteItem's 25 requests (`dynamodb_rules`), and what
+        # moto lacks of Lambda's account settings
         # (`account_baseline`), and the Price List API (`pricing`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),
             *cloudwatch_rules.hooks(),
+            *dynamodb_rules.hooks(),
             *account_baseline.hooks(),
             *pricing.hooks(),
             *recorder.hooks(),

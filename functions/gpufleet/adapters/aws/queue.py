@@ -160,6 +160,8 @@ def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
         item["preempted_for"] = _s(job.preempted_for)
     if job.depends_on:
         item["depends_on"] = _s(_DEPENDENCIES.dump_json(job.depends_on).decode())
+    if job.array_index is not None:
+        item["array_index"] = _n(job.array_index)
     return item
 
 
@@ -186,6 +188,7 @@ def _queued_job(item: dict[str, Any]) -> QueuedJob:
             item.get("expected_seconds", {}).get("N", str(DEFAULT_EXPECTED_SECONDS))
         ),
         depends_on=_DEPENDENCIES.validate_json(item.get("depends_on", {}).get("S", "[]")),
+        array_index=int(item["array_index"]["N"]) if "array_index" in item else None,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,6 +67,10 @@ class InMemoryJobStore:
                 return False
             self._jobs[job.job_id] = job
             return True
+
+    def put_many(self, jobs: Sequence[Job]) -> None:
+        with self._lock:
+            self._jobs.update((job.job_id, job) for job in jobs)
 
     def get(self, job_id: str) -> Job:
         with self._lock:
