@@ -120,8 +120,13 @@ class QueueEntry:
     """A waiting job and the workflow task parked until it is admitted."""
 
     job: QueuedJob
-    task_token: str
+    task_token: str  # NO_WORKFLOW_YET: a child of an array, whose workflow admission starts
     queued_at: float  # when this wait began (a requeued job keeps its place, not this)
+
+
+# The token of a child of an array waiting for its first admission: it has no workflow yet, and
+# the dispatcher starts one when it admits it (docs/arrays.md).
+NO_WORKFLOW_YET = ""
 
 
 @dataclass(frozen=True)

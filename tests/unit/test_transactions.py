@@ -232,7 +232,7 @@ class BatchStub:
         self.calls: list[int] = []
         self.written: list[str] = []
 
-    def batch_write_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:  # noqa: N803
+    def batch_write_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
         (table, requests), *_ = RequestItems.items()
         self.calls.append(len(requests))
         if self.throttled:

@@ -344,9 +344,7 @@ class Job(BaseModel):
 # Fields no change names: fixed when the job is made, or written by the job store itself on
 # every write (the status by `transition`, `updated_at` and `version` always).
 STORE_WRITTEN_FIELDS = frozenset({"status", "updated_at", "version"})
-FIXED_FIELDS = frozenset(
-    {"job_id", "spec", "source", "created_at", "array_id", "array_index"}
-)
+FIXED_FIELDS = frozenset({"job_id", "spec", "source", "created_at", "array_id", "array_index"})
 
 
 def _allows_none(annotation: Any) -> bool:

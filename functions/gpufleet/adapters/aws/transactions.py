@@ -248,7 +248,8 @@ def batch_put(
     after `backoff`'s wait; raise `WriteContended` when some is still unwritten after
     `backoff.tries` tries of one call (what was written stays: each put is idempotent)."""
     for start in range(0, len(items), MAX_BATCH_WRITE):
-        pending = [{"PutRequest": {"Item": item}} for item in items[start : start + MAX_BATCH_WRITE]]
+        batch = items[start : start + MAX_BATCH_WRITE]
+        pending = [{"PutRequest": {"Item": item}} for item in batch]
         for retry in range(backoff.tries):
             if retry:
                 backoff.wait(retry - 1)
