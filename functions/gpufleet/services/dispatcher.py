@@ -19,12 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpufleet.domain.arrays import (
-    DependencyVerdict,
-    Readiness,
-    child_job_id,
-    dependency_verdict,
-)
+from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
 from gpufleet.domain.cost import month_start, spend_this_month_usd
 from gpufleet.domain.job import JobChanges, JobNotFound, JobStatus
 from gpufleet.domain.planning import LaunchPlan
@@ -52,6 +47,7 @@ from gpufleet.ports import (
     QueueState,
     RunningEntry,
 )
+from gpufleet.services.arrays import children_statuses
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
@@ -358,16 +354,7 @@ class DependencyStatuses:
             job = self._jobs.get(job_id)
         except JobNotFound:
             return None
-        if not job.spec.is_array:
-            return [job.status]
-        if job.status is JobStatus.FAILED:
-            return [job.status] * job.spec.size  # failed at intake, with no children
-        try:
-            return [
-                self._jobs.get(child_job_id(job_id, index)).status for index in range(job.spec.size)
-            ]
-        except JobNotFound:
-            return None
+        return children_statuses(self._jobs, job) if job.spec.is_array else [job.status]
 
 
 @dataclass(frozen=True)
