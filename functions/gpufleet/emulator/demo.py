@@ -191,6 +191,12 @@ def distributed_node_loss_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenari
     return _scenario_from_folder(folder, "distributed-node-loss")
 
 
+def sweep_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A sweep of 20 runs and an evaluation depending on all of them, beside another team's
+    array, sharing the fleet (docs/arrays.md)."""
+    return _scenario_from_folder(events_dir / "scenarios" / "sweep", "sweep")
+
+
 SCENARIOS = {
     "basic": basic_scenario,
     "preemption": preemption_scenario,
@@ -198,6 +204,7 @@ SCENARIOS = {
     "stages": stages_scenario,
     "distributed": distributed_scenario,
     "distributed-node-loss": distributed_node_loss_scenario,
+    "sweep": sweep_scenario,
 }
 
 
