@@ -51,6 +51,5 @@ def test_the_sweep_demo_runs_every_point_then_the_evaluation_last() -> None:
 
 
 def test_the_demo_command_offers_the_sweep_scenario(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["demo", "--scenario", "nope"])
+    assert main(["demo", "--scenario", "nope"]) == 2
     assert "'sweep'" in capsys.readouterr().err
