@@ -65,6 +65,12 @@ class JobStore(Protocol):
         """Store a new job; False (and no change) when the id already exists."""
         ...
 
+    def put_many(self, jobs: Sequence[Job]) -> None:
+        """Store jobs in batches (DynamoDB's BatchWriteItem: 25 a call, no condition, so a job
+        already stored is written over): for jobs nothing else writes yet, an array's children
+        before any of them is queued."""
+        ...
+
     def get(self, job_id: str) -> Job:
         """The job, or raise JobNotFound."""
         ...
@@ -115,8 +121,13 @@ class QueueEntry:
     """A waiting job and the workflow task parked until it is admitted."""
 
     job: QueuedJob
-    task_token: str
+    task_token: str  # NO_WORKFLOW_YET: a child of an array, whose workflow admission starts
     queued_at: float  # when this wait began (a requeued job keeps its place, not this)
+
+
+# The token of a child of an array waiting for its first admission: it has no workflow yet, and
+# the dispatcher starts one when it admits it (docs/arrays.md).
+NO_WORKFLOW_YET = ""
 
 
 @dataclass(frozen=True)

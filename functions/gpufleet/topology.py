@@ -510,8 +510,9 @@ EXTRA_ENV: dict[str, tuple[str, ...]] = {
     # Past its execution's budget, a requeued job continues in a new execution.
     REQUEUE.construct_id: (ENV_STATE_MACHINE,),
     METRIC_WATCH.construct_id: (ENV_NOTIFY_TOPIC,),
-    # Budgets reached (a job's, a team's month) are told to the operators.
-    DISPATCH.construct_id: (ENV_NOTIFY_TOPIC,),
+    # Budgets reached (a job's, a team's month) are told to the operators; an array's child
+    # admitted starts its execution (docs/arrays.md).
+    DISPATCH.construct_id: (ENV_NOTIFY_TOPIC, ENV_STATE_MACHINE),
     NOTIFY.construct_id: (ENV_TEAM_TOPICS,),
 }
 

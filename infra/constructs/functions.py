@@ -93,8 +93,9 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
     # Dispatch admits (completing the waiting task), asks victims to checkpoint through their
     # control object under runs/, stops by force those that overstay the grace period, and
     # tells the operators of budgets reached.
+    # It starts an array's child's workflow when it admits it (docs/arrays.md), planned then.
     topology.DISPATCH.construct_id: frozenset(
-        {P.TASK_RESPONSE, P.WRITE_RUNS, P.TERMINATE, P.NOTIFY}
+        {P.TASK_RESPONSE, P.START_WORKFLOW, P.WRITE_RUNS, P.TERMINATE, P.NOTIFY, P.READ_CATALOG}
     ),
     # A job requeued past its execution's budget continues in a new execution
     # (domain/history.py).
@@ -155,9 +156,12 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
 # apart). No function scans; only intake creates a job (a conditional put); a Query on the jobs
 # table is on its indexes (a team's past runs when planning, jobs by status).
 _PLANS = "Query"  # planning reads the team's past runs (and live jobs, with reservations)
+# An array's children are stored in batches (BatchWriteItem) after a read of whether the array's
+# record exists, and queued by writes that check each is still QUEUED.
+_ARRAYS = frozenset({"GetItem", "BatchWriteItem", "ConditionCheckItem"})
 JOBS_ACCESS: dict[str, frozenset[str]] = {
-    topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}),
-    topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}),
+    topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
+    topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
     # Enqueue's writes check that the job is still QUEUED; admitting a job as it arrives
     # totals the month's spend of teams with budgets, as a pass does.
     topology.ENQUEUE.construct_id: frozenset({"ConditionCheckItem", "Query"}),
@@ -179,7 +183,12 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
 }
 _ENDS_JOBS = frozenset({"GetItem", "Query", "UpdateItem", "DeleteItem"})
+# Intake queues an array's children as Enqueue queues a job (with no workflow: admission
+# starts it): the entry, its locator and counts in one transaction.
+_QUEUES_CHILDREN = frozenset({"PutItem", "UpdateItem", "ConditionCheckItem"})
 QUEUE_ACCESS: dict[str, frozenset[str]] = {
+    topology.INTAKE_FROM_S3.construct_id: _QUEUES_CHILDREN,
+    topology.INTAKE_FROM_EVENT.construct_id: _QUEUES_CHILDREN,
     # Reads the state; admits a job as it arrives (a transaction of Put and Updates), or puts
     # the entry and its class's count in one transaction, if the job was not admitted.
     topology.ENQUEUE.construct_id: frozenset(

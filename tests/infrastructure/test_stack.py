@@ -455,13 +455,22 @@ def _actions_of_function(synth: Synth, construct_id: str) -> set[str]:
     return {a for s in synth.statements_of_role(role) for a in synth.actions_of(s)}
 
 
-CATALOG_READERS = {"IntakeFromS3", "IntakeFromEvent", "Launch", "Requeue", "MetricWatch", "Release"}
+CATALOG_READERS = {
+    "IntakeFromS3",
+    "IntakeFromEvent",
+    "Launch",
+    "Requeue",
+    "MetricWatch",
+    "Release",
+    "Dispatch",  # plans an array's child it admits (docs/arrays.md)
+}
 NODE_KEY_READERS = {"Launch", "NodeReport"}
 
 # Distinctive actions and which functions hold them; everything else must not.
 EXCLUSIVE_ACTIONS = {
-    # Requeue: a job past its execution's budget continues in a new one (domain/history.py).
-    "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent", "Requeue"},
+    # Requeue: a job past its execution's budget continues in a new one (domain/history.py);
+    # Dispatch: an array's child starts its execution when admitted (docs/arrays.md).
+    "states:StartExecution": {"IntakeFromS3", "IntakeFromEvent", "Requeue", "Dispatch"},
     # The reconciler ends the run of an instance that went away unheard.
     "states:SendTaskSuccess": {
         "Launch",
@@ -621,6 +630,7 @@ def test_permission_table_matches_handlers() -> None:
         topology.INTAKE_FROM_S3.construct_id,
         topology.INTAKE_FROM_EVENT.construct_id,
         topology.REQUEUE.construct_id,  # continues a job in a new execution
+        topology.DISPATCH.construct_id,  # starts an array's child it admits
     }
     assert Permission.TERMINATE in PERMISSIONS[topology.RELEASE.construct_id]
 

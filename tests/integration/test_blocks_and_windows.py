@@ -23,7 +23,7 @@ from gpufleet.domain.queueing import QueuePolicy, QuotaOverride, TeamQuota, Time
 from gpufleet.domain.reserved import drain_at, drain_lead_seconds
 from gpufleet.domain.settlement import RESERVATION_ENDING
 from gpufleet.domain.spec import Priority
-from gpufleet.emulator.account import Account, embedded_account
+from gpufleet.emulator.account import CHECKPOINT_URI, Account, embedded_account
 from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
@@ -83,12 +83,15 @@ def _config(now: datetime) -> FleetConfig:
     )
 
 
-CONFIG = _config(datetime.now(UTC))
-SHORT, LONG, TOMORROW = CONFIG.reservations
+@pytest.fixture(scope="module")
+def config() -> FleetConfig:
+    """The blocks and the window, timed from when the module's account starts (not from when
+    the module was collected: the short block has only a minute to spare)."""
+    return _config(datetime.now(UTC))
 
 
 @pytest.fixture(scope="module")
-def account() -> Iterator[Account]:
+def account(config: FleetConfig) -> Iterator[Account]:
     scenario = NodeScenario(
         boot_seconds=0.2,
         default=Behaviour(duration_seconds=1.0),
@@ -97,7 +100,7 @@ def account() -> Iterator[Account]:
     )
     with (
         paced_clock() as clock,
-        embedded_account(config=CONFIG, clock=clock) as created,
+        embedded_account(config=config, clock=clock) as created,
         acting_as(EMULATOR),
     ):
         nodes = NodeSimulator(created, scenario)
@@ -108,9 +111,9 @@ def account() -> Iterator[Account]:
 
 
 @pytest.fixture(scope="module")
-def config_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+def config_file(config: FleetConfig, tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("config") / "gpufleet.yaml"
-    path.write_text(json.dumps(CONFIG.model_dump(mode="json")))  # JSON is YAML
+    path.write_text(json.dumps(config.model_dump(mode="json")))  # JSON is YAML
     return str(path)
 
 
@@ -119,7 +122,7 @@ def submit(
 ) -> None:
     body = (
         f"name: {name}\nteam: {team}\nimage: img\ncommand: [x]\n"
-        f"resources: {resources}\ncheckpoint: s3://ckpt/{name}/\n{extra}"
+        f"resources: {resources}\ncheckpoint: {CHECKPOINT_URI}/{team}/{name}/\n{extra}"
     )
     account.client("s3").put_object(
         Bucket=account.bucket, Key=f"{INTAKE_PREFIX}{team}/{name}.yaml", Body=body
@@ -159,8 +162,9 @@ def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
-    account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
+    config: FleetConfig, account: Account, config_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    short, long, tomorrow = config.reservations
     submit(account, "on-short", "vision", "expected_duration: 10s\n")
     submit(account, "hour-long", "vision")  # the default estimate: an hour
     submit(account, "etl", "vision", "priority: low\n")
@@ -169,12 +173,12 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
     submit(account, "on-l4", "nlp", "wait_for_block: true\n", "{gpus: 1, gpu_models: [L4]}")
 
     short_run = placed(account, "on-short")
-    assert short_run.placement is not None and short_run.placement.reservation_id == SHORT.id
+    assert short_run.placement is not None and short_run.placement.reservation_id == short.id
     # An hour does not fit the short block's minute: it goes to the long one, at its price.
     long_run = placed(account, "hour-long", JobStatus.SUCCEEDED)
     assert long_run.placement is not None
     assert (long_run.placement.reservation_id, long_run.placement.capacity_type) == (
-        LONG.id,
+        long.id,
         "reserved",
     )
     assert long_run.placement.hourly_usd == 0.5
@@ -193,15 +197,15 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
     }
     # EC2's side: tomorrow's block is scheduled, with no room before it starts.
     ec2 = account.client("ec2")
-    [scheduled] = ec2.describe_capacity_reservations(CapacityReservationIds=[TOMORROW.id])[
+    [scheduled] = ec2.describe_capacity_reservations(CapacityReservationIds=[tomorrow.id])[
         "CapacityReservations"
     ]
     assert (scheduled["State"], scheduled["AvailableInstanceCount"]) == ("scheduled", 0)
-    assert scheduled["EndDateType"] == "limited" and scheduled["StartDate"] == TOMORROW.start
+    assert scheduled["EndDateType"] == "limited" and scheduled["StartDate"] == tomorrow.start
     [in_zone] = [
         subnet["SubnetId"]
         for subnet in ec2.describe_subnets(SubnetIds=account.subnet_ids)["Subnets"]
-        if subnet["AvailabilityZone"] == TOMORROW.zone
+        if subnet["AvailabilityZone"] == tomorrow.zone
     ]
     with pytest.raises(ClientError, match="ReservationCapacityExceeded"):
         ec2.run_instances(
@@ -212,12 +216,12 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
             MaxCount=1,
             InstanceMarketOptions={"MarketType": "capacity-block"},
             CapacityReservationSpecification={
-                "CapacityReservationTarget": {"CapacityReservationId": TOMORROW.id}
+                "CapacityReservationTarget": {"CapacityReservationId": tomorrow.id}
             },
         )
 
     # The short block's end comes: the reconciler asks its run to checkpoint.
-    due = drain_at(SHORT, LEAD)
+    due = drain_at(short, LEAD)
     assert due is not None
     time.sleep(max(0.0, due - time.time()) + 1)
     answer = account.client("lambda").invoke(
@@ -228,13 +232,13 @@ def test_blocks_fit_drain_and_price_and_a_windows_rules_hold(
 
     def moved() -> Job | None:
         job = job_named(account, "on-short")
-        if job is None or job.placement is None or job.placement.reservation_id == SHORT.id:
+        if job is None or job.placement is None or job.placement.reservation_id == short.id:
             return None
         return job
 
     again = with_passes(account, moved, "the drained run's relaunch")
     # Back in the queue and relaunched off the ending block: no retry, no preemption used.
-    assert again.placement is not None and again.placement.reservation_id == LONG.id
+    assert again.placement is not None and again.placement.reservation_id == long.id
     assert (again.retries, again.preemptions, again.interruptions) == (0, 0, 0)
     assert again.drain_reason != RESERVATION_ENDING
     assert again.prior_capacity_usd.get("reserved", 0.0) > 0

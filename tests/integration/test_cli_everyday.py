@@ -32,6 +32,7 @@ import pytest
 import gpufleet
 from gpufleet.cli import logs as logs_cli
 from gpufleet.cli import main
+from gpufleet.domain.arrays import child_job_id
 from gpufleet.emulator.private import ENV_TOKEN, TOKEN_HEADER
 from gpufleet.emulator.server import STACK_NAME
 
@@ -446,6 +447,34 @@ def test_a_jobs_list_is_submitted_at_once_and_a_dependant_of_a_cancelled_job_is_
     code, out, _ = cli("submit", str(path))  # a new upload: new jobs
     assert code == 0 and out.splitlines()[1].startswith("and 1 more: j-")
     assert cli("cancel", out.split()[0])[0] == 0  # and its dependant with it
+
+
+def test_list_array_counts_the_children_and_cancel_of_the_array_cancels_them(
+    cli: Cli, workdir: Path
+) -> None:
+    park(cli)
+    path = write_spec(
+        workdir, "parked-sweep", "parked", "sweep: {grid: {lr: [0.1, 0.01, 0.001]}}\n"
+    )
+    code, out, _ = cli("submit", str(path), "--json")
+    assert code == 0
+    array_id = json.loads(out)["job_id"]
+    progress = wait_for(
+        cli, ("list", "--array", array_id, "--json"), lambda doc: doc["counts"]["QUEUED"] == 3
+    )
+    assert (progress["size"], progress["status"]) == (3, "QUEUED")
+    code, out, _ = cli("list", "--array", array_id)
+    assert code == 0 and out.splitlines()[0].endswith("QUEUED, 3 children")
+    assert ["QUEUED", "3"] in [row.split() for row in out.splitlines()]
+    assert "ended" not in out  # no progress bar: stdout is not a terminal here
+    code, out, _ = cli("cancel", array_id, "--json")
+    assert code == 0 and json.loads(out)["status"] == "CANCELLED"
+    assert json.loads(out)["cancelled"] == 3
+    progress = json.loads(cli("list", "--array", array_id, "--json")[1])
+    assert progress["status"] == "CANCELLED" and progress["counts"]["CANCELLED"] == 3
+    # A child is a job, no array.
+    code, _, err = cli("list", "--array", child_job_id(array_id, 0))
+    assert code == 2 and "not an array" in err
 
 
 def test_run_shows_the_status_changes_then_the_output_and_exits_with_the_jobs_code(

@@ -176,6 +176,7 @@ NOT_REACHED[topology.CATALOG_REFRESH.construct_id] = {
 # embedded account runs every function in one process: the first to plan (intake) reads it.
 for _planner in (
     topology.INTAKE_FROM_EVENT,
+    topology.DISPATCH,  # it plans an array's child as it starts the child's workflow
     topology.LAUNCH,
     topology.REQUEUE,
     topology.METRIC_WATCH,
@@ -265,20 +266,30 @@ class Stack:
 
 # A job of the basic demo whose workflow the run stops once it runs: the backstop ends it.
 STOPPED = "resnet-baseline"
+SHARDS = "tokenize-shards"  # an array of 4 (events/scenarios/sweep/nlp-shards.yaml)
+EVENT_SHARDS = "asr-eval-shards"  # an array of 3 (events/submit-array-event.json)
 
 
 def _with_intake_paths(scenario: DemoScenario) -> DemoScenario:
     """The stages demo, plus the basic demo's event submission and broken upload (both intake
-    functions, and the error report a refused spec gets) and a job whose workflow is stopped
-    under it (the backstop), without a fourth demo's minute."""
+    functions, and the error report a refused spec gets), a job whose workflow is stopped
+    under it (the backstop) and an array by each intake (children queued at intake, their
+    workflows started at admission), without more demos' minutes."""
     extra = [
         Submission("event", EVENTS_DIR / "submit-job-event.json"),
         Submission("s3", EVENTS_DIR / "jobs" / "broken-spec.yaml"),
         Submission("s3", EVENTS_DIR / "jobs" / f"{STOPPED}.yaml"),
+        Submission("s3", EVENTS_DIR / "scenarios" / "sweep" / "nlp-shards.yaml"),
+        Submission("event", EVENTS_DIR / "submit-array-event.json"),
     ]
     nodes = dataclasses.replace(
         scenario.nodes,
-        behaviours={**scenario.nodes.behaviours, STOPPED: Behaviour(duration_seconds=60.0)},
+        behaviours={
+            **scenario.nodes.behaviours,
+            STOPPED: Behaviour(duration_seconds=60.0),
+            SHARDS: Behaviour(duration_seconds=1.0),
+            EVENT_SHARDS: Behaviour(duration_seconds=1.0),
+        },
     )
     return dataclasses.replace(
         scenario,
@@ -447,6 +458,18 @@ def requests(call: ApiCall, stack: Stack) -> list[Request]:
             )
             for entry in params["TransactItems"]
             for kind, item in entry.items()
+        ]
+    if call.action == "dynamodb:BatchWriteItem":
+        # IAM judges each put or delete of the batch, on its table, as dynamodb:BatchWriteItem.
+        return [
+            Request(
+                call.action,
+                stack.tables[table],
+                _leading_key({"TableName": table, **request}),
+            )
+            for table, entries in params["RequestItems"].items()
+            for entry in entries
+            for request in entry.values()
         ]
     if call.service == "dynamodb":
         table = stack.tables[params["TableName"]]

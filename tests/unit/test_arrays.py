@@ -9,13 +9,17 @@ import pytest
 from gpufleet.adapters.local.memory import RecordingWorkflow
 from gpufleet.domain.arrays import (
     Readiness,
+    array_status,
     child_env,
+    child_job_id,
     child_spec,
     dependency_verdict,
+    status_counts,
     submission_from_mapping,
 )
-from gpufleet.domain.job import JobStatus
+from gpufleet.domain.job import JobStatus, is_job_id
 from gpufleet.domain.spec import (
+    ARRAY_INDEX_ENV,
     MAX_ARRAY_SIZE,
     MAX_ENV,
     Dependency,
@@ -25,6 +29,7 @@ from gpufleet.domain.spec import (
     parse_spec,
     spec_from_mapping,
 )
+from gpufleet.ports import NO_WORKFLOW_YET
 from tests.helpers import intake_for, local_ports, sent_as
 
 S, F, C, R, Q = (
@@ -216,23 +221,64 @@ def test_every_dependency_must_be_met() -> None:
     assert dependency_verdict([(done, [S]), (running, [R])]).readiness is Readiness.WAIT
 
 
-@pytest.mark.parametrize(
-    ("fields", "refused_field"),
-    [
-        ({"array": {"size": 2}}, "array"),
-        ({"sweep": {"points": [{"A": 1}]}}, "sweep"),
-    ],
-)
-def test_intake_refuses_what_it_does_not_run_yet(
-    fields: dict[str, Any], refused_field: str
-) -> None:
+def test_intake_queues_one_child_a_point_with_no_workflow_until_admitted() -> None:
     ports = local_ports()
-    outcome = intake_for(ports).submit_document(
-        job(resources={"gpus": 0, "vcpus": 2}, **fields), "delivery-1", "event:1", sent_as("vision")
-    )
-    assert outcome.job_id is None and outcome.error is not None
-    assert [f["field"] for f in outcome.error["fields"]] == [refused_field]
+    spec = job(resources={"gpus": 0, "vcpus": 2}, sweep={"grid": {"lr": [0.1, 0.01], "B": [1, 2]}})
+    outcome = intake_for(ports).submit_document(spec, "delivery-1", "event:1", sent_as("vision"))
+    array_id = outcome.job_id
+    assert array_id is not None and outcome.job_ids == (array_id,)
+    array = ports.jobs.get(array_id)
+    assert array.status is JobStatus.SUBMITTED and array.spec.size == 4
+    children = [ports.jobs.get(child_job_id(array_id, i)) for i in range(4)]
+    assert [c.status for c in children] == [JobStatus.QUEUED] * 4
+    assert [(c.array_id, c.array_index) for c in children] == [(array_id, i) for i in range(4)]
+    assert [(c.spec.env["B"], c.spec.env["lr"], c.spec.env[ARRAY_INDEX_ENV]) for c in children] == [
+        ("1", "0.1", "0"),
+        ("1", "0.01", "1"),
+        ("2", "0.1", "2"),
+        ("2", "0.01", "3"),
+    ]
+    assert array.estimated_cost_usd == pytest.approx(4 * (children[0].estimated_cost_usd or 0))
+    waiting = ports.queue.waiting()
+    # In index order, each waiting with no workflow: admission starts it.
+    assert [w.job.job_id for w in waiting] == [c.job_id for c in children]
+    assert [w.job.array_index for w in waiting] == [0, 1, 2, 3]
+    assert {w.task_token for w in waiting} == {NO_WORKFLOW_YET}
     assert cast(RecordingWorkflow, ports.workflow).inputs == {}
+    # A redelivery stores nothing new and queues nothing twice.
+    again = intake_for(ports).submit_document(spec, "delivery-1", "event:1", sent_as("vision"))
+    assert again.job_ids == outcome.job_ids
+    assert len(ports.jobs.list_jobs()) == 5 and len(ports.queue.waiting()) == 4
+
+
+def test_an_array_nothing_can_run_fails_whole_with_no_children() -> None:
+    ports = local_ports()
+    spec = job(resources={"gpus": 8, "gpu_models": ["nope"]}, array={"size": 3})
+    outcome = intake_for(ports).submit_document(spec, "delivery-1", "event:1", sent_as("vision"))
+    assert outcome.job_id is not None
+    assert [j.status for j in ports.jobs.list_jobs()] == [JobStatus.FAILED]
+    assert ports.queue.waiting() == []
+
+
+def test_children_ids_derive_from_their_array() -> None:
+    ids = {child_job_id("j-00000000000000000001", i) for i in range(100)}
+    assert len(ids) == 100 and all(is_job_id(i) for i in ids)
+    assert child_job_id("j-00000000000000000001", 7) == child_job_id("j-00000000000000000001", 7)
+
+
+def test_an_arrays_status_is_its_childrens() -> None:
+    assert array_status([Q, Q]) is JobStatus.QUEUED
+    assert array_status([S, Q]) is JobStatus.RUNNING
+    assert array_status([R, Q]) is JobStatus.RUNNING
+    assert array_status([S, S]) is JobStatus.SUCCEEDED
+    assert array_status([S, C]) is JobStatus.CANCELLED
+    assert array_status([C, F, S]) is JobStatus.FAILED
+    counts = status_counts([S, S, Q])
+    assert list(counts) == list(JobStatus)
+    assert counts[JobStatus.SUCCEEDED] == 2 and counts[JobStatus.QUEUED] == 1
+    assert counts[JobStatus.FAILED] == 0
+    with pytest.raises(ValueError, match="at least one child"):
+        array_status([])
 
 
 def test_intake_refuses_a_cycle() -> None:

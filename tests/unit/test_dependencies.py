@@ -10,11 +10,13 @@ import pytest
 from pydantic import TypeAdapter
 
 from gpufleet.adapters.local.memory import RecordingPublisher, RecordingWorkflow
+from gpufleet.domain.arrays import child_job_id
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, JobChanges, JobStatus, job_id_for_delivery
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy, TeamQuota
 from gpufleet.domain.spec import Dependency
 from gpufleet.ports import Ports
+from gpufleet.services.backstop import BackstopService
 from gpufleet.services.dispatcher import queue_listing
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeOutcome, describe
@@ -124,12 +126,85 @@ def test_a_dependency_on_a_job_id_must_name_a_job_that_exists() -> None:
     assert world.ports.jobs.get(evaluation).spec.depends_on == [Dependency(job=train)]
 
 
-def test_intake_still_refuses_arrays_and_sweeps_in_a_submission() -> None:
+def children(world: World, array_id: str) -> list[str]:
+    return [child_job_id(array_id, i) for i in range(world.ports.jobs.get(array_id).spec.size)]
+
+
+def test_an_arrays_children_start_their_workflow_when_admitted_past_enqueue() -> None:
     world = World()
-    outcome = world.submit({"jobs": [job("a"), job("b", array={"size": 2})]})
-    assert outcome.error is not None
-    assert [f["field"] for f in outcome.error["fields"]] == ["jobs[1].array"]
-    assert world.ports.jobs.list_jobs() == []
+    ids = world.submitted(job("train", gpus=4, array={"size": 3}))
+    kids = children(world, ids["train"])
+    assert world.workflow.started == []  # nothing runs before admission: no open execution
+    result = world.dispatcher.run_pass()
+    assert result.admitted == kids[:2]  # 8 GPUs: two of 4, in index order
+    assert world.workflow.started == kids[:2]
+    state = world.workflow.inputs[kids[0]]
+    assert state["admission"]["admitted"] is True and state["job_id"] == kids[0]
+    assert state["plan"] == plan_of(world.ports, kids[0]).model_dump(mode="json")
+    # A pass that tells admissions again (the dispatcher died in between) starts nothing twice.
+    world.dispatcher.run_pass()
+    assert world.workflow.started == kids[:2]
+    world.end(kids[0], JobStatus.SUCCEEDED)
+    assert world.dispatcher.run_pass().admitted == [kids[2]]
+
+
+def test_a_child_with_an_element_dependency_waits_for_the_child_of_its_index() -> None:
+    world = World()
+    ids = world.submitted(
+        {
+            "jobs": [
+                job("prep", gpus=1, array={"size": 2}),
+                job(
+                    "train",
+                    gpus=1,
+                    array={"size": 2},
+                    depends_on=[{"job": "prep", "mode": "element"}],
+                ),
+            ]
+        }
+    )
+    prep, train = children(world, ids["prep"]), children(world, ids["train"])
+    result = world.dispatcher.run_pass()
+    assert result.admitted == prep
+    assert result.waiting == {train[0]: "dependencies", train[1]: "dependencies"}
+    world.end(prep[1], JobStatus.SUCCEEDED)
+    world.end(prep[0], JobStatus.FAILED)
+    result = world.dispatcher.run_pass()
+    assert result.admitted == [train[1]]
+    assert result.cancelled == {train[0]: f"dependency {ids['prep']} ended FAILED"}
+
+
+def test_a_job_depending_on_an_array_waits_for_every_child() -> None:
+    world = World()
+    ids = world.submitted(
+        {
+            "jobs": [
+                job("sweep", gpus=1, array={"size": 2}),
+                job("eval", depends_on=[{"job": "sweep"}]),
+            ]
+        }
+    )
+    first, second = children(world, ids["sweep"])
+    world.enqueue(ids["eval"])
+    world.dispatcher.run_pass()
+    world.end(first, JobStatus.SUCCEEDED)
+    assert world.dispatcher.run_pass().waiting == {ids["eval"]: "dependencies"}
+    world.end(second, JobStatus.SUCCEEDED)
+    assert world.dispatcher.run_pass().admitted == [ids["eval"]]
+
+
+def test_cancelling_an_array_cancels_every_child_not_ended() -> None:
+    world = World()
+    ids = world.submitted(job("train", gpus=4, array={"size": 3}))
+    kids = children(world, ids["train"])
+    world.dispatcher.run_pass()  # two admitted (their workflows started), one waits
+    world.end(kids[0], JobStatus.SUCCEEDED)
+    summary = world.lifecycle.cancel(ids["train"])
+    assert summary["status"] == "CANCELLED" and summary["cancelled"] == 2
+    statuses = [world.ports.jobs.get(kid).status for kid in kids]
+    assert statuses == [JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.CANCELLED]
+    assert world.ports.queue.waiting() == [] and world.ports.queue.running() == []
+    assert world.workflow.started == kids[:2]  # the waiting child never got a workflow
 
 
 def test_a_job_waiting_for_its_dependency_holds_no_reservation_and_blocks_no_backfill() -> None:
@@ -230,3 +305,13 @@ def test_a_jobs_end_wakes_a_dispatcher() -> None:
     assert rule.pattern["detail-type"] == [DETAIL_JOB_STATUS_CHANGED]
     assert set(rule.pattern["detail"]["status"]) == {s.value for s in TERMINAL_STATUSES}
     assert set(JOB_ENDED_STATUSES) == {s.value for s in TERMINAL_STATUSES}
+
+
+def test_the_backstop_leaves_a_child_waiting_in_the_queue_with_no_workflow() -> None:
+    world = World()
+    ids = world.submitted(job("train", gpus=4, array={"size": 1}))
+    (kid,) = children(world, ids["train"])
+    live = [world.ports.jobs.get(kid)]
+    backstop = BackstopService(world.ports, world.lifecycle)
+    assert backstop.abandoned(live, now=1e12, after_seconds=60) == []
+    assert world.ports.jobs.get(kid).status is JobStatus.QUEUED

@@ -98,9 +98,13 @@ def test_a_requeued_run_starts_from_the_state_intake_starts_one_with() -> None:
     assert requeue["ResultPath"] == "$"
     selected = {f"{key}.$": f"$.Payload.{key}" for key in [*start, "continued"]}
     assert requeue["ResultSelector"] == selected
-    # Unless the job continued in a new execution, back to where intake's execution starts.
+    # Unless the job continued in a new execution, back to the queue, where intake's execution
+    # goes first (a child of an array's starts admitted: docs/arrays.md).
     continued = STATES[requeue["Next"]]
-    assert continued["Type"] == "Choice" and continued["Default"] == DEFINITION["StartAt"]
+    assert continued["Type"] == "Choice" and continued["Default"] == "Enqueue"
+    first = STATES[DEFINITION["StartAt"]]
+    assert first["Default"] == "Enqueue"
+    assert first["Choices"] == [{"Variable": "$.admission", "IsPresent": True, "Next": "Launch"}]
     [choice] = continued["Choices"]
     assert choice["Variable"] == "$.continued" and STATES[choice["Next"]]["Type"] == "Succeed"
     # Every state rebuilt on the way carries the execution's count of requeues to Requeue.

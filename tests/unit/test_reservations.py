@@ -279,9 +279,7 @@ def test_the_blocks_that_start_later_are_listed_with_the_time_a_run_at_their_sta
     ]
 
 
-def test_the_queue_holds_a_job_for_its_block_and_launches_it_there_at_the_start(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_queue_holds_a_job_for_its_block_and_launches_it_there_at_the_start() -> None:
     start = 1_767_225_600.0 + 2 * 3600  # the test clock's start + 2 h
     block = Reservation(
         id="cr-0fedcba9876543210",
@@ -294,8 +292,7 @@ def test_the_queue_holds_a_job_for_its_block_and_launches_it_there_at_the_start(
         hourly_usd=0.7,
     )
     config = FleetConfig(reservations=[block], queue=test_dispatcher.POLICY)
-    monkeypatch.setattr(test_dispatcher, "SETTINGS", make_settings(config=config))
-    world = test_dispatcher.World()
+    world = test_dispatcher.World(make_settings(config=config))
     key = "jobs/research/blocky.yaml"
     body = b"name: blocky\nteam: research\nimage: img\ncommand: [x]\nresources: {gpus: 1}\n"
     cast(InMemoryObjects, world.ports.objects).objects[key] = body + b"wait_for_block: true\n"

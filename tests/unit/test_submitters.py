@@ -148,7 +148,7 @@ def test_the_config_refuses_what_names_no_account_or_role(grant: dict[str, list[
 def test_intake_refuses_an_event_from_an_account_the_team_is_not_allowed_and_does_nothing() -> None:
     config = FleetConfig(submitters={"vision": TeamSubmitters(accounts=[OTHER_ACCOUNT])})
     ports = local_ports()
-    intake = IntakeService(ports, build_lifecycle(ports, make_settings()).prepare, config)
+    intake = IntakeService(ports, build_lifecycle(ports, make_settings()), config)
     spec = {"name": "a", "team": "vision", "image": "img", "command": ["x"]}
     refused = intake.submit_event(spec, "event:1", "event:1", team_source("vision"), ACCOUNT)
     assert refused.job_id is None and refused.error is not None

@@ -19,6 +19,7 @@ from gpufleet.adapters.aws.transactions import (
     TransactionCancelled,
     TransactionRefused,
     WriteContended,
+    batch_put,
     transact,
     write,
 )
@@ -218,3 +219,50 @@ def test_a_failed_condition_of_a_write_carries_the_item_as_it_was() -> None:
     with pytest.raises(ConditionFailed) as raised:
         update(client, Waits().backoff)()
     assert raised.value.item == OLD_JOB and client.calls == 1
+
+
+class BatchStub:
+    """BatchWriteItem as DynamoDB answers it under load: each call leaves its last
+    `unprocessed` requests unwritten (UnprocessedItems), `throttled` calls first fail whole."""
+
+    def __init__(self, unprocessed: int = 0, throttled: int = 0, refuse_for: int = 0) -> None:
+        self.unprocessed = unprocessed
+        self.throttled = throttled
+        self.refuse_for = refuse_for  # calls that leave everything unprocessed
+        self.calls: list[int] = []
+        self.written: list[str] = []
+
+    def batch_write_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+        (table, requests), *_ = RequestItems.items()
+        self.calls.append(len(requests))
+        if self.throttled:
+            self.throttled -= 1
+            raise refused("ProvisionedThroughputExceededException", "BatchWriteItem")
+        if self.refuse_for:
+            self.refuse_for -= 1
+            return {"UnprocessedItems": {table: requests}}
+        kept = max(0, len(requests) - self.unprocessed)
+        self.unprocessed = 0
+        self.written += [r["PutRequest"]["Item"]["pk"]["S"] for r in requests[:kept]]
+        left = requests[kept:]
+        return {"UnprocessedItems": {table: left} if left else {}}
+
+
+def items(count: int) -> list[dict[str, Any]]:
+    return [{"pk": {"S": f"k{i}"}} for i in range(count)]
+
+
+def test_batch_put_sends_25_a_call_and_retries_what_is_left_unprocessed() -> None:
+    waits: list[float] = []
+    stub = BatchStub(unprocessed=5, throttled=1)
+    batch_put(stub, "t", items(60), Backoff(sleep=waits.append, draw=lambda: 1.0))
+    assert stub.calls == [25, 25, 5, 25, 10]  # throttled whole, then 5 left over, then the rest
+    assert sorted(stub.written) == sorted(f"k{i}" for i in range(60))
+    assert len(waits) == 2  # before each call that sends again what was not written
+
+
+def test_batch_put_gives_up_with_a_transient_error_when_items_stay_unprocessed() -> None:
+    stub = BatchStub(refuse_for=10)
+    with pytest.raises(WriteContended, match="25 items stayed unprocessed over 3 tries"):
+        batch_put(stub, "t", items(30), Backoff(tries=3, sleep=lambda _: None))
+    assert stub.calls == [25, 25, 25]

@@ -191,18 +191,14 @@ def test_a_quota_override_replaces_only_the_fields_it_gives() -> None:
     )
 
 
-def test_the_dispatcher_drains_a_class_at_its_windows_start_and_holds_it_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_dispatcher_drains_a_class_at_its_windows_start_and_holds_it_back() -> None:
     policy = test_dispatcher.POLICY.model_copy(
         update={
             "windows": [TimeWindow(name="day", start="06:00", end="22:00", drain=[Priority.LOW])]
         }
     )
-    monkeypatch.setattr(
-        test_dispatcher, "SETTINGS", make_settings(config=FleetConfig(queue=policy))
-    )
-    world = test_dispatcher.World()  # its clock: 2026-01-01 00:00 UTC, no window active
+    # Its clock: 2026-01-01 00:00 UTC, no window active.
+    world = test_dispatcher.World(make_settings(config=FleetConfig(queue=policy)))
     job_id = world.submit("etl", "low")
     world.enqueue(job_id)
     assert world.dispatcher.run_pass().admitted == [job_id]

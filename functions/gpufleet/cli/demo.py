@@ -21,6 +21,7 @@ def register(commands: Any) -> None:
             "stages",
             "distributed",
             "distributed-node-loss",
+            "sweep",
         ),
         default="basic",
     )

@@ -3,6 +3,7 @@
     gpufleet submit job.yaml [--wait SECONDS] [--json] [--raw]   (a spec, or a `jobs:` list)
     gpufleet status ID [--json] [--raw]     (with the peaks and means of its usage)
     gpufleet list [--status S] [--team T] [--limit N] [--json] [--raw]
+    gpufleet list --array ID [--json]       (an array's children counted per status)
 
 Every command takes the target arguments (`--stack`, `--endpoint-url`, ...) and keeps the output
 contract (gpufleet.cli.output): exit 0 ok, 2 bad input, a refused spec, an unknown job or no
@@ -64,6 +65,9 @@ def register(commands: Any) -> None:
 
     listing = commands.add_parser("list", help="jobs, newest first")
     _add_list_filters(listing)
+    listing.add_argument(
+        "--array", metavar="ID", help="an array's or sweep's children, counted per status"
+    )
     add_target_arguments(listing)
     add_raw_argument(listing)
     listing.set_defaults(run=run_list)
@@ -317,6 +321,8 @@ def run_list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise invalid("--limit must be >= 1")
     connection = connect(args)
+    if getattr(args, "array", None):
+        return _list_array(connection, args.array, args.json)
     status = JobStatus(args.status) if args.status else None
     jobs = find_jobs(connection.jobs, status, args.team, args.limit)
     details = [job_detail(job) for job in jobs]
@@ -326,4 +332,34 @@ def run_list(args: argparse.Namespace) -> int:
         print(render(details, LIST_COLUMNS, args.raw))
     else:
         print("(no jobs)")
+    return 0
+
+
+PROGRESS_WIDTH = 40
+
+
+def _list_array(connection: Connection, array_id: str, as_json: bool) -> int:
+    """`list --array ID`: the array's status and its children counted per status, with a
+    progress bar of the ended ones when stdout is a terminal."""
+    from gpufleet.services.arrays import array_progress
+
+    array = connection.jobs.get(array_id)
+    if not array.spec.is_array:
+        raise invalid(f"{array_id} is a job, not an array or sweep")
+    progress = array_progress(connection.jobs, array)
+    if as_json:
+        print_json(progress)
+        return 0
+    counts = progress["counts"]
+    print(
+        printable(f"{progress['id']} {progress['name']} ({progress['team']}): ", False)
+        + f"{progress['status']}, {progress['size']} children"
+    )
+    rows = [{"status": status, "children": count} for status, count in counts.items() if count]
+    print(render(rows, (("status", "status"), ("children", "children")), False))
+    if sys.stdout.isatty():
+        ended = sum(counts[s.value] for s in JobStatus if s.terminal)
+        filled = ended * PROGRESS_WIDTH // progress["size"]
+        bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
+        print(f"[{bar}] {ended}/{progress['size']} ended")
     return 0

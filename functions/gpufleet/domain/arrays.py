@@ -7,6 +7,8 @@
   size; refused whole otherwise (`SpecError`).
 - `submission_job_ids`, `with_job_ids`: the id of each job of a submission, derived from the
   delivery, and a spec's dependencies on names of its submission rewritten as those ids.
+- `child_job_id`, `array_status`, `status_counts`: each child's id, derived from its array's,
+  and what an array's children's statuses add up to.
 - `dependency_verdict`: whether a job (or child) whose dependencies ended as they did waits,
   may run, or ends CANCELLED with the reason.
 """
@@ -14,7 +16,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -57,6 +60,33 @@ def child_spec(spec: JobSpec, index: int) -> JobSpec:
     return spec.model_copy(
         update={"env": {**spec.env, **child_env(spec, index)}, "array": None, "sweep": None}
     )
+
+
+def child_job_id(array_id: str, index: int) -> str:
+    """Child `index`'s id, derived from its array's (itself derived from the delivery): a
+    redelivery names the same children, and anyone holding the array's id finds them."""
+    return job_id_for_delivery(f"{array_id}#{index}")
+
+
+def status_counts(statuses: Iterable[JobStatus]) -> dict[JobStatus, int]:
+    """How many children are in each status, every status listed (0 for none), in the
+    lifecycle's order."""
+    counted = Counter(statuses)
+    return {status: counted[status] for status in JobStatus}
+
+
+def array_status(statuses: Sequence[JobStatus]) -> JobStatus:
+    """An array's status, from its children's, as AWS Batch reports an array job's: ended once
+    every child ended, SUCCEEDED only if every child succeeded, FAILED if any failed (else
+    CANCELLED); before that RUNNING once a child launched, else QUEUED."""
+    if not statuses:
+        raise ValueError("an array has at least one child")
+    if all(status.terminal for status in statuses):
+        if all(status is JobStatus.SUCCEEDED for status in statuses):
+            return JobStatus.SUCCEEDED
+        return JobStatus.FAILED if JobStatus.FAILED in statuses else JobStatus.CANCELLED
+    started = {JobStatus.LAUNCHING, JobStatus.RUNNING, *TERMINAL_STATUSES}
+    return JobStatus.RUNNING if any(s in started for s in statuses) else JobStatus.QUEUED
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ EVENTS_PER_REQUEUE = 38 + 2 + 34 + 2 + 34 + 2
 EVENTS_PER_LAUNCH_ROUND = 34 + 2 + 2 + 2 + 2
 # A stage run on the last one's instances, without Requeue: Release, Requeue?, NextStageHere.
 EVENTS_PER_STAGE_HERE = 38 + 2 + 2
-# ExecutionStarted, then Enqueue and Admitted? before the first run.
-EVENTS_TO_FIRST_RUN = 1 + 34 + 2
+# ExecutionStarted, then Waits for admission?, Enqueue and Admitted? before the first run (a
+# child of an array, admitted before its execution starts, goes straight to Launch).
+EVENTS_TO_FIRST_RUN = 1 + 2 + 34 + 2
 # The longest way out: Release, Requeue?, Requeue, ContinuedAsNew?, a Succeed state,
 # ExecutionSucceeded.
 EVENTS_TO_END = 38 + 2 + 34 + 2 + 2 + 1

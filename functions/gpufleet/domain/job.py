@@ -220,6 +220,11 @@ class Job(BaseModel):
     # is due only when one goes there, so a repeated evaluation acts once. A launch clears it.
     alarming: list[AlarmKind] = Field(default_factory=list)
 
+    # A child of an array or sweep (docs/arrays.md): its array's record and its index there.
+    # The array's own record (its spec's `array` or `sweep` set) runs nothing itself.
+    array_id: str | None = None
+    array_index: int | None = None
+
     # Multi-stage jobs: the stage now running (or waiting), and how the earlier ones ended.
     stage_index: int = 0
     stage_records: list[StageRecord] = Field(default_factory=list)
@@ -345,7 +350,7 @@ class Job(BaseModel):
 # Fields no change names: fixed when the job is made, or written by the job store itself on
 # every write (the status by `transition`, `updated_at` and `version` always).
 STORE_WRITTEN_FIELDS = frozenset({"status", "updated_at", "version"})
-FIXED_FIELDS = frozenset({"job_id", "spec", "source", "created_at"})
+FIXED_FIELDS = frozenset({"job_id", "spec", "source", "created_at", "array_id", "array_index"})
 
 
 def _allows_none(annotation: Any) -> bool:

@@ -282,6 +282,8 @@ class QueuedJob:
     # Not admitted before: the start of the Capacity Block it waits for (its plan's
     # `block_start`, spec `wait_for_block`).
     not_before: float | None = None
+    # A child of an array: its index, by which an element-by-element dependency is judged.
+    array_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

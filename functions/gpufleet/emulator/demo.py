@@ -21,6 +21,7 @@ from gpufleet.emulator.metrics import PublishedMetric, published_metrics
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, ApiCall, Invocation, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
+from gpufleet.services.arrays import array_progress
 from gpufleet.services.reports import job_detail
 from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
@@ -190,6 +191,12 @@ def distributed_node_loss_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenari
     return _scenario_from_folder(folder, "distributed-node-loss")
 
 
+def sweep_scenario(events_dir: Path = EVENTS_DIR) -> DemoScenario:
+    """A sweep of 20 runs and an evaluation depending on all of them, beside another team's
+    array, sharing the fleet (docs/arrays.md)."""
+    return _scenario_from_folder(events_dir / "scenarios" / "sweep", "sweep")
+
+
 SCENARIOS = {
     "basic": basic_scenario,
     "preemption": preemption_scenario,
@@ -197,6 +204,7 @@ SCENARIOS = {
     "stages": stages_scenario,
     "distributed": distributed_scenario,
     "distributed-node-loss": distributed_node_loss_scenario,
+    "sweep": sweep_scenario,
 }
 
 
@@ -347,7 +355,9 @@ def run_demo(
                         say(f"submitted {submission.path.name} via {submission.via}")
                 running = nodes.running_instances()
                 settled = len(jobs) + len(observer.rejections) >= len(scenario.submissions)
-                if settled and all(j.status.terminal for j in jobs) and not running:
+                # An array's record runs nothing: its children are the jobs that end.
+                ended = all(j.status.terminal for j in jobs if not j.spec.is_array)
+                if settled and ended and not running:
                     result.completed = _executions_finished(account)
                     if result.completed:
                         break
@@ -358,6 +368,7 @@ def run_demo(
             nodes.stop()
             result.jobs = [
                 _job_entry(job, job.job_id in nodes.resumed)
+                | (_array_entry(store, job) if job.spec.is_array else {})
                 | (
                     {"container_log": _container_log(account, job.job_id)}
                     if scenario.nodes.runs_commands(job.spec.name)
@@ -387,6 +398,12 @@ def _job_entry(job: Job, resumed: bool) -> dict[str, Any]:
         "wait_seconds": round(job.waited_seconds, 2),
         "resumed_from_checkpoint": resumed,
     }
+
+
+def _array_entry(store: DynamoJobStore, array: Job) -> dict[str, Any]:
+    """An array's status is its children's (`gpufleet list --array`), with their counts."""
+    progress = array_progress(store, array)
+    return {"status": progress["status"], "children": progress["counts"]}
 
 
 def _container_log(account: Account, job_id: str) -> list[str]:

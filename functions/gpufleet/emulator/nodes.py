@@ -544,7 +544,7 @@ class NodeSimulator:
             environment={**environment, "DOCKER_CONFIG": str(root)},
             preparation=preparation,
             credentials=functools.partial(
-                job_credentials, sts=self._account.client("sts"), role_arn=JOB_ROLE_ARN
+                job_credentials, sts=_NodeSts(self._account.client("sts")), role_arn=JOB_ROLE_ARN
             ),
             docker=str(program),
             journal=self._journal,
@@ -639,3 +639,15 @@ class NodeSimulator:
                 }
             ]
         )
+
+
+class _NodeSts:
+    """The node's STS client for its job sessions: the credentials endpoint assumes the job
+    role on its own request threads, which are the node's calls, not the control plane's."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def assume_role(self, **request: Any) -> Any:
+        with acting_as(NODE):
+            return self._client.assume_role(**request)

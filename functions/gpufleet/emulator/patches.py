@@ -400,6 +400,17 @@ def _naming_params(params: dict[str, Any]) -> dict[str, Any]:
             }
             for item in params["TransactItems"]
         ]
+    if "RequestItems" in params:  # BatchWriteItem: IAM judges each item's table and key
+        kept["RequestItems"] = {
+            table: [
+                {
+                    kind: {name: request[name] for name in ("Key", "Item") if name in request}
+                    for kind, request in entry.items()
+                }
+                for entry in entries
+            ]
+            for table, entries in params["RequestItems"].items()
+        }
     if "Entries" in params:  # PutEvents: IAM judges each entry's bus and source
         kept["Entries"] = [
             {name: entry[name] for name in ("EventBusName", "Source") if name in entry}
@@ -532,6 +543,7 @@ def install(
     from gpufleet.emulator import (
         account_baseline,
         cloudwatch_rules,
+        dynamodb_rules,
         executions,
         loopback,
         pricing,
@@ -575,13 +587,15 @@ def install(
         # moto has no EC2 placement groups, and launches what EC2 refuses: hooks answer for
         # them. And every boto3 call made from now on is counted, by the actor on its thread.
         # CloudWatch's alarm windows and GetMetricData's 500 queries a call likewise
-        # (`cloudwatch_rules`), and what moto lacks of Lambda's account settings
-        # (`account_baseline`), and the Price List API (`pricing`). A job session's requests
-        # are judged by the job role's policy (`job_sessions`).
+        # (`cloudwatch_rules`), BatchWriteItem's 25 requests (`dynamodb_rules`), and what
+        # moto lacks of Lambda's account settings (`account_baseline`), and the Price List API
+        # (`pricing`). A job session's requests are judged by the job role's policy
+        # (`job_sessions`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),
             *cloudwatch_rules.hooks(),
+            *dynamodb_rules.hooks(),
             *account_baseline.hooks(),
             *pricing.hooks(),
             *installed.job_sessions.hooks(),

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain.job import Job, JobNotFound
+from gpufleet.domain.job import Job, JobNotFound, JobStatus
 from gpufleet.ports import Ports, WorkflowRun
 from gpufleet.services.lifecycle import LifecycleService
 
@@ -93,6 +93,8 @@ class BackstopService:
             run = self._ports.workflow.run_of(job.job_id)
             if run is not None and (run.running or now - (run.stopped_at or now) < after_seconds):
                 continue  # it runs (it started since the listing), or its event may still come
+            if run is None and job.array_id is not None and job.status is JobStatus.QUEUED:
+                continue  # a child of an array waiting in the queue: admission starts its run
             if self.workflow_ended(WorkflowEnd.of(job.job_id, run)) is not None:
                 ended.append(job.job_id)
         return ended

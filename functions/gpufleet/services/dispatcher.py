@@ -42,6 +42,7 @@ from gpufleet.domain.queueing import (
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
 from gpufleet.domain.spec import Dependency
 from gpufleet.ports import (
+    NO_WORKFLOW_YET,
     AdmissionRequest,
     JobStore,
     Ports,
@@ -49,6 +50,7 @@ from gpufleet.ports import (
     QueueState,
     RunningEntry,
 )
+from gpufleet.services.arrays import children_statuses
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
 
@@ -313,6 +315,10 @@ class DispatcherService:
                 self._tell_admitted(entry.job.job_id, entry.task_token, {})
 
     def _tell_admitted(self, job_id: str, token: str, admission: dict[str, float]) -> None:
+        if token == NO_WORKFLOW_YET:
+            # A child of an array: its workflow starts with its admission (docs/arrays.md).
+            self._lifecycle.start_admitted(job_id, admission)
+            return
         if self._ports.workflow.complete_task(token, {"admitted": True, **admission}):
             return  # its launch marks it notified, in the write it makes anyway
         # The workflow no longer waits: if the job ended (cancelled, stopped), its share goes
@@ -349,29 +355,35 @@ class DispatcherService:
 
 
 class DependencyStatuses:
-    """The verdicts of waiting jobs' dependencies, each dependency's job read once a pass."""
+    """The verdicts of waiting jobs' dependencies, each dependency's job read once a pass: of
+    an array, its children's statuses in index order (a child waiting is judged by its own
+    index, for `mode: element`)."""
 
     def __init__(self, jobs: JobStore) -> None:
         self._jobs = jobs
-        self._statuses: dict[str, JobStatus | None] = {}
+        self._statuses: dict[str, list[JobStatus] | None] = {}
 
     def verdict(self, job: QueuedJob) -> DependencyVerdict:
         ended: list[tuple[Dependency, list[JobStatus]]] = []
         for dep in job.depends_on:
-            status = self._status(dep.job)
-            if status is None:
+            statuses = self._statuses_of(dep.job)
+            if statuses is None:
                 # Intake refuses a dependency on no job: only a store that lost it gets here.
                 return DependencyVerdict(Readiness.CANCEL, f"dependency {dep.job} does not exist")
-            ended.append((dep, [status]))
-        return dependency_verdict(ended)
+            ended.append((dep, statuses))
+        return dependency_verdict(ended, job.array_index)
 
-    def _status(self, job_id: str) -> JobStatus | None:
+    def _statuses_of(self, job_id: str) -> list[JobStatus] | None:
         if job_id not in self._statuses:
-            try:
-                self._statuses[job_id] = self._jobs.get(job_id).status
-            except JobNotFound:
-                self._statuses[job_id] = None
+            self._statuses[job_id] = self._read(job_id)
         return self._statuses[job_id]
+
+    def _read(self, job_id: str) -> list[JobStatus] | None:
+        try:
+            job = self._jobs.get(job_id)
+        except JobNotFound:
+            return None
+        return children_statuses(self._jobs, job) if job.spec.is_array else [job.status]
 
 
 @dataclass(frozen=True)

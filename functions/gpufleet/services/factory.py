@@ -32,7 +32,7 @@ def build_intake(ports: Ports, settings: Settings, lifecycle: LifecycleService) 
 
     return IntakeService(
         ports,
-        lifecycle.prepare,
+        lifecycle,
         settings.config,
         account=settings.account_id,
         region=settings.region,

@@ -15,7 +15,7 @@ submitted as, are refused like any invalid spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpufleet.domain.arrays import (
     Submission,
+    child_job_id,
+    child_spec,
     submission_from_mapping,
     submission_job_ids,
     with_job_ids,
@@ -46,10 +48,17 @@ from gpufleet.domain.submitters import (
     upload_submitter,
 )
 from gpufleet.domain.templates import apply_template
-from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports
-from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_REJECTED, DETAIL_JOB_STATUS_CHANGED
+from gpufleet.ports import ObjectMissing, ObjectTooLarge, Ports, QueueEntry
+from gpufleet.topology import (
+    CONTROL_PLANE_SOURCE,
+    DETAIL_JOB_QUEUED,
+    DETAIL_JOB_REJECTED,
+    DETAIL_JOB_STATUS_CHANGED,
+)
 
 ERROR_SUFFIX = ".error.json"
+# Between the submission times of consecutive children of an array.
+CHILD_SPACING_SECONDS = 1e-6
 # S3 refuses keys longer than this (UTF-8 bytes): a spec uploaded under a key that leaves no room
 # for the suffix gets its refusal in the event only.
 MAX_KEY_BYTES = 1024
@@ -83,10 +92,16 @@ class IntakeOutcome:
         return self.job_ids[0] if self.job_ids else None
 
 
-class Prepare(Protocol):
-    def __call__(self, job: Job) -> tuple[Job, dict[str, Any] | None]:
+class Planner(Protocol):
+    def prepare(self, job: Job) -> tuple[Job, dict[str, Any] | None]:
         """The new job as it is to be stored (QUEUED, or FAILED when nothing can run it), and
         the input its workflow starts from (None: no workflow)."""
+        ...
+
+    def array_entries(
+        self, children: Sequence[Job], workflow_input: Mapping[str, Any]
+    ) -> list[QueueEntry]:
+        """The queue entries of an array's children, planned as the array was."""
         ...
 
 
@@ -94,7 +109,7 @@ class IntakeService:
     def __init__(
         self,
         ports: Ports,
-        prepare: Prepare,
+        planner: Planner,
         config: FleetConfig | None = None,
         *,
         account: str = "",
@@ -102,7 +117,7 @@ class IntakeService:
         checkpoint_uri: str = "",
     ) -> None:
         self._ports = ports
-        self._prepare = prepare
+        self._planner = planner
         # The fleet config: its resource templates (a spec naming one is stored resolved), and
         # what the nodes can reach (volumes, secrets, registries): a spec naming more is refused.
         self._config = config or FleetConfig()
@@ -173,10 +188,8 @@ class IntakeService:
         nodes can reach and where their status changes may go, dependencies on names of the
         submission rewritten as ids and those on ids naming jobs that exist."""
         teams = tuple(spec.team for spec in submission.jobs)
-        refusal = (
-            self._submitter_refusal(submitter, teams)
-            or _not_run_yet(submission)
-            or self._unknown_dependencies(submission)
+        refusal = self._submitter_refusal(submitter, teams) or self._unknown_dependencies(
+            submission
         )
         if refusal is not None:
             raise refusal
@@ -227,7 +240,10 @@ class IntakeService:
                 created_at=now,
                 updated_at=now,
             )
-            job, workflow_input = self._prepare(submitted)
+            job, workflow_input = self._planner.prepare(submitted)
+            if spec.is_array and workflow_input is not None:
+                self._accept_array(job, workflow_input)
+                continue
             if self._ports.jobs.put_new(job):
                 detail = job.status_event(None)
                 self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
@@ -236,6 +252,49 @@ class IntakeService:
             if workflow_input is not None:
                 self._ports.workflow.start(job.job_id, workflow_input)
         return IntakeOutcome(job_ids=tuple(job_id for job_id, _ in jobs))
+
+    def _accept_array(self, prepared: Job, workflow_input: Mapping[str, Any]) -> None:
+        """An array or sweep (docs/arrays.md): its own record (SUBMITTED: it runs nothing
+        itself) and one child a point, each QUEUED and in the admission queue with no
+        workflow: the dispatcher starts a child's when it admits it, so open executions track
+        admitted children, not submitted ones. An array nothing can run fails whole, as a job
+        does, with no children.
+
+        The children are stored (BatchWriteItem, which cannot refuse what exists) only while
+        the array's record is missing, and before it: no child was queued yet then. They are
+        queued after it, by a write that a repeated delivery makes again harmlessly (a child
+        waiting, admitted or ended keeps its place or its end)."""
+        spec, now = prepared.spec, prepared.created_at
+        children = [
+            prepared.model_copy(
+                update={
+                    "job_id": child_job_id(prepared.job_id, index),
+                    "spec": child_spec(spec, index),
+                    "array_id": prepared.job_id,
+                    "array_index": index,
+                    # A microsecond apart, in index order: the queue (FIFO by submission
+                    # time, to the microsecond) admits them in that order.
+                    "created_at": now + index * CHILD_SPACING_SECONDS,
+                    "updated_at": now + index * CHILD_SPACING_SECONDS,
+                }
+            )
+            for index in range(spec.size)
+        ]
+        array = prepared.model_copy(
+            update={
+                "status": JobStatus.SUBMITTED,
+                "estimated_cost_usd": round((prepared.estimated_cost_usd or 0.0) * spec.size, 6),
+            }
+        )
+        if not self._exists(array.job_id):
+            self._ports.jobs.put_many(children)
+            if self._ports.jobs.put_new(array):
+                detail = array.status_event(None)
+                self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
+        for entry in self._planner.array_entries(children, workflow_input):
+            self._ports.queue.enqueue(entry)
+        detail = {"job_id": array.job_id, "team": spec.team, "priority": spec.priority.value}
+        self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED, detail)
 
     def _reject(
         self,
@@ -264,24 +323,6 @@ def key_refusal(key: str) -> SpecError | None:
             [FieldError(field="(key)", message=f"ends in {ERROR_SUFFIX}")],
         )
     return None
-
-
-def _not_run_yet(submission: Submission) -> SpecError | None:
-    """Arrays and sweeps are checked (docs/arrays.md) but intake does not make children yet:
-    refused, never run as plain jobs."""
-    several = len(submission.jobs) > 1
-    fields = [
-        FieldError(
-            field=f"jobs[{at}].{name}" if several else name,
-            message="checked, but not run by this deployment yet",
-        )
-        for at, spec in enumerate(submission.jobs)
-        for name in ("array", "sweep")
-        if getattr(spec, name)
-    ]
-    if not fields:
-        return None
-    return SpecError("arrays and sweeps are not run yet (docs/arrays.md)", fields)
 
 
 def _not_a_submission(key: str, raw: bytes, source: str) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
+from gpufleet.domain.arrays import child_job_id
 from gpufleet.domain.job import (
     IllegalTransition,
     Job,
@@ -18,7 +19,7 @@ from gpufleet.domain.job import (
 )
 from gpufleet.domain.settlement import BUDGET, RESIZED
 from gpufleet.domain.spec import JobSpec, Resources
-from gpufleet.ports import QueueEntry
+from gpufleet.ports import NO_WORKFLOW_YET, QueueEntry
 from gpufleet.services.lifecycle_base import JobAlreadyEnded, LifecycleBase
 
 
@@ -32,6 +33,8 @@ class JobCommands(LifecycleBase):
         cost. Raises JobNotFound or JobAlreadyEnded, with nothing changed, for a job it cannot
         cancel (one that ends while it is being cancelled included)."""
         job = self._operated_job(job_id)
+        if job.spec.is_array:
+            return self._cancel_array(job, reason)
         entry = self._ports.queue.remove(job_id)
         changes = JobChanges(failure_reason=reason)
         if entry is not None:
@@ -45,7 +48,8 @@ class JobCommands(LifecycleBase):
                 raise JobAlreadyEnded(job_id, exc.current) from None
             raise
         if entry is not None:
-            self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
+            if entry.task_token != NO_WORKFLOW_YET:  # a child of an array has none yet
+                self._ports.workflow.complete_task(entry.task_token, {"cancelled": True})
             return job.summary()
         self._ports.fleet.terminate_job_instances(job_id)
         if job.placement is not None and job.released_at is None:
@@ -57,6 +61,24 @@ class JobCommands(LifecycleBase):
                 job.task_token, {"exit_code": None, "reason": "cancelled", "cancelled": True}
             )
         return job.summary()
+
+    def _cancel_array(self, array: Job, reason: str) -> dict[str, Any]:
+        """Cancel every child of an array that has not ended (each as a job is cancelled),
+        then the array's own record; `cancelled`: how many children it ended."""
+        cancelled = 0
+        for index in range(array.spec.size):
+            try:
+                self.cancel(child_job_id(array.job_id, index), reason)
+            except (JobAlreadyEnded, JobNotFound):
+                continue  # it ended already (or, failed at intake, the array has no children)
+            cancelled += 1
+        try:
+            array = self._move(array, JobStatus.CANCELLED, JobChanges(failure_reason=reason))
+        except IllegalTransition as exc:
+            if exc.current is not None and exc.current.terminal:
+                raise JobAlreadyEnded(array.job_id, exc.current) from None
+            raise
+        return {**array.summary(), "cancelled": cancelled}
 
     def resize(self, job_id: str, shape: Resources | Mapping[str, Any]) -> dict[str, Any]:
         """Give a job a new shape: `shape` is the whole of it, or new values of some fields of

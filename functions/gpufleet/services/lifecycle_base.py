@@ -283,4 +283,5 @@ def queued_job(job: Job) -> QueuedJob:
         preempted_for=job.preempted_for,
         preemptions=job.preemptions,
         depends_on=tuple(job.spec.depends_on),
+        array_index=job.array_index,
     )

@@ -4,6 +4,7 @@ in the queue (Enqueue), and the way back after a run (Requeue).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +17,7 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuedJob, most_booked, never_admissible
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import requeue_changes
-from gpufleet.ports import QueueEntry
+from gpufleet.ports import NO_WORKFLOW_YET, QueueEntry
 from gpufleet.services.lifecycle_base import LifecycleBase, queued_job
 from gpufleet.services.workflow_state import LaunchStepResult
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED
@@ -125,6 +126,23 @@ class QueueSteps(LifecycleBase):
             task_token=task_token,
             queued_at=self._now(),
         )
+
+    def array_entries(
+        self, children: Sequence[Job], workflow_input: Mapping[str, Any]
+    ) -> list[QueueEntry]:
+        """The queue's entries of an array's children, all planned as their array was
+        (`workflow_input`, Prepare's): they differ only in their environment. They wait with
+        no workflow: admission starts each one's (`start_admitted`)."""
+        plan = LaunchPlan.model_validate(workflow_input["plan"])
+        return [self.queue_entry(queued_job(child), NO_WORKFLOW_YET, plan) for child in children]
+
+    def start_admitted(self, job_id: str, admission: Mapping[str, Any]) -> None:
+        """An admitted child of an array: its workflow starts now, past Enqueue, with its
+        admission (the state machine's `Waits for admission?`), planned as the job now is.
+        Starting it again (a pass that tells an admission again) is a no-op."""
+        job = self._ports.jobs.get(job_id)
+        state = self.workflow_input(job, self._plan(job), attempt=0)
+        self._ports.workflow.start(job_id, {**state, "admission": {"admitted": True, **admission}})
 
     def enqueue(self, entry: QueueEntry) -> None:
         """Put the job in the admission queue with the workflow's token, and wake a dispatcher.

@@ -83,6 +83,8 @@ def job_detail(job: Job, current_wait_seconds: float | None = None) -> dict[str,
         # A multi-stage job's stages, in order: where each ran, what it cost (they add up to
         # cost_usd); empty for other jobs.
         "stages": job.stage_summaries(),
+        # A child of an array or sweep: the array's id and its index there (docs/arrays.md).
+        **({"array_id": job.array_id, "array_index": job.array_index} if job.array_id else {}),
     }
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import types
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Union, get_args, get_origin
 
-from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, write
+from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, batch_put, write
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
     IllegalTransition,
@@ -128,6 +128,9 @@ class DynamoJobStore:
         except ConditionFailed:
             return False
         return True
+
+    def put_many(self, jobs: Sequence[Job]) -> None:
+        batch_put(self._client, self._table, [job_to_item(job) for job in jobs], self._backoff)
 
     def get(self, job_id: str) -> Job:
         response = self._client.get_item(

@@ -177,6 +177,8 @@ def _job_attributes(job: QueuedJob) -> dict[str, dict[str, str]]:
         item["depends_on"] = _s(_DEPENDENCIES.dump_json(job.depends_on).decode())
     if job.not_before is not None:
         item["not_before"] = _n(job.not_before)
+    if job.array_index is not None:
+        item["array_index"] = _n(job.array_index)
     return item
 
 
@@ -204,6 +206,7 @@ def _queued_job(item: dict[str, Any]) -> QueuedJob:
         ),
         depends_on=_DEPENDENCIES.validate_json(item.get("depends_on", {}).get("S", "[]")),
         not_before=float(item["not_before"]["N"]) if "not_before" in item else None,
+        array_index=int(item["array_index"]["N"]) if "array_index" in item else None,
     )
 
 

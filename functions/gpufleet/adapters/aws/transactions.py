@@ -234,3 +234,35 @@ def write(
             if code != _CONFLICT_CODE:
                 raise
     raise WriteContended(f"the item stayed in transactions over {backoff.tries} tries")
+
+
+# BatchWriteItem takes at most this many requests a call (and refuses two of one key).
+MAX_BATCH_WRITE = 25
+
+
+def batch_put(
+    client: Any, table: str, items: Sequence[Mapping[str, Any]], backoff: Backoff = BACKOFF
+) -> None:
+    """Put every item, unconditionally (BatchWriteItem takes no condition), 25 a call. What a
+    call leaves in `UnprocessedItems` (throughput), or a call throttled whole, is sent again
+    after `backoff`'s wait; raise `WriteContended` when some is still unwritten after
+    `backoff.tries` tries of one call (what was written stays: each put is idempotent)."""
+    for start in range(0, len(items), MAX_BATCH_WRITE):
+        batch = items[start : start + MAX_BATCH_WRITE]
+        pending = [{"PutRequest": {"Item": item}} for item in batch]
+        for retry in range(backoff.tries):
+            if retry:
+                backoff.wait(retry - 1)
+            try:
+                response = client.batch_write_item(RequestItems={table: pending})
+            except ClientError as exc:
+                if _error_code(exc) not in _THROTTLED_CODES:
+                    raise
+                continue
+            pending = response.get("UnprocessedItems", {}).get(table, [])
+            if not pending:
+                break
+        else:
+            raise WriteContended(
+                f"{len(pending)} items stayed unprocessed over {backoff.tries} tries"
+            )

@@ -78,6 +78,10 @@ class InMemoryJobStore:
             self._jobs[job.job_id] = job
             return True
 
+    def put_many(self, jobs: Sequence[Job]) -> None:
+        with self._lock:
+            self._jobs.update((job.job_id, job) for job in jobs)
+
     def get(self, job_id: str) -> Job:
         with self._lock:
             if job_id not in self._jobs:
