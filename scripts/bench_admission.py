@@ -149,39 +149,17 @@ def dispatcher_pass(queue: JobQueue, policy: QueuePolicy = POLICY) -> tuple[Any,
     return result, time.perf_counter() - started
 
 
-def load_dynamodb(client: Any, table: str, entries: list[QueueEntry]) -> None:
-    """What `enqueue` writes for each entry (the entry, its locator, the counters), in bulk:
-    batches of 25 items and one counter update per team, class and shape."""
-    from collections import Counter
-
-    from gpufleet.adapters.aws.queue import (
-        _GLOBAL,
-        _STATE,
-        _TEAM,
-        _entry_item,
-        _locator_item,
-        _shape_counter,
-        _waiting_counter,
+def load_dynamodb(queue: JobQueue, entries: list[QueueEntry]) -> None:
+    """Queue the entries as intake queues an array's children (`enqueue_all`), and say in how
+    many transactions and how long."""
+    before = queue.transactions()
+    started = time.perf_counter()
+    queue.enqueue_all(entries)
+    print(
+        f"  ({len(entries)} jobs queued in moto as intake queues an array's children: "
+        f"{queue.transactions() - before} transactions, one each before; "
+        f"{time.perf_counter() - started:.0f} s)"
     )
-
-    items = []
-    for entry in entries:
-        item = _entry_item(entry)
-        items += [item, _locator_item(item)]
-    for start in range(0, len(items), 25):
-        client.batch_write_item(
-            RequestItems={table: [{"PutRequest": {"Item": i}} for i in items[start : start + 25]]}
-        )
-    counters = Counter((_GLOBAL, _waiting_counter(e.job.priority)) for e in entries)
-    counters.update((_TEAM + e.job.team, _shape_counter(e.job)) for e in entries)
-    for (sk, counter), count in counters.items():
-        client.update_item(
-            TableName=table,
-            Key={"pk": {"S": _STATE}, "sk": {"S": sk}},
-            UpdateExpression="ADD #c :n",
-            ExpressionAttributeNames={"#c": counter},
-            ExpressionAttributeValues={":n": {"N": str(count)}},
-        )
 
 
 def hold(queue: JobQueue, running: list[RunningJob]) -> None:
@@ -265,8 +243,9 @@ def bench_dynamodb() -> bool:
         # queue; the items read depend on what is admitted, not on the queue's length.
         queued = workload(random.Random(1))[0][:MOTO_QUEUED]
         entries = [QueueEntry(job, f"token-{job.job_id}", NOW) for job in queued]
-        load_dynamodb(client, "bench-queue", entries)
-        result, seconds = dispatcher_pass(DynamoJobQueue(client, "bench-queue"))
+        queue = DynamoJobQueue(client, "bench-queue")
+        load_dynamodb(queue, entries)
+        result, seconds = dispatcher_pass(queue)
         admitted = len(result.admitted)
         per_job = result.items_read / max(1, admitted)
         print(
@@ -279,11 +258,8 @@ def bench_dynamodb() -> bool:
         blocked, running, fits = blocked_workload(random.Random(2))
         queue = DynamoJobQueue(client, "bench-blocked")
         hold(queue, running)
-        started = time.perf_counter()
-        load_dynamodb(client, "bench-blocked", blocked)
-        loaded = time.perf_counter() - started
+        load_dynamodb(queue, blocked)
         queue.enqueue(fits)
-        print(f"  ({BLOCKED} blocked jobs written to moto in {loaded:.0f} s)")
         where = "DynamoDB queue (moto; the items read include the state's)"
         return print_blocked(where, *dispatcher_pass(queue))
 
@@ -342,12 +318,8 @@ def bench_array_dynamodb() -> bool:
     with embedded_account() as account:
         client = account.client("dynamodb")
         client.create_table(**table_definition(QUEUE_TABLE, "bench-array"))
-        started = time.perf_counter()
-        load_dynamodb(client, "bench-array", array_entries(ARRAY_MOTO))
-        print(
-            f"  ({ARRAY_MOTO} queued jobs written to moto in {time.perf_counter() - started:.0f} s)"
-        )
         queue = DynamoJobQueue(client, "bench-array")
+        load_dynamodb(queue, array_entries(ARRAY_MOTO))
         return print_array("DynamoDB queue (moto)", ARRAY_MOTO, queue)
 
 

@@ -176,6 +176,12 @@ class JobQueue(Protocol):
         the job store no longer has the job QUEUED: it ended (was cancelled) meanwhile."""
         ...
 
+    def enqueue_all(self, entries: Sequence[QueueEntry]) -> None:
+        """`enqueue` for new waiting jobs (an array's children), as many to a transaction as
+        fit; those that wait, were admitted or ended already (a repeated delivery) go as
+        `enqueue` goes."""
+        ...
+
     def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
         """The team's waiting jobs of that class, in admission order (oldest first), read
         lazily: a page at a time, as the iterator is advanced."""

@@ -437,3 +437,30 @@ def test_a_waiting_job_keeps_the_start_of_the_block_it_waits_for(queue: JobQueue
         "j-blocky": NOW + 7200.5,
         "j-free": None,
     }
+
+
+def test_an_array_is_queued_in_batches_and_a_repeated_delivery_counts_nothing_twice(
+    queue: JobQueue,
+) -> None:
+    children = [entry(f"j-c{i:03}", team="t" if i % 2 else "u", waited=-i) for i in range(60)]
+    before = queue.transactions()
+    queue.enqueue_all(children)
+    if isinstance(queue, DynamoJobQueue):
+        # Three items a child (its entry, the check it was not admitted, its locator) and one
+        # counter item per team and the global one: 32 children a transaction.
+        assert queue.transactions() - before == 2
+    assert waiting_by_class(queue.state())[Priority.NORMAL] == 60
+    assert [e.job.job_id for e in queue.stream("t", Priority.NORMAL)] == [
+        c.job.job_id for c in children if c.job.team == "t"
+    ]
+    # The same submission delivered again, after one child was admitted: each child waits or
+    # runs once, the admitted one handed to its new token.
+    first = children[0]
+    assert queue.admit(first, running(first), UNBOUNDED)
+    again = [QueueEntry(c.job, f"token-again-{c.job.job_id}", queued_at=NOW) for c in children]
+    queue.enqueue_all(again)
+    state = queue.state()
+    assert waiting_by_class(state)[Priority.NORMAL] == 59
+    [admitted] = state.running
+    assert (admitted.job.job_id, admitted.task_token) == (first.job.job_id, "token-again-j-c000")
+    assert {e.task_token for e in queue.waiting()} == {e.task_token for e in again[1:]}

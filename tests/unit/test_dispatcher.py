@@ -353,15 +353,18 @@ def test_an_admission_whose_notification_was_lost_is_sent_again() -> None:
     job_id = world.submit("a", "normal")
     token = world.enqueue(job_id)
     entry = next(world.ports.queue.stream("research", Priority.NORMAL))
+    admitted_at = world.clock.now()
     world.ports.queue.admit(
         entry,
-        RunningJob(job_id, "research", entry.job.priority, 4, 1, world.clock.now()),
+        RunningJob(job_id, "research", entry.job.priority, 4, 1, admitted_at),
         AdmissionLimits(8, 8, None),
     )
     # The dispatcher died here, before completing the task. The next pass does it.
+    world.clock.advance(30)
     world.dispatcher.run_pass()
-    # Told again without the times: the launch then notes no wait rather than a wrong one.
-    assert world.workflow.completed[token] == {"admitted": True}
+    # Told again with when it was admitted (the queue keeps it), not when it was told; its
+    # wait is not known then: the launch notes none rather than a wrong one.
+    assert world.workflow.completed[token] == {"admitted": True, "admitted_at": admitted_at}
     # Until its launch says so, a pass cannot know the workflow heard: it tells it again, and
     # that keeps the job's share.
     world.dispatcher.run_pass()
@@ -369,7 +372,8 @@ def test_an_admission_whose_notification_was_lost_is_sent_again() -> None:
     assert held.job.job_id == job_id and not held.notified
     world.start(job_id)
     assert world.ports.queue.state().running[0].notified
-    assert world.ports.jobs.get(job_id).first_admitted_at is None
+    job = world.ports.jobs.get(job_id)
+    assert (job.first_admitted_at, job.waited_seconds) == (admitted_at, 0.0)
 
 
 def test_resize_a_waiting_job_and_a_running_one() -> None:

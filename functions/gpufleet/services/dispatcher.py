@@ -309,10 +309,12 @@ class DispatcherService:
         return stopped
 
     def _notify_admitted(self, running: list[RunningEntry]) -> None:
-        """An admission whose workflow was never told (the dispatcher died in between)."""
+        """An admission whose workflow was never told (the dispatcher died in between, or the
+        telling failed): told again, with when it was admitted (its wait is not known then)."""
         for entry in running:
             if not entry.notified:
-                self._tell_admitted(entry.job.job_id, entry.task_token, {})
+                admitted = {"admitted_at": entry.job.admitted_at}
+                self._tell_admitted(entry.job.job_id, entry.task_token, admitted)
 
     def _tell_admitted(self, job_id: str, token: str, admission: dict[str, float]) -> None:
         if token == NO_WORKFLOW_YET:

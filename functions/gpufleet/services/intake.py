@@ -291,8 +291,7 @@ class IntakeService:
             if self._ports.jobs.put_new(array):
                 detail = array.status_event(None)
                 self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
-        for entry in self._planner.array_entries(children, workflow_input):
-            self._ports.queue.enqueue(entry)
+        self._ports.queue.enqueue_all(self._planner.array_entries(children, workflow_input))
         detail = {"job_id": array.job_id, "team": spec.team, "priority": spec.priority.value}
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED, detail)
 

@@ -238,8 +238,8 @@ class LaunchSteps(LifecycleBase):
         if admitted_at is not None and queued_at is not None:
             waited = job.waited_seconds + max(0.0, admitted_at - queued_at)
             changes |= JobChanges(waited_seconds=waited)
-            if job.first_admitted_at is None:
-                changes |= JobChanges(first_admitted_at=admitted_at)
+        if admitted_at is not None and job.first_admitted_at is None:
+            changes |= JobChanges(first_admitted_at=admitted_at)
         return changes
 
     def _memory_may_hold(self, admission: Admission, tries: int) -> bool:

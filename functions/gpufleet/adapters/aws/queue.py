@@ -39,6 +39,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpufleet.adapters.admission_batches import (
+    TRANSACTION_BYTES,
+    TRANSACTION_ITEMS,
     BatchOutcome,
     admit_in_batches,
     check_transaction,
@@ -127,6 +129,16 @@ def _locator_item(entry_item: dict[str, dict[str, str]]) -> dict[str, dict[str, 
         "entry_pk": entry_item["pk"],
         "entry_sk": entry_item["sk"],
     }
+
+
+# A counter update of a batch of new waiting jobs weighs less than this, in bytes.
+_COUNTERS_BYTES = 1024
+
+
+def _waiting_counters(job: QueuedJob) -> tuple[tuple[str, str], ...]:
+    """The counters a waiting job counts in: its class's (global), and its team's, class's and
+    shape's (on the team's usage item), as (sk, counter)."""
+    return ((_GLOBAL, _waiting_counter(job.priority)), (_TEAM + job.team, _shape_counter(job)))
 
 
 def order_key(job: QueuedJob) -> str:
@@ -291,6 +303,58 @@ class DynamoJobQueue:
 
     def enqueue(self, entry: QueueEntry) -> bool:
         # A requeued job keeps its submission time, so its key (and place) are the same.
+        own = self._waits(entry)
+        items = [*own, *self._count_waiting(entry.job, +1)]
+        try:
+            self._transact(items)
+        except ConditionsFailed as cancelled:
+            still_queued = self._jobs_table is not None
+            if still_queued and cancelled.failed(len(own) - 1):
+                return False  # the job ended meanwhile
+            # A repeated step (its earlier attempt crashed after writing): the job waits
+            # already (the entry's condition failed) or was admitted (the running entry's): only
+            # the token changes.
+            if not self._hand_admission_to(entry):
+                self._write(self._client.put_item, TableName=self._table, Item=_entry_item(entry))
+        return True
+
+    def enqueue_all(self, entries: Sequence[QueueEntry]) -> None:
+        batch: list[QueueEntry] = []
+        items: list[dict[str, Any]] = []
+        size = 0
+        for entry in entries:
+            own = self._waits(entry)
+            own_size = len(json.dumps(own))
+            teams = {e.job.team for e in [*batch, entry]}
+            # The batch's own items, and its counters: the global one and one per team.
+            if batch and (
+                len(items) + len(own) + 1 + len(teams) > TRANSACTION_ITEMS
+                or size + own_size + _COUNTERS_BYTES * (1 + len(teams)) > TRANSACTION_BYTES
+            ):
+                self._enqueue_batch(batch, items)
+                batch, items, size = [], [], 0
+            batch.append(entry)
+            items += own
+            size += own_size
+        if batch:
+            self._enqueue_batch(batch, items)
+
+    def _enqueue_batch(self, batch: list[QueueEntry], own: list[dict[str, Any]]) -> None:
+        """New waiting jobs' items and their counters in one transaction. When one of them
+        waits, was admitted or ended already (a repeated delivery), nothing of the batch is
+        written: each then goes as `enqueue` decides."""
+        counted = Counter(key for entry in batch for key in _waiting_counters(entry.job))
+        items = [*own, *self._count_all(counted)]
+        check_transaction([_item_key(item) for item in items], len(json.dumps(items)))
+        try:
+            self._transact(items)
+        except ConditionsFailed:
+            for entry in batch:
+                self.enqueue(entry)
+
+    def _waits(self, entry: QueueEntry) -> list[dict[str, Any]]:
+        """A new waiting job's own items of `enqueue`'s transaction: its entry (new), the check
+        that it was not admitted, its locator and the check that it is still QUEUED."""
         item = _entry_item(entry)
         put = {
             "TableName": self._table,
@@ -305,20 +369,7 @@ class DynamoJobQueue:
             }
         }
         locator = {"Put": {"TableName": self._table, "Item": _locator_item(item)}}
-        counts = self._count_waiting(entry.job, +1)
-        still_queued = self._still_queued(entry.job.job_id)
-        items = [{"Put": put}, not_admitted, *counts, locator, *still_queued]
-        try:
-            self._transact(items)
-        except ConditionsFailed as cancelled:
-            if still_queued and cancelled.failed(len(items) - 1):
-                return False  # the job ended meanwhile
-            # A repeated step (its earlier attempt crashed after writing): the job waits
-            # already (the entry's condition failed) or was admitted (the running entry's): only
-            # the token changes.
-            if not self._hand_admission_to(entry):
-                self._write(self._client.put_item, TableName=self._table, Item=item)
-        return True
+        return [{"Put": put}, not_admitted, locator, *self._still_queued(entry.job.job_id)]
 
     def _hand_admission_to(self, entry: QueueEntry) -> bool:
         """The job was admitted under the token of an attempt that crashed, whose workflow no
@@ -354,21 +405,28 @@ class DynamoJobQueue:
     def _count_waiting(self, job: QueuedJob, change: int) -> list[dict[str, Any]]:
         """The counters of waiting jobs: of its class (global), and of its team, class and
         shape (on the team's usage item)."""
-        return [
-            {
-                "Update": {
+        return self._count_all(Counter(dict.fromkeys(_waiting_counters(job), change)))
+
+    def _count_all(self, changes: Counter[tuple[str, str]]) -> list[dict[str, Any]]:
+        """One update per counter item (sk) of `changes` ((sk, counter) -> change), adding
+        each change to its counter."""
+        updates: dict[str, dict[str, Any]] = {}
+        for index, ((sk, counter), change) in enumerate(sorted(changes.items())):
+            update = updates.setdefault(
+                sk,
+                {
                     "TableName": self._table,
                     "Key": {"pk": _s(_STATE), "sk": _s(sk)},
-                    "UpdateExpression": "ADD #waiting :change",
-                    "ExpressionAttributeNames": {"#waiting": counter},
-                    "ExpressionAttributeValues": {":change": _n(change)},
-                }
-            }
-            for sk, counter in (
-                (_GLOBAL, _waiting_counter(job.priority)),
-                (_TEAM + job.team, _shape_counter(job)),
+                    "UpdateExpression": "ADD ",
+                    "ExpressionAttributeNames": {},
+                    "ExpressionAttributeValues": {},
+                },
             )
-        ]
+            separator = ", " if update["ExpressionAttributeNames"] else ""
+            update["UpdateExpression"] += f"{separator}#c{index} :c{index}"
+            update["ExpressionAttributeNames"][f"#c{index}"] = counter
+            update["ExpressionAttributeValues"][f":c{index}"] = _n(change)
+        return [{"Update": update} for update in updates.values()]
 
     def state(self) -> QueueState:
         running: list[RunningEntry] = []

@@ -457,6 +457,10 @@ class InMemoryJobQueue:
             self._waiting[entry.job.job_id] = entry
             return True
 
+    def enqueue_all(self, entries: Sequence[QueueEntry]) -> None:
+        for entry in entries:
+            self.enqueue(entry)
+
     def waiting(self) -> list[QueueEntry]:
         with self._lock:
             self._read += len(self._waiting)
