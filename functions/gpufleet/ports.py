@@ -372,7 +372,8 @@ def latest_run(job_id: str, run_named: Callable[[str], WorkflowRun | None]) -> W
 class Workflow(Protocol):
     def start(self, job_id: str, state: Mapping[str, Any], continuation: int = 0) -> None:
         """Start the job's lifecycle from `state` (its `continuation`th execution, when one
-        ran out of history: `domain/history.py`); starting the same one again is a no-op."""
+        ran out of history: `domain/history.py`); starting the same one again is a no-op.
+        Raises `TransientError` when Step Functions throttles the start (nothing started)."""
         ...
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:

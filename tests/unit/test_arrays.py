@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -29,8 +31,10 @@ from gpufleet.domain.spec import (
     parse_spec,
     spec_from_mapping,
 )
+from gpufleet.errors import TransientError
 from gpufleet.ports import NO_WORKFLOW_YET
-from tests.helpers import intake_for, local_ports, sent_as
+from gpufleet.services.factory import build_dispatcher, build_lifecycle
+from tests.helpers import intake_for, local_ports, make_settings, sent_as
 
 S, F, C, R, Q = (
     JobStatus.SUCCEEDED,
@@ -294,3 +298,32 @@ def test_the_schema_offers_the_new_fields_with_their_limits() -> None:
     assert {"array", "sweep", "depends_on"} <= schema["properties"].keys()
     assert schema["properties"]["depends_on"]["maxItems"] == 20
     assert schema["$defs"]["ArraySize"]["properties"]["size"]["maximum"] == MAX_ARRAY_SIZE
+
+
+class ThrottlingWorkflow(RecordingWorkflow):
+    """Step Functions' StartExecution past its token bucket: `allowed` starts, then throttled."""
+
+    allowed: int = 2
+
+    def start(self, job_id: str, state: Mapping[str, Any], continuation: int = 0) -> None:
+        if self.allowed == 0:
+            raise TransientError("StartExecution was throttled")
+        self.allowed -= 1
+        super().start(job_id, state, continuation)
+
+
+def test_a_pass_whose_starts_are_throttled_leaves_the_rest_to_the_next_pass() -> None:
+    ports = replace(local_ports(), workflow=ThrottlingWorkflow())
+    workflow = cast(ThrottlingWorkflow, ports.workflow)
+    spec = job(resources={"gpus": 0, "vcpus": 2}, array={"size": 5})
+    intake_for(ports).submit_document(spec, "delivery-1", "event:1", sent_as("vision"))
+    dispatcher = build_dispatcher(ports, make_settings(), build_lifecycle(ports, make_settings()))
+    admitted_at = ports.clock.now()
+    first = dispatcher.run_pass()  # admits all five; Step Functions takes two starts
+    assert len(first.admitted) == 5 and len(workflow.started) == 2
+    assert sum(not r.notified for r in ports.queue.state().running) == 5
+    workflow.allowed = 10  # the bucket refilled
+    dispatcher.run_pass()
+    assert sorted(workflow.started) == sorted(first.admitted)  # each started once
+    admissions = [state["admission"] for state in workflow.inputs.values()]
+    assert all(a["admitted"] and a["admitted_at"] == admitted_at for a in admissions)

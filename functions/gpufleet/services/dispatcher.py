@@ -41,6 +41,7 @@ from gpufleet.domain.queueing import (
 )
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
 from gpufleet.domain.spec import Dependency
+from gpufleet.errors import TransientError
 from gpufleet.ports import (
     NO_WORKFLOW_YET,
     AdmissionRequest,
@@ -85,6 +86,8 @@ class DispatcherService:
         self._ports = ports
         self._lifecycle = lifecycle
         self._policy = policy
+        # Whether Step Functions throttled a start of an admitted child during this pass.
+        self._starts_throttled = False
 
     def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> bool:
         """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
@@ -126,6 +129,7 @@ class DispatcherService:
         now = ports.clock.now()
         read_before = ports.queue.items_read()
         result = PassResult()
+        self._starts_throttled = False
         state = ports.queue.state()
         running, bookings = state.running, state.bookings
         result.state = state
@@ -319,7 +323,13 @@ class DispatcherService:
     def _tell_admitted(self, job_id: str, token: str, admission: dict[str, float]) -> None:
         if token == NO_WORKFLOW_YET:
             # A child of an array: its workflow starts with its admission (docs/arrays.md).
-            self._lifecycle.start_admitted(job_id, admission)
+            # Once Step Functions throttles this pass's starts, the rest wait for the next
+            # pass, which tells every admission not yet told (`_notify_admitted`).
+            if not self._starts_throttled:
+                try:
+                    self._lifecycle.start_admitted(job_id, admission)
+                except TransientError:
+                    self._starts_throttled = True
             return
         if self._ports.workflow.complete_task(token, {"admitted": True, **admission}):
             return  # its launch marks it notified, in the write it makes anyway

@@ -9,6 +9,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from gpufleet.domain.history import execution_name, job_of_execution
+from gpufleet.errors import TransientError
 from gpufleet.ports import WorkflowRun, latest_run
 from gpufleet.topology import execution_arn
 
@@ -33,7 +34,10 @@ class StepFunctionsWorkflow:
                 input=json.dumps(state),
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "ThrottlingException":  # past the SDK's retries
+                raise TransientError(f"StartExecution was throttled: {exc}") from exc
+            if code != "ExecutionAlreadyExists":
                 raise
 
     def complete_task(self, token: str, output: Mapping[str, Any]) -> bool:
