@@ -79,6 +79,13 @@ def test_a_family_that_used_a_third_of_its_gpu_memory_is_sized_down_with_the_sav
     assert advice.saving_usd == pytest.approx(10 * (5.672 - 3.912), abs=0.01)
 
 
+def test_a_family_on_spot_saves_in_proportion_to_what_it_paid_never_more() -> None:
+    spot = job(hourly=1.9)  # the spot price it paid, a third of on-demand
+    [advice] = right_size([ReviewedJob(spot, used(8000.0))], load_bundled(), REGION)
+    assert advice.saving_usd == pytest.approx(10 * 1.9 * (1 - 3.912 / 5.672), abs=0.01)
+    assert advice.saving_usd < 10 * 1.9
+
+
 def test_a_family_whose_peaks_need_its_type_is_left_alone() -> None:
     assert right_size([ReviewedJob(job(), used(23000.0))], load_bundled(), REGION) == []
     assert right_size([ReviewedJob(job(), ())], load_bundled(), REGION) == []  # no usage: no word

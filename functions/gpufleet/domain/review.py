@@ -7,7 +7,9 @@ caller fetched, and prices in dollars at the catalog's on-demand prices.
   GPU, host memory, host CPU; plus `HEADROOM`) would fit the cheapest on-demand offering that
   selection deems feasible and the deployment boots (`selection.is_feasible`, `boot.boots`: the
   planners' own rules) at a lower price
-  than the type it ran on; the saving is the family's node-hours times the price difference.
+  than the type it ran on. The saving is what the family paid for its node-hours times the
+  share the cheaper type's on-demand price is below its own: a family that ran on spot saves
+  in proportion to its spot bill, never more than it spent.
 - **Waste**: GPU-hours held while idle (the share of GPU samples below
   `IDLE_UTILIZATION_PERCENT`, times the run's GPU-hours), held after the work ended (each node's
   `finished` mark to the job's release), and lost to interruptions and preemptions: a job
@@ -246,6 +248,10 @@ def right_size(
             continue
         best_price, best_type = best
         node_hours = sum(_held_hours(i.job) for i in items)
+        # At the price each run paid (spot or on-demand), less the share the type saves.
+        paid = sum(
+            _held_hours(i.job) * i.job.placement.hourly_usd for i in items if i.job.placement
+        )
         found.append(
             RightSize(
                 team=team,
@@ -256,7 +262,7 @@ def right_size(
                 suggested_type=best_type.name,
                 suggested_hourly_usd=best_price,
                 node_hours=round(node_hours, 3),
-                saving_usd=round(node_hours * (current_price - best_price), 2),
+                saving_usd=round(paid * (1 - best_price / current_price), 2),
                 gpu_mem_peak_mib=usage.gpu_mem_mib.peak,
                 why=(
                     f"peak GPU memory {usage.gpu_mem_mib.peak / 1024:.1f} GiB of "
