@@ -24,6 +24,7 @@ meanwhile, never faster than real time), and the timestamps AWS and the control 
 
 from __future__ import annotations
 
+import gc
 import logging
 import selectors
 import subprocess
@@ -145,7 +146,7 @@ class PacedClock:
     def _working(self) -> list[str]:
         """The threads that keep time still: woken from a wait on this clock and not yet back,
         or watched and neither waiting on it nor blocked in `threading`."""
-        frames = sys._current_frames()
+        frames = _current_frames()
         working = []
         for thread in threading.enumerate():
             ident = thread.ident
@@ -161,6 +162,22 @@ class PacedClock:
             if frame is None or not _waits_outside_the_account(frame):
                 working.append(thread.name)
         return working
+
+
+def _current_frames() -> dict[int, FrameType]:
+    """`sys._current_frames()` with the garbage collector held off. CPython 3.11 holds its
+    runtime lock while it builds the frames, and a collection that an allocation starts
+    meanwhile may free objects (here a `Popen`, its finalizer waiting) whose release needs that
+    lock or the GIL another thread holds while it waits for that lock: the process hangs
+    (https://github.com/python/cpython/issues/106883, the fix its maintainers suggested, not
+    backported to 3.11; a demo test hung so here)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _waits_outside_the_account(frame: FrameType) -> bool:
