@@ -127,6 +127,10 @@ def test_the_document_round_trips_compactly_in_whole_numbers() -> None:
         json.dumps({**json.loads(usage().to_json()), "cpu": [1]}).encode(),  # ragged columns
         json.dumps({**json.loads(usage().to_json()), "t0": "soon"}).encode(),
         json.dumps({**json.loads(usage().to_json()), "t": [0, 60, True]}).encode(),
+        usage().to_json().replace(b'"t":[0,', b'"t":[1e400,'),  # a time past a float's range
+        json.dumps({**json.loads(usage().to_json()), "gpu_util": [[1], 5, [2]]}).encode(),
+        json.dumps({**json.loads(usage().to_json()), "gpu_mem": [[1], ["x"], [2]]}).encode(),
+        json.dumps({**json.loads(usage().to_json()), "cpu": [1, False, 2]}).encode(),
     ],
 )
 def test_a_document_of_another_layout_is_refused_clearly(raw: bytes) -> None:

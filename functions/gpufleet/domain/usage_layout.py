@@ -23,6 +23,7 @@ any length stays a few hundred kilobytes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -119,22 +120,28 @@ class NodeUsage:
             if not isinstance(document, dict) or document.get("v") != LAYOUT_VERSION:
                 raise UsageLayoutError(f"not a usage document of layout {LAYOUT_VERSION}")
             t0 = _number(document["t0"])
-            offsets = [_number(v) for v in document["t"]]
+            offsets = _numbers(document["t"])
             columns = [document[name] for name in ("gpu_util", "gpu_mem", "cpu", "mem")]
             if any(not isinstance(c, list) or len(c) != len(offsets) for c in columns):
                 raise UsageLayoutError("the usage columns differ in length")
             util, mem, cpu, host = columns
+            _check_rows(util)
+            _check_rows(mem)
             _check_optional(cpu)
             _check_optional(host)
+            # Each column checked whole above (a review reads millions of samples): the rows
+            # are built without checking each value again.
             samples = tuple(
                 Sample(
-                    t=t0 + offsets[i],
-                    gpu_util=_optional_row(util[i]),
-                    gpu_mem_mib=_optional_row(mem[i]),
-                    cpu_percent=cpu[i],
-                    mem_mib=host[i],
+                    t=t0 + offset,
+                    gpu_util=tuple(gpu_util),
+                    gpu_mem_mib=tuple(gpu_mem),
+                    cpu_percent=cpu_percent,
+                    mem_mib=mem_mib,
                 )
-                for i in range(len(offsets))
+                for offset, gpu_util, gpu_mem, cpu_percent, mem_mib in zip(
+                    offsets, util, mem, cpu, host, strict=True
+                )
             )
             events = tuple((t0 + _number(t), str(name)) for t, name in document["events"])
             return cls(
@@ -265,21 +272,35 @@ def _optional(value: object) -> float | None:
 
 # What a column of a document read with `_not_finite` may hold (bool is not int here).
 _OPTIONAL_NUMBER = frozenset({int, float, type(None)})
+_NUMBER = frozenset({int, float})
 
 
 def _not_finite(name: str) -> float:
     raise UsageLayoutError(f"{name} is not finite")
 
 
-def _check_optional(values: list[object]) -> None:
-    """Every value a number or null; one check per value, for the thousands a document holds."""
-    if not all(type(v) in _OPTIONAL_NUMBER for v in values):
+def _check_optional(values: Iterable[object]) -> None:
+    """Every value a number or null: the set of their types, built in C, for the thousands a
+    document holds."""
+    values = list(values)
+    if not set(map(type, values)) <= _OPTIONAL_NUMBER:
         bad = next(v for v in values if type(v) not in _OPTIONAL_NUMBER)
         raise UsageLayoutError(f"{bad!r} is not a number")
 
 
-def _optional_row(values: object) -> tuple[float | None, ...]:
-    if not isinstance(values, list):
+def _check_rows(rows: list[list[object]]) -> None:
+    """Every row a list of numbers or nulls (a sample's value per GPU)."""
+    if not all(type(row) is list for row in rows):
+        bad = next(row for row in rows if type(row) is not list)
+        raise UsageLayoutError(f"{bad!r} is not a list of numbers")
+    _check_optional(itertools.chain.from_iterable(rows))
+
+
+def _numbers(values: object) -> list[float]:
+    """A list of finite numbers, as floats."""
+    if not isinstance(values, list) or not set(map(type, values)) <= _NUMBER:
         raise UsageLayoutError(f"{values!r} is not a list of numbers")
-    _check_optional(values)
-    return tuple(values)
+    numbers = list(map(float, values))
+    if not all(map(math.isfinite, numbers)):
+        raise UsageLayoutError("a time is not finite")
+    return numbers
