@@ -28,6 +28,9 @@ from gpufleet.cli.usage_page import write_report
 from gpufleet.domain.boot import STOCK_TARGETS
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.review import ReviewedJob
+from gpufleet.sim.report import PLOTS
+from tests.simulation.test_simulator import DATA_FREE, synthetic_jobs, write_philly_csv
+from tests.simulation.test_simulator import cli as simulate_cli
 from tests.unit.test_review import job as reviewed_job
 from tests.unit.test_review import used
 from tests.unit.test_usage_page import HOSTILE, T0, job, node
@@ -156,3 +159,15 @@ def test_the_review_page_loads_without_console_errors(served: tuple[str, Path]) 
     (root / "review").mkdir(exist_ok=True)
     (root / "review" / "index.html").write_text(render_page(document))
     assert check_page(base, root, "review/index.html") == {"images": 0, "broken": []}
+
+
+def test_the_simulators_report_loads_without_console_errors_and_shows_every_plot(
+    served: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpufleet simulate --report DIR`, as a user runs it, on a small synthetic trace."""
+    base, root = served
+    trace = write_philly_csv(tmp_path / "philly.csv", synthetic_jobs())
+    argv = ["--trace", str(trace), "--format", "philly", "--report", str(root / "simulate")]
+    assert simulate_cli([*argv, *DATA_FREE, "--compare", "fifo-spot"]) == 0
+    capsys.readouterr()
+    assert check_page(base, root, "simulate/index.html") == {"images": len(PLOTS), "broken": []}
