@@ -290,6 +290,11 @@ def test_review_reads_the_records_and_the_usage_the_nodes_kept(
     document = json.loads(printed)
     assert document["jobs"] >= 1 and document["with_usage"] >= 1
     assert {"right_size", "waste", "commitments", "capacity_blocks"} <= set(document)
+    # What the node published: its GPU at 90 % (never idle), 8,000 MiB used of a type already
+    # the cheapest that holds it with headroom: no idle GPU-hours, no type to move to (how long
+    # its release took after the finish depends on the machine's load: not asserted).
+    assert [w for w in document["waste"] if w["idle_gpu_hours"] > 0] == []
+    assert document["right_size"] == []
     assert "<h2>Right-size</h2>" in (out / "index.html").read_text()
     code, _, err = cli("review", "--since", "soon")
     assert code == 2 and "--since" in err
