@@ -75,6 +75,11 @@ class JobStore(Protocol):
         """The job, or raise JobNotFound."""
         ...
 
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """The status of each of the jobs that exist (DynamoDB's BatchGetItem: 100 a call):
+        an array's children, for its progress and its dependants."""
+        ...
+
     def transition(
         self,
         job_id: str,

@@ -165,8 +165,9 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     # Enqueue's writes check that the job is still QUEUED; admitting a job as it arrives
     # totals the month's spend of teams with budgets, as a pass does.
     topology.ENQUEUE.construct_id: frozenset({"ConditionCheckItem", "Query"}),
-    # Team budgets total the month's jobs of each team.
-    topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
+    # Team budgets total the month's jobs of each team; a dependency on an array reads its
+    # children's statuses in batches (BatchGetItem).
+    topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query", "BatchGetItem"}),
     topology.REQUEUE.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
     topology.LAUNCH.construct_id: frozenset({"GetItem", "UpdateItem", _PLANS}),
     # Lists the running jobs and records their alarms' state; an elastic resize is judged by

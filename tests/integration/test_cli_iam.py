@@ -188,9 +188,9 @@ class Persona:
         self.calls += [c for c in recorder.calls[start:] if c.function is None]
         return code, _document(out.getvalue())
 
-    def spec(self, name: str, team: str) -> str:
+    def spec(self, name: str, team: str, extra: str = "") -> str:
         path = self.workdir / f"{name}.yaml"
-        path.write_text(SPEC.format(name=name, team=team))
+        path.write_text(SPEC.format(name=name, team=team) + extra)
         return str(path)
 
     def requests(self) -> set[Request]:
@@ -273,6 +273,10 @@ def operator(account: Account, tmp_path_factory: pytest.TempPathFactory) -> Pers
     assert run("resize", running, "--gpus", "2")[0] == 0  # a running job checkpoints
     assert run("cancel", running)[0] == 0
     assert run("list")[0] == 0
+    # An array's progress: its children's statuses, read in batches.
+    array = run("submit", run.spec("shards", "parked", "array: {size: 3}\n"))[1]["job_id"]
+    assert run("list", "--array", array)[0] == 0
+    assert run("cancel", array)[0] == 0
     assert run("logs", running)[0] == 0
     assert run("cost")[0] == 0
     assert run("review", "--team", "vision")[0] == 0

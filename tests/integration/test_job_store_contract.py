@@ -326,3 +326,15 @@ def test_a_move_that_meets_a_transaction_on_the_job_is_tried_again(account: Acco
     assert failed == ["UpdateItem"] and len(waits) == 1  # the first met the transaction
     assert moved.status is JobStatus.QUEUED and updated.attempts == 1
     assert store.get(job.job_id).version == 2
+
+
+def test_statuses_of_many_jobs_are_read_in_batches_and_a_missing_one_is_left_out(
+    store: JobStore,
+) -> None:
+    jobs = [new_job() for _ in range(250)]  # three BatchGetItem calls of at most 100 keys
+    store.put_many(jobs)
+    queued = jobs[7].job_id
+    store.transition(queued, JobStatus.QUEUED, 200.0)
+    found = store.statuses([*(j.job_id for j in jobs), "j-00000000000000000000"])
+    assert len(found) == 250 and found[queued] is JobStatus.QUEUED
+    assert {status for job_id, status in found.items() if job_id != queued} == {JobStatus.SUBMITTED}

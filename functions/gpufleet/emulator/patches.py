@@ -400,15 +400,19 @@ def _naming_params(params: dict[str, Any]) -> dict[str, Any]:
             }
             for item in params["TransactItems"]
         ]
-    if "RequestItems" in params:  # BatchWriteItem: IAM judges each item's table and key
+    if "RequestItems" in params:  # BatchWriteItem, BatchGetItem: IAM judges each item's key
         kept["RequestItems"] = {
-            table: [
-                {
-                    kind: {name: request[name] for name in ("Key", "Item") if name in request}
-                    for kind, request in entry.items()
-                }
-                for entry in entries
-            ]
+            table: (
+                {"Keys": entries["Keys"]}  # BatchGetItem's
+                if isinstance(entries, dict)
+                else [
+                    {
+                        kind: {name: request[name] for name in ("Key", "Item") if name in request}
+                        for kind, request in entry.items()
+                    }
+                    for entry in entries
+                ]
+            )
             for table, entries in params["RequestItems"].items()
         }
     if "Entries" in params:  # PutEvents: IAM judges each entry's bus and source

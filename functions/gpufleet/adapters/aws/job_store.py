@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Union, get_args, get_origin
 
-from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, batch_put, write
+from gpufleet.adapters.aws.transactions import BACKOFF, Backoff, batch_get, batch_put, write
 from gpufleet.domain.job import (
     ALLOWED_SOURCES,
     IllegalTransition,
@@ -139,6 +139,11 @@ class DynamoJobStore:
         if "Item" not in response:
             raise JobNotFound(job_id)
         return item_to_job(response["Item"])
+
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        keys = [{"job_id": {"S": job_id}} for job_id in job_ids]
+        items = batch_get(self._client, self._table, keys, ("job_id", "status"), self._backoff)
+        return {item["job_id"]["S"]: JobStatus(item["status"]["S"]) for item in items}
 
     def transition(
         self,

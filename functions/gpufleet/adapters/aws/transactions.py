@@ -238,6 +238,8 @@ def write(
 
 # BatchWriteItem takes at most this many requests a call (and refuses two of one key).
 MAX_BATCH_WRITE = 25
+# BatchGetItem: at most 100 keys a call (and 16 MB of items; the attributes read here are few).
+MAX_BATCH_GET = 100
 
 
 def batch_put(
@@ -266,3 +268,45 @@ def batch_put(
             raise WriteContended(
                 f"{len(pending)} items stayed unprocessed over {backoff.tries} tries"
             )
+
+
+class ReadContended(TransientError):
+    """A batch read still had keys DynamoDB left unprocessed (throughput) after every try."""
+
+
+def batch_get(
+    client: Any,
+    table: str,
+    keys: Sequence[Mapping[str, Any]],
+    attributes: Sequence[str],
+    backoff: Backoff = BACKOFF,
+) -> list[dict[str, Any]]:
+    """The items of `keys` that exist (only `attributes`, read consistently), 100 keys a call.
+    What a call leaves in `UnprocessedKeys`, or a call throttled whole, is asked again after
+    `backoff`'s wait; raise `ReadContended` when some is still unread after `backoff.tries`."""
+    names = {f"#a{i}": name for i, name in enumerate(attributes)}
+    found: list[dict[str, Any]] = []
+    for start in range(0, len(keys), MAX_BATCH_GET):
+        request: dict[str, Any] = {
+            "Keys": list(keys[start : start + MAX_BATCH_GET]),
+            "ConsistentRead": True,
+            "ProjectionExpression": ", ".join(names),
+            "ExpressionAttributeNames": names,
+        }
+        for retry in range(backoff.tries):
+            if retry:
+                backoff.wait(retry - 1)
+            try:
+                response = client.batch_get_item(RequestItems={table: request})
+            except ClientError as exc:
+                if _error_code(exc) not in _THROTTLED_CODES:
+                    raise
+                continue
+            found += response.get("Responses", {}).get(table, [])
+            unprocessed = response.get("UnprocessedKeys", {}).get(table)
+            if not unprocessed:
+                break
+            request = unprocessed
+        else:
+            raise ReadContended(f"{len(request['Keys'])} keys stayed unprocessed")
+    return found

@@ -88,6 +88,10 @@ class InMemoryJobStore:
                 raise JobNotFound(job_id)
             return self._jobs[job_id]
 
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        with self._lock:
+            return {i: self._jobs[i].status for i in job_ids if i in self._jobs}
+
     def transition(
         self,
         job_id: str,
