@@ -335,6 +335,6 @@ def test_statuses_of_many_jobs_are_read_in_batches_and_a_missing_one_is_left_out
     store.put_many(jobs)
     queued = jobs[7].job_id
     store.transition(queued, JobStatus.QUEUED, 200.0)
-    found = store.statuses([*(j.job_id for j in jobs), "j-00000000000000000000"])
+    found = store.statuses([*(j.job_id for j in jobs), "j-" + "f" * 20])  # no such job
     assert len(found) == 250 and found[queued] is JobStatus.QUEUED
     assert {status for job_id, status in found.items() if job_id != queued} == {JobStatus.SUBMITTED}

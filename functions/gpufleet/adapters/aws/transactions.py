@@ -242,6 +242,29 @@ MAX_BATCH_WRITE = 25
 MAX_BATCH_GET = 100
 
 
+def _until_processed(
+    send: Callable[[Any], Any],
+    pending: Any,
+    backoff: Backoff,
+    unfinished: Callable[[Any], TransientError],
+) -> None:
+    """Call `send` with what is `pending` (it answers what the call left unprocessed, falsy
+    when nothing), again after `backoff`'s wait while something is left or the call was
+    throttled whole; raise `unfinished(what is left)` after `backoff.tries` tries."""
+    for retry in range(backoff.tries):
+        if retry:
+            backoff.wait(retry - 1)
+        try:
+            pending = send(pending)
+        except ClientError as exc:
+            if _error_code(exc) not in _THROTTLED_CODES:
+                raise
+            continue
+        if not pending:
+            return
+    raise unfinished(pending)
+
+
 def batch_put(
     client: Any, table: str, items: Sequence[Mapping[str, Any]], backoff: Backoff = BACKOFF
 ) -> None:
@@ -249,25 +272,22 @@ def batch_put(
     call leaves in `UnprocessedItems` (throughput), or a call throttled whole, is sent again
     after `backoff`'s wait; raise `WriteContended` when some is still unwritten after
     `backoff.tries` tries of one call (what was written stays: each put is idempotent)."""
+
+    def send(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        response = client.batch_write_item(RequestItems={table: pending})
+        left: list[dict[str, Any]] = response.get("UnprocessedItems", {}).get(table, [])
+        return left
+
     for start in range(0, len(items), MAX_BATCH_WRITE):
-        batch = items[start : start + MAX_BATCH_WRITE]
-        pending = [{"PutRequest": {"Item": item}} for item in batch]
-        for retry in range(backoff.tries):
-            if retry:
-                backoff.wait(retry - 1)
-            try:
-                response = client.batch_write_item(RequestItems={table: pending})
-            except ClientError as exc:
-                if _error_code(exc) not in _THROTTLED_CODES:
-                    raise
-                continue
-            pending = response.get("UnprocessedItems", {}).get(table, [])
-            if not pending:
-                break
-        else:
-            raise WriteContended(
-                f"{len(pending)} items stayed unprocessed over {backoff.tries} tries"
-            )
+        batch = [{"PutRequest": {"Item": item}} for item in items[start : start + MAX_BATCH_WRITE]]
+        _until_processed(
+            send,
+            batch,
+            backoff,
+            lambda left: WriteContended(
+                f"{len(left)} items stayed unprocessed over {backoff.tries} tries"
+            ),
+        )
 
 
 class ReadContended(TransientError):
@@ -286,27 +306,26 @@ def batch_get(
     `backoff`'s wait; raise `ReadContended` when some is still unread after `backoff.tries`."""
     names = {f"#a{i}": name for i, name in enumerate(attributes)}
     found: list[dict[str, Any]] = []
+
+    def send(request: dict[str, Any]) -> dict[str, Any] | None:
+        response = client.batch_get_item(RequestItems={table: request})
+        found.extend(response.get("Responses", {}).get(table, []))
+        left: dict[str, Any] | None = response.get("UnprocessedKeys", {}).get(table)
+        return left
+
     for start in range(0, len(keys), MAX_BATCH_GET):
-        request: dict[str, Any] = {
+        request = {
             "Keys": list(keys[start : start + MAX_BATCH_GET]),
             "ConsistentRead": True,
             "ProjectionExpression": ", ".join(names),
             "ExpressionAttributeNames": names,
         }
-        for retry in range(backoff.tries):
-            if retry:
-                backoff.wait(retry - 1)
-            try:
-                response = client.batch_get_item(RequestItems={table: request})
-            except ClientError as exc:
-                if _error_code(exc) not in _THROTTLED_CODES:
-                    raise
-                continue
-            found += response.get("Responses", {}).get(table, [])
-            unprocessed = response.get("UnprocessedKeys", {}).get(table)
-            if not unprocessed:
-                break
-            request = unprocessed
-        else:
-            raise ReadContended(f"{len(request['Keys'])} keys stayed unprocessed")
+        _until_processed(
+            send,
+            request,
+            backoff,
+            lambda left: ReadContended(
+                f"{len(left['Keys'])} keys stayed unprocessed over {backoff.tries} tries"
+            ),
+        )
     return found
