@@ -4,7 +4,6 @@ any number of items, 25 a call."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
@@ -12,17 +11,7 @@ from botocore.exceptions import ClientError
 
 from gpufleet.adapters.aws.transactions import MAX_BATCH_WRITE, batch_put
 from gpufleet.emulator.account import Account
-
-
-def table(client: Any) -> str:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    client.create_table(
-        TableName=name,
-        BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-    )
-    return name
+from tests.integration.test_emulator_transactions import table
 
 
 def put(pk: str, **extra: Any) -> dict[str, Any]:
