@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import time
 import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -217,6 +218,10 @@ def embedded_account(
         os.environ.update(saved_env)
 
 
+# A just-started execution's thread gets its environment in far less than 50 x 0.05 s.
+_STOP_TRIES = 50
+
+
 def _stop_executions(account: Account) -> None:
     """Workflows still running (waiting for a task token, in a Wait state) run on moto's
     interpreter threads: stopped here, none outlives the account and calls AWS for real."""
@@ -226,7 +231,20 @@ def _stop_executions(account: Account) -> None:
             stateMachineArn=arn, statusFilter="RUNNING"
         ):
             for execution in page["executions"]:
-                sfn.stop_execution(executionArn=execution["executionArn"])
+                _stop_execution(sfn, execution["executionArn"])
+
+
+def _stop_execution(sfn: Any, arn: str) -> None:
+    """Stop one execution. moto (5.2) sets an execution's interpreter environment on the
+    execution's own thread once it runs: a stop that comes first raises AttributeError from
+    inside moto (`ExecutionWorker.stop`), so it is tried again once that thread is under way."""
+    for _ in range(_STOP_TRIES):
+        try:
+            sfn.stop_execution(executionArn=arn)
+            return
+        except AttributeError:
+            time.sleep(0.05)
+    sfn.stop_execution(executionArn=arn)
 
 
 def _forget_cold_starts() -> None:
