@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
 
@@ -22,6 +22,11 @@ from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import queued_job
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
+
+if TYPE_CHECKING:
+    from gpufleet.emulator.account import Account
+
+T = TypeVar("T")
 
 SPEC_YAML = b"""
 name: resnet
@@ -169,3 +174,16 @@ def everything_stored(account: Any, job_id: str) -> str:
         texts.append(json.dumps(events))
     assert any(job_id in text for text in texts)  # the search does look where the job is
     return "\n".join(texts)
+
+
+def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
+    """What `look` first finds on the embedded account, with admission passes run meanwhile
+    (what the one-minute schedule does in AWS)."""
+    deadline = time.monotonic() + 90  # generous: CI machines can be slow
+    while time.monotonic() < deadline:
+        found = look()
+        if found is not None:
+            return found
+        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never happened")

@@ -167,15 +167,21 @@ def test_a_job_asked_for_twice_in_a_pass_is_admitted_once(queue: JobQueue) -> No
     assert queue.state().gpus_held == 1
 
 
-def test_an_admitted_nominee_is_one_no_more_and_its_job_can_wait_again_after_release(
-    queue: JobQueue,
-) -> None:
+def admitted_preemptor(queue: JobQueue) -> QueueEntry:
+    """j-high, admitted in a batch after it preempted j-victim (still running, draining)."""
     victim, preemptor = entry("j-victim", Priority.LOW), entry("j-high", Priority.HIGH)
     queue.enqueue(victim)
     assert queue.admit(victim, running(victim), UNBOUNDED)
     queue.enqueue(preemptor)
     assert queue.preempt("j-victim", preemptor.job)
     assert queue.admit_all(requests_for([preemptor])) == ["j-high"]
+    return preemptor
+
+
+def test_an_admitted_nominee_is_one_no_more_and_its_job_can_wait_again_after_release(
+    queue: JobQueue,
+) -> None:
+    preemptor = admitted_preemptor(queue)
     assert queue.state().nominees == [] and queue.remove("j-high") is None  # it runs
     assert queue.release("j-high")
     queue.enqueue(preemptor)  # requeued: it waits again, and can be taken out by id
@@ -202,12 +208,7 @@ def test_a_released_job_leaves_nothing_of_its_wait_behind(account: Account) -> N
     client = account.client("dynamodb")
     client.create_table(**table_definition(QUEUE_TABLE, "queue-left-behind"))
     queue = DynamoJobQueue(client, "queue-left-behind")
-    victim, preemptor = entry("j-victim", Priority.LOW), entry("j-high", Priority.HIGH)
-    queue.enqueue(victim)
-    assert queue.admit(victim, running(victim), UNBOUNDED)
-    queue.enqueue(preemptor)
-    assert queue.preempt("j-victim", preemptor.job)
-    assert queue.admit_all(requests_for([preemptor])) == ["j-high"]
+    admitted_preemptor(queue)
     assert queue.release("j-high") and queue.release("j-victim")
     left = {
         (item["pk"]["S"], item["sk"]["S"].split("#")[0])

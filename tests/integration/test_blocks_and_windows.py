@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -28,9 +28,8 @@ from gpufleet.emulator.clock import paced_clock
 from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.topology import INTAKE_PREFIX, JOBS_TABLE, RECONCILE, RECONCILE_PERIOD_SECONDS
-from tests.helpers import stop_running_executions
+from tests.helpers import stop_running_executions, with_passes
 
-T = TypeVar("T")
 GRACE_SECONDS = 10
 LEAD = drain_lead_seconds(RECONCILE_PERIOD_SECONDS, GRACE_SECONDS)
 # A run on the short block has about a minute before its drain: enough for a 10 s job.
@@ -132,18 +131,6 @@ def submit(
 def job_named(account: Account, name: str) -> Job | None:
     store = DynamoJobStore(account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id])
     return next((job for job in store.list_jobs() if job.spec.name == name), None)
-
-
-def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
-    """What `look` first finds, with admission passes run meanwhile (the schedule's)."""
-    deadline = time.monotonic() + 90  # generous: CI machines can be slow
-    while time.monotonic() < deadline:
-        found = look()
-        if found is not None:
-            return found
-        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
-        time.sleep(0.2)
-    raise AssertionError(f"{what} never happened")
 
 
 def placed(account: Account, name: str, status: JobStatus = JobStatus.RUNNING) -> Job:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -26,9 +26,8 @@ from gpufleet.topology import (
     JOBS_TABLE,
     NODE_REPORT,
 )
-from tests.helpers import stop_running_executions
+from tests.helpers import stop_running_executions, with_passes
 
-T = TypeVar("T")
 CONFIG = FleetConfig(
     queue=QueuePolicy(
         max_gpus=16, max_instances=8, reserve_share=0.0, teams={"vision": TeamQuota(gpus=4)}
@@ -67,19 +66,6 @@ def submit(account: Account, name: str, team: str = "vision", gpus: int = 4) -> 
     account.client("s3").put_object(
         Bucket=account.bucket, Key=f"jobs/{team}/{name}.yaml", Body=body
     )
-
-
-def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
-    """What `look` first finds, with admission passes run meanwhile (what the one-minute
-    schedule does in AWS)."""
-    deadline = time.monotonic() + 60  # generous: CI machines can be slow
-    while time.monotonic() < deadline:
-        found = look()
-        if found is not None:
-            return found
-        account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
-        time.sleep(0.2)
-    raise AssertionError(f"{what} never happened")
 
 
 def settled_queue(

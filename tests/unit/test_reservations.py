@@ -68,17 +68,11 @@ def plan(
     seconds_left: float | None = None,
     expected_seconds: int = 3600,
 ) -> LaunchPlan:
-    return plan_launch(
+    return plan_with(
         job,
-        load_bundled(),
-        "us-east-1",
-        max_launch_attempts=3,
-        retry_wait_seconds=10,
-        boot_allowance_seconds=60,
-        heartbeat_timeout_seconds=60,
-        expected=DurationEstimate(expected_seconds, "default"),
-        unavailable=unavailable,
-        free_reservations=[FreeReservation(r, n, seconds_left if r.end else None) for r, n in free],
+        [FreeReservation(r, n, seconds_left if r.end else None) for r, n in free],
+        expected_seconds,
+        unavailable,
     )
 
 
@@ -231,7 +225,10 @@ def upcoming(block: Reservation, left: float = 20 * 3600) -> FreeReservation:
 
 
 def plan_with(
-    job: JobSpec, free: list[FreeReservation], expected_seconds: int = 3600
+    job: JobSpec,
+    free: list[FreeReservation],
+    expected_seconds: int = 3600,
+    unavailable: frozenset[str] = frozenset(),
 ) -> LaunchPlan:
     return plan_launch(
         job,
@@ -242,6 +239,7 @@ def plan_with(
         boot_allowance_seconds=60,
         heartbeat_timeout_seconds=60,
         expected=DurationEstimate(expected_seconds, "default"),
+        unavailable=unavailable,
         free_reservations=free,
     )
 
