@@ -17,9 +17,9 @@ from gpufleet.domain.queueing import QueuedJob, QueuePolicy, TeamQuota
 from gpufleet.domain.spec import Dependency
 from gpufleet.ports import Ports
 from gpufleet.services.backstop import BackstopService
-from gpufleet.services.dispatcher import queue_listing
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeOutcome, describe
+from gpufleet.services.queue_listing import queue_listing
 from gpufleet.topology import DETAIL_JOB_STATUS_CHANGED, JOB_ENDED_STATUSES, RULES
 from tests.helpers import local_ports, make_settings, plan_of, sent_as
 

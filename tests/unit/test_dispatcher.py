@@ -25,7 +25,7 @@ from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import QueuePolicy, RunningJob, TeamQuota
 from gpufleet.domain.spec import Priority
 from gpufleet.ports import AdmissionLimits, Ports, QueueEntry
-from gpufleet.services.dispatcher import DispatcherService, queue_listing
+from gpufleet.services.dispatcher import DispatcherService
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeService
 from gpufleet.services.lifecycle import LifecycleService
@@ -35,6 +35,7 @@ from gpufleet.services.lifecycle_base import (
     queued_job,
     run_manifest_key,
 )
+from gpufleet.services.queue_listing import queue_listing
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import Admission, WorkflowState
 from gpufleet.settings import Settings

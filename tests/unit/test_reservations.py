@@ -31,7 +31,7 @@ from gpufleet.domain.reserved import (
     seconds_left,
 )
 from gpufleet.domain.spec import JobSpec, parse_spec
-from gpufleet.services.dispatcher import queue_listing
+from gpufleet.services.queue_listing import queue_listing
 from tests.helpers import make_settings, plan_of
 from tests.unit import test_dispatcher
 

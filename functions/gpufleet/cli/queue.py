@@ -61,7 +61,7 @@ def booking_document(booking: Booking) -> dict[str, Any]:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    from gpufleet.services.dispatcher import queue_listing
+    from gpufleet.services.queue_listing import queue_listing
 
     connection = connect(args)
     ports = connection.ports

@@ -20,43 +20,35 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
-from gpufleet.domain.cost import month_start, spend_this_month_usd
+from gpufleet.domain.arrays import Readiness
+from gpufleet.domain.cost import month_start
 from gpufleet.domain.fair_share import usage_by_team
-from gpufleet.domain.job import JobChanges, JobNotFound, JobStatus
+from gpufleet.domain.job import JobChanges, JobNotFound
 from gpufleet.domain.planning import LaunchPlan
 from gpufleet.domain.queueing import (
     Admission,
-    Booking,
     QueuedJob,
     QueuePolicy,
     RunningJob,
     Stream,
     WaitingJobs,
     admission_limits,
-    admission_order,
     decide,
     decide_streams,
-    effective_priority,
 )
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
-from gpufleet.domain.spec import Dependency
 from gpufleet.errors import TransientError
 from gpufleet.ports import (
     NO_WORKFLOW_YET,
     AdmissionRequest,
-    JobStore,
     Ports,
     QueueEntry,
     QueueState,
     RunningEntry,
 )
-from gpufleet.services.arrays import children_statuses
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
-
-# Why a job the policy never saw waits (`PassResult.waiting`, `gpufleet queue`).
-WAITS_FOR_DEPENDENCIES = "dependencies"
+from gpufleet.services.pass_reads import WAITS_FOR_DEPENDENCIES, DependencyStatuses, team_spend
 
 
 @dataclass
@@ -364,102 +356,3 @@ class DispatcherService:
                 )
             forced.append(job.job_id)
         return forced
-
-
-class DependencyStatuses:
-    """The verdicts of waiting jobs' dependencies, each dependency's job read once a pass: of
-    an array, its children's statuses in index order (a child waiting is judged by its own
-    index, for `mode: element`)."""
-
-    def __init__(self, jobs: JobStore) -> None:
-        self._jobs = jobs
-        self._statuses: dict[str, list[JobStatus] | None] = {}
-
-    def verdict(self, job: QueuedJob) -> DependencyVerdict:
-        ended: list[tuple[Dependency, list[JobStatus]]] = []
-        for dep in job.depends_on:
-            statuses = self._statuses_of(dep.job)
-            if statuses is None:
-                # Intake refuses a dependency on no job: only a store that lost it gets here.
-                return DependencyVerdict(Readiness.CANCEL, f"dependency {dep.job} does not exist")
-            ended.append((dep, statuses))
-        return dependency_verdict(ended, job.array_index)
-
-    def _statuses_of(self, job_id: str) -> list[JobStatus] | None:
-        if job_id not in self._statuses:
-            self._statuses[job_id] = self._read(job_id)
-        return self._statuses[job_id]
-
-    def _read(self, job_id: str) -> list[JobStatus] | None:
-        try:
-            job = self._jobs.get(job_id)
-        except JobNotFound:
-            return None
-        return children_statuses(self._jobs, job) if job.spec.is_array else [job.status]
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    position: int
-    job_id: str
-    team: str
-    priority: str
-    gpus: int
-    waited_seconds: float
-    effective_priority: float
-    reason: str  # "next" when the next pass would admit it
-
-
-def queue_listing(ports: Ports, policy: QueuePolicy) -> tuple[list[QueueRow], list[Booking]]:
-    """Every waiting job in admission order, with the reason it waits (read-only); behind
-    them, the jobs that wait for their dependencies, which the policy does not see."""
-    now = ports.clock.now()
-    waiting = ports.queue.waiting()
-    state = ports.queue.state()
-    bookings, running = state.bookings, [r.job for r in state.running]
-    dependencies = DependencyStatuses(ports.jobs)
-    held = [w.job for w in waiting if dependencies.verdict(w.job).readiness is not Readiness.RUN]
-    held_ids = {job.job_id for job in held}
-    jobs = [w.job for w in waiting if w.job.job_id not in held_ids]
-    usage = usage_by_team(state.team_usage, now, policy.fair_share_half_life_seconds)
-    decision = decide(
-        jobs,
-        running,
-        bookings,
-        now,
-        policy,
-        team_spend_usd=team_spend(ports, policy, now),
-        team_usage=usage,
-    )
-    admitted = {a.job_id for a in decision.admitted}
-    listed = [
-        (job, "next" if job.job_id in admitted else decision.waiting[job.job_id].value)
-        for job in admission_order(jobs, now, policy, usage)
-    ] + [(job, WAITS_FOR_DEPENDENCIES) for job in held]
-    rows = [
-        QueueRow(
-            position=index,
-            job_id=job.job_id,
-            team=job.team,
-            priority=job.priority.value,
-            gpus=job.gpus,
-            waited_seconds=round(now - job.enqueued_at, 1),
-            effective_priority=round(effective_priority(job, now, policy), 3),
-            reason=reason,
-        )
-        for index, (job, reason) in enumerate(listed, start=1)
-    ]
-    return rows, sorted(bookings, key=lambda b: b.start)
-
-
-# A team's jobs read to total its spend this month.
-SPEND_HISTORY = 1000
-
-
-def team_spend(ports: Ports, policy: QueuePolicy, now: float) -> dict[str, float]:
-    """Month-to-date spend of every team that has a monthly budget (and only those)."""
-    return {
-        team: spend_this_month_usd(ports.jobs.recent_for_team(team, SPEND_HISTORY), now)
-        for team, quota in sorted(policy.teams.items())
-        if quota.monthly_budget_usd is not None
-    }

@@ -1,0 +1,61 @@
+"""What an admission pass reads beside the queue: the verdicts of the waiting jobs'
+dependencies and the month's spend of the teams with a budget. The dispatcher's passes and
+`gpufleet queue`'s listing read them alike, so the listing shows what the next pass decides."""
+
+from __future__ import annotations
+
+from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
+from gpufleet.domain.cost import spend_this_month_usd
+from gpufleet.domain.job import JobNotFound, JobStatus
+from gpufleet.domain.queueing import QueuedJob, QueuePolicy
+from gpufleet.domain.spec import Dependency
+from gpufleet.ports import JobStore, Ports
+from gpufleet.services.arrays import children_statuses
+
+# Why a job the policy never saw waits (`PassResult.waiting`, `gpufleet queue`).
+WAITS_FOR_DEPENDENCIES = "dependencies"
+
+
+class DependencyStatuses:
+    """The verdicts of waiting jobs' dependencies, each dependency's job read once a pass: of
+    an array, its children's statuses in index order (a child waiting is judged by its own
+    index, for `mode: element`)."""
+
+    def __init__(self, jobs: JobStore) -> None:
+        self._jobs = jobs
+        self._statuses: dict[str, list[JobStatus] | None] = {}
+
+    def verdict(self, job: QueuedJob) -> DependencyVerdict:
+        ended: list[tuple[Dependency, list[JobStatus]]] = []
+        for dep in job.depends_on:
+            statuses = self._statuses_of(dep.job)
+            if statuses is None:
+                # Intake refuses a dependency on no job: only a store that lost it gets here.
+                return DependencyVerdict(Readiness.CANCEL, f"dependency {dep.job} does not exist")
+            ended.append((dep, statuses))
+        return dependency_verdict(ended, job.array_index)
+
+    def _statuses_of(self, job_id: str) -> list[JobStatus] | None:
+        if job_id not in self._statuses:
+            self._statuses[job_id] = self._read(job_id)
+        return self._statuses[job_id]
+
+    def _read(self, job_id: str) -> list[JobStatus] | None:
+        try:
+            job = self._jobs.get(job_id)
+        except JobNotFound:
+            return None
+        return children_statuses(self._jobs, job) if job.spec.is_array else [job.status]
+
+
+# A team's jobs read to total its spend this month.
+SPEND_HISTORY = 1000
+
+
+def team_spend(ports: Ports, policy: QueuePolicy, now: float) -> dict[str, float]:
+    """Month-to-date spend of every team that has a monthly budget (and only those)."""
+    return {
+        team: spend_this_month_usd(ports.jobs.recent_for_team(team, SPEND_HISTORY), now)
+        for team, quota in sorted(policy.teams.items())
+        if quota.monthly_budget_usd is not None
+    }
