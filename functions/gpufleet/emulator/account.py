@@ -40,6 +40,7 @@ from gpufleet.emulator.patches import (
     acting_as,
     install,
 )
+from gpufleet.emulator.throttling import BucketQuota, StepFunctionsRateLimits, start_execution_quota
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
@@ -89,6 +90,8 @@ class Account:
     team_topics: dict[str, str] = field(default_factory=dict)
     # What the account's nodes, loops and heartbeat timeouts wait on (`clock`).
     clock: EmulatorClock = field(default_factory=WallClock)
+    # Step Functions' StartExecution bucket, with the calls it let through and throttled.
+    start_executions: StepFunctionsRateLimits | None = None
 
     def client(self, service: str) -> Any:
         return new_session().client(service, region_name=self.region)
@@ -161,9 +164,11 @@ def embedded_account(
     extra_env: Mapping[str, str] | None = None,
     config: FleetConfig | None = None,
     clock: EmulatorClock | None = None,
+    start_execution: BucketQuota | None = None,
 ) -> Iterator[Account]:
     """Start moto, create the stack's resources, and patch in the real handlers. The account's
-    timers run on `clock` (the wall clock when not given)."""
+    timers run on `clock` (the wall clock when not given); StartExecution is throttled at
+    `start_execution` (Step Functions' bucket of the region when not given)."""
     from moto import mock_aws
 
     saved_env = dict(os.environ)
@@ -191,9 +196,12 @@ def embedded_account(
     try:
         clock = clock or WallClock()
         # All or nothing: it undoes itself if it fails.
-        patches = install(recorder, _write_log, clock)
+        patches = install(
+            recorder, _write_log, clock, start_execution or start_execution_quota(REGION)
+        )
         with acting_as(EMULATOR):
             account = _create_resources(recorder, config or repository_config(), clock)
+            account.start_executions = patches.start_executions
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
             patches.job_sessions.govern(
                 JOB_ROLE_ARN,
