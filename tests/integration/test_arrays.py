@@ -161,7 +161,6 @@ def test_an_array_past_step_functions_bucket_is_started_across_passes_with_nothi
     seen: dict[str, Any] = {}
 
     def count_starts(account: Account) -> None:
-        assert account.start_executions is not None
         seen["throttled"] = account.start_executions.throttled
         seen["executions"] = executions(account)
         seen["queued"] = len(aws_ports(Settings.from_env(account.environment())).queue.waiting())
