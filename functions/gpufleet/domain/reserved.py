@@ -2,8 +2,8 @@
 Capacity Block must stop before it ends, and what an hour on a reservation costs.
 
 A Capacity Block for ML ends at its `end`, but EC2 begins terminating the instances in it 30
-minutes earlier: its "Capacity Block Expiration Warning" event comes 40 minutes before the end
-and says that the instances "will begin to terminate in 10 minutes"
+minutes earlier: its "Capacity Block Reservation Expiration Warning" event comes 40 minutes
+before the end and says that the instances "will begin to terminate in 10 minutes"
 (docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-monitor.html). A run on a block is
 therefore asked to checkpoint `drain_lead` before that (the reconciler's period, which looks,
 plus the checkpoint grace, which the dispatcher then enforces), and a job is only launched into
