@@ -3,14 +3,17 @@ resources for the next run, its cost, and the commands that carry it out."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.cost import run_cost_usd
 from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.launch import CapacityType
+from gpufleet.domain.reserved import BLOCK_TERMINATION_LEAD_SECONDS
 from gpufleet.domain.settlement import (
     AUTO_MAX_INTERRUPTIONS,
     BUDGET,
@@ -114,6 +117,56 @@ def test_a_run_drained_for_its_reservations_end_is_requeued_using_no_retry(
     settled = settle(job, run_end)
     assert (settled.requeue, settled.job.status) == (RESERVATION_ENDING, JobStatus.QUEUED)
     assert (settled.job.retries, settled.job.preemptions, settled.job.interruptions) == (2, 0, 0)
+
+
+ON_BLOCK = PLACEMENT.model_copy(
+    update={"capacity_type": "reserved", "reservation_id": "cr-0123456789abcdef0"}
+)
+# EC2 begins terminating the block's instances 1,000 s into the run.
+TERMINATES = LAUNCHED + 1000.0
+
+
+def _block(kind: ReservationKind = ReservationKind.CAPACITY_BLOCK) -> Reservation:
+    return Reservation(
+        id="cr-0123456789abcdef0",
+        kind=kind,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=1,
+        start=datetime.fromtimestamp(0, UTC),
+        end=datetime.fromtimestamp(TERMINATES + BLOCK_TERMINATION_LEAD_SECONDS, UTC),
+        hourly_usd=0.5,
+    )
+
+
+@pytest.mark.parametrize(
+    "kind", [EndKind.NODE_LOST, EndKind.HEARTBEAT_TIMEOUT], ids=["instance-gone", "silent"]
+)
+def test_a_node_lost_once_its_block_is_ending_is_requeued_as_the_blocks_end(
+    kind: EndKind,
+) -> None:
+    """The drain never came (or came too late): EC2's termination of the block is no fault of
+    the run's, so it goes back to the queue using no retry, even with none left."""
+    job = running(retries=2, placement=ON_BLOCK)
+    lost = RunEnd(kind, TERMINATES + 5, reason="instance i-1 is terminated")
+    settled = settle(job, lost, reservations=[_block()])
+    assert (settled.requeue, settled.job.status) == (RESERVATION_ENDING, JobStatus.QUEUED)
+    assert (settled.job.retries, settled.job.preemptions, settled.job.interruptions) == (2, 0, 0)
+    assert "Capacity Block ended" in settled.reason
+
+
+def test_a_node_lost_on_a_block_before_its_end_or_off_one_uses_a_retry() -> None:
+    job = running(placement=ON_BLOCK)
+    early = RunEnd(EndKind.NODE_LOST, TERMINATES - 1)  # a failure of its own, before the end
+    assert verdict(job, early, reservations=[_block()])[0] == RETRY
+    late = RunEnd(EndKind.NODE_LOST, TERMINATES + 5)
+    # An ODCR's instances are never terminated by EC2 at its end; another id is another's.
+    assert verdict(job, late, reservations=[_block(ReservationKind.ODCR)])[0] == RETRY
+    assert verdict(running(placement=PLACEMENT), late, reservations=[_block()])[0] == RETRY
+    # A run that exited on its own in the block's last half hour ended by itself.
+    exited = RunEnd(EndKind.EXITED, TERMINATES + 5, exit_code=1)
+    assert verdict(job, exited, reservations=[_block()])[0] == RETRY
+    assert verdict(job, RunEnd(EndKind.EXITED, TERMINATES + 5, exit_code=0))[0] is None
 
 
 REQUIRED = SPEC.model_copy(update={"spot": SpotPolicy.REQUIRED})

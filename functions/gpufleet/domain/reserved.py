@@ -2,13 +2,15 @@
 Capacity Block must stop before it ends, and what an hour on a reservation costs.
 
 A Capacity Block for ML ends at its `end`, but EC2 begins terminating the instances in it 30
-minutes earlier: its "Capacity Block Expiration Warning" event comes 40 minutes before the end
-and says that the instances "will begin to terminate in 10 minutes"
+minutes earlier: its "Capacity Block Reservation Expiration Warning" event comes 40 minutes
+before the end and says that the instances "will begin to terminate in 10 minutes"
 (docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-monitor.html). A run on a block is
 therefore asked to checkpoint `drain_lead` before that (the reconciler's period, which looks,
 plus the checkpoint grace, which the dispatcher then enforces), and a job is only launched into
 a block when its expected run ends before that moment. An ODCR has no end but the one the
-config names, and no lead.
+config names, and no lead. A run whose node is lost once EC2 has begun terminating its block's
+instances (its drain missed, or it did not stop in time) lost it to the block's end
+(`ended_with_block`), not to a fault of its own.
 """
 
 from __future__ import annotations
@@ -46,10 +48,29 @@ def drain_at(reservation: Reservation, drain_lead: float) -> float | None:
     """When the runs on the reservation must be asked to checkpoint (None: never)."""
     if reservation.end is None:
         return None
-    end = reservation.end.timestamp()
-    if reservation.kind is ReservationKind.CAPACITY_BLOCK:
-        end -= BLOCK_TERMINATION_LEAD_SECONDS
+    terminates = block_terminates_at(reservation)
+    end = reservation.end.timestamp() if terminates is None else terminates
     return end - drain_lead
+
+
+def block_terminates_at(reservation: Reservation) -> float | None:
+    """When EC2 begins terminating the reservation's instances (None: it never does, as an
+    ODCR, or a block with no end)."""
+    if reservation.kind is not ReservationKind.CAPACITY_BLOCK or reservation.end is None:
+        return None
+    return reservation.end.timestamp() - BLOCK_TERMINATION_LEAD_SECONDS
+
+
+def ended_with_block(
+    reservation_id: str | None, reservations: Iterable[Reservation], at: float
+) -> bool:
+    """Whether a node lost at `at` on the reservation `reservation_id` went with its Capacity
+    Block: EC2 had begun terminating the block's instances by then."""
+    for reservation in reservations:
+        if reservation.id == reservation_id:
+            terminates = block_terminates_at(reservation)
+            return terminates is not None and at >= terminates
+    return False
 
 
 def seconds_left(reservation: Reservation, now: float, drain_lead: float) -> float | None:

@@ -16,7 +16,10 @@ The rules, in the order they apply:
    (overheated), off a reservation about to end (reservation-ending) or for a time window
    that drains its class (window): back to the queue,
    always (it checkpointed and lost nothing), whatever ended the run. Restarted for a
-   GPU memory leak: a retry while retries last.
+   GPU memory leak: a retry while retries last. A run on a Capacity Block whose node was lost
+   (no exit code: the instance gone, its heartbeats stopped) once EC2 had begun terminating the
+   block's instances ended with the block, drained or not: back to the queue as
+   reservation-ending too (`reserved.ended_with_block`), neither a retry nor a lost node.
 3. A spot interruption (the end of the run, or the drain its warning asked for) sends the job
    back to the queue without using a retry. A job that may run on-demand (`spot: auto`) and
    writes checkpoints goes back every time up to a safety cap (`AUTO_MAX_INTERRUPTIONS`,
@@ -46,13 +49,16 @@ move to on-demand, are its current stage's. Its cost so far moves into its `prio
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from gpufleet.domain.catalog import InstanceType
+from gpufleet.domain.config import Reservation
 from gpufleet.domain.cost import held_seconds, run_cost_usd, spent_until, storage_cost_usd
 from gpufleet.domain.job import NO_CHANGES, Job, JobChanges, JobStatus
+from gpufleet.domain.reserved import ended_with_block
 from gpufleet.domain.spec import JobSpec, SpotPolicy
 from gpufleet.domain.stages import close_stage, fits_on, next_stage_may_reuse
 
@@ -118,6 +124,7 @@ _COUNTERS = {
 _LOST = "the node was lost"
 _SILENT = "the node was lost: its heartbeats stopped"
 _IDLE = "released at a checkpoint: its GPUs stayed idle (on_idle: release)"
+_BLOCK_ENDED = "its Capacity Block ended: EC2 terminated the block's instances"
 
 
 class EndKind(StrEnum):
@@ -242,13 +249,15 @@ def settle(
     max_interruptions: int = DEFAULT_MAX_INTERRUPTIONS,
     on_demand_after_cap: bool = True,
     instance_type: InstanceType | None = None,
+    reservations: Iterable[Reservation] = (),
 ) -> Settlement:
     """Settle the end of the job's current run (the rules are in the module doc).
 
     `on_demand_after_cap` False makes `max_interruptions` the cap of every job, and final (the
     simulator's AWS Batch-like peer, whose interruptions use up its retries).
     `instance_type` is the catalog's entry for the type the run held: it says how many GPUs a
-    stage's record counts, and whether the next stage fits on the instances."""
+    stage's record counts, and whether the next stage fits on the instances. `reservations`
+    are the config's: a node lost in its Capacity Block's last half hour went with the block."""
     placement = job.placement
     released_at = job.released_at
     if released_at is None and placement is not None:
@@ -294,7 +303,7 @@ def settle(
         # A repeated step: the stage the run was of ended, and the next one runs here already.
         return settled(job, None, _here_reason(job), (RunStageHere(job.stage_name or ""),))
 
-    verdict = _verdict(job, end, ran, max_interruptions, on_demand_after_cap)
+    verdict = _verdict(job, end, ran, max_interruptions, on_demand_after_cap, reservations)
     if verdict.requeue == NEXT_STAGE:
         here = _next_stage_here(job, end, instance_type)
         if here is not None:
@@ -404,7 +413,12 @@ def next_stage_changes(job: Job) -> JobChanges:
 
 
 def _verdict(
-    job: Job, end: RunEnd, ran: float | None, max_interruptions: int, on_demand_after_cap: bool
+    job: Job,
+    end: RunEnd,
+    ran: float | None,
+    max_interruptions: int,
+    on_demand_after_cap: bool,
+    reservations: Iterable[Reservation],
 ) -> _Verdict:
     """Requeue (and why) or the end (and how) of a job that has not ended yet."""
     spec = job.effective_spec
@@ -420,6 +434,8 @@ def _verdict(
         return _Verdict(None, JobStatus.CANCELLED, _IDLE)
     if drain in _CHECKPOINTED:
         return _Verdict(drain, status, f"stopped at a checkpoint: {drain}")
+    if _lost_with_its_block(job, end, reservations):
+        return _Verdict(RESERVATION_ENDING, status, _BLOCK_ENDED)
     if drain == MEMORY_LEAK:
         if retries_left:
             return _Verdict(RETRY, status, "its GPU memory kept growing (a leak)")
@@ -439,6 +455,17 @@ def _verdict(
     if retry is not None:
         return _Verdict(retry[0], status, retry[1])
     return _ended(job, status, reason)
+
+
+def _lost_with_its_block(job: Job, end: RunEnd, reservations: Iterable[Reservation]) -> bool:
+    """Whether the run's node was lost (no exit code) to EC2 ending its Capacity Block."""
+    lost = end.kind in (EndKind.NODE_LOST, EndKind.HEARTBEAT_TIMEOUT) and end.exit_code is None
+    placement = job.placement
+    return (
+        lost
+        and placement is not None
+        and ended_with_block(placement.reservation_id, reservations, end.at)
+    )
 
 
 def _ended(job: Job, status: JobStatus, reason: str) -> _Verdict:

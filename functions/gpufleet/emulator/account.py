@@ -31,6 +31,7 @@ from gpufleet.domain.notify import teams_with_emails, topics_outside
 from gpufleet.domain.tenancy import job_session_statements
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.clock import EmulatorClock, WallClock
+from gpufleet.emulator.ec2_rules import Ec2Rules
 from gpufleet.emulator.patches import (
     EMULATOR,
     EXECUTION_ENDED,
@@ -40,6 +41,7 @@ from gpufleet.emulator.patches import (
     acting_as,
     install,
 )
+from gpufleet.emulator.throttling import BucketQuota, StepFunctionsRateLimits, start_execution_quota
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
@@ -75,6 +77,10 @@ class Account:
 
     region: str
     recorder: Recorder
+    # EC2's rules the account holds (its capacity reservations among them).
+    ec2_rules: Ec2Rules
+    # Step Functions' StartExecution bucket, with the calls it let through and throttled.
+    start_executions: StepFunctionsRateLimits
     table_names: dict[str, str] = field(default_factory=dict)
     function_arns: dict[str, str] = field(default_factory=dict)
     state_machine_arns: dict[str, str] = field(default_factory=dict)
@@ -161,10 +167,14 @@ def embedded_account(
     extra_env: Mapping[str, str] | None = None,
     config: FleetConfig | None = None,
     clock: EmulatorClock | None = None,
+    start_execution: BucketQuota | None = None,
 ) -> Iterator[Account]:
     """Start moto, create the stack's resources, and patch in the real handlers. The account's
-    timers run on `clock` (the wall clock when not given)."""
+    timers run on `clock` (the wall clock when not given); StartExecution is throttled at
+    `start_execution` (Step Functions' bucket of the region when not given)."""
     from moto import mock_aws
+
+    from gpufleet.emulator.capacity_blocks import CapacityBlockEnds
 
     saved_env = dict(os.environ)
     os.environ.update(
@@ -188,12 +198,15 @@ def embedded_account(
     mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
     mock.start()
     patches: Installed | None = None
+    block_ends: CapacityBlockEnds | None = None
     try:
         clock = clock or WallClock()
         # All or nothing: it undoes itself if it fails.
-        patches = install(recorder, _write_log, clock)
+        patches = install(
+            recorder, _write_log, clock, start_execution or start_execution_quota(REGION)
+        )
         with acting_as(EMULATOR):
-            account = _create_resources(recorder, config or repository_config(), clock)
+            account = _create_resources(patches, config or repository_config(), clock)
             patches.ec2_rules.hold(account.config.reservations)  # the account's own
             patches.job_sessions.govern(
                 JOB_ROLE_ARN,
@@ -203,6 +216,9 @@ def embedded_account(
             )
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
+        # EC2 ends the Capacity Blocks' instances on its own, as it does in AWS.
+        block_ends = CapacityBlockEnds(account)
+        block_ends.start()
         yield account
         # The workflows stopped below are the account's end, no job's: moto's own stop, and
         # no event of it.
@@ -210,6 +226,8 @@ def embedded_account(
         with acting_as(EMULATOR):
             _stop_executions(account)
     finally:
+        if block_ends is not None:
+            block_ends.stop()
         if patches is not None:
             patches.remove()
         mock.stop()
@@ -268,8 +286,15 @@ def _forget_cold_starts() -> None:
         cached.cache_clear()
 
 
-def _create_resources(recorder: Recorder, config: FleetConfig, clock: EmulatorClock) -> Account:
-    account = Account(region=REGION, recorder=recorder, config=config, clock=clock)
+def _create_resources(patches: Installed, config: FleetConfig, clock: EmulatorClock) -> Account:
+    account = Account(
+        region=REGION,
+        recorder=patches.recorder,
+        ec2_rules=patches.ec2_rules,
+        start_executions=patches.start_executions,
+        config=config,
+        clock=clock,
+    )
     dynamodb = account.client("dynamodb")
     for table in topology.TABLES:
         name = f"gpufleet-{table.construct_id}"

@@ -21,6 +21,7 @@ from gpufleet.emulator.metrics import PublishedMetric, published_metrics
 from gpufleet.emulator.nodes import AGENT_LOG_GROUP, Behaviour, NodeScenario, NodeSimulator
 from gpufleet.emulator.patches import EMULATOR, ApiCall, Invocation, acting_as
 from gpufleet.emulator.scheduler import ScheduleRunner
+from gpufleet.emulator.throttling import BucketQuota
 from gpufleet.services.arrays import array_progress
 from gpufleet.services.reports import job_detail
 from gpufleet.topology import (
@@ -62,6 +63,8 @@ class DemoScenario:
     # Manager secrets (name -> value, made up for each run so that no file holds one).
     ecr_repositories: tuple[str, ...] = ()
     secrets: dict[str, str] = field(default_factory=dict)
+    # Step Functions' StartExecution bucket; None: AWS's for the account's region.
+    start_execution: BucketQuota | None = None
 
 
 @dataclass
@@ -301,7 +304,9 @@ def run_demo(
     with (
         injected(faults),
         paced_clock() as clock,
-        embedded_account(config=scenario.config, clock=clock) as account,
+        embedded_account(
+            config=scenario.config, clock=clock, start_execution=scenario.start_execution
+        ) as account,
     ):
         with acting_as(EMULATOR):
             store = DynamoJobStore(

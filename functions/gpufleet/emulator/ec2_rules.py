@@ -26,8 +26,9 @@ documents, so the code under test meets the answers a real account gives:
    reservation begins, the available capacity appears as zero"), `active` until its end,
    then `expired` ("the reserved capacity is no longer available for your use"): outside its
    window it has no room, so a launch into it is `ReservationCapacityExceeded` (EC2 User
-   Guide, "View Capacity Blocks"). Its instances are not terminated at its end here (see
-   docs/aws-fidelity.md): the control plane drains them before (`domain/reserved.py`).
+   Guide, "View Capacity Blocks"). EC2 ends its instances before its end as EC2 does
+   (`capacity_blocks.CapacityBlockEnds`); the control plane drains them before
+   (`domain/reserved.py`).
 
 4. **The image and the network interfaces must fit the instance type.** An AMI of another
    architecture than the type's is `InvalidParameterValue` ("The architecture 'arm64' of the
@@ -191,6 +192,16 @@ class Ec2Rules:
                     end=r.end,
                 )
 
+    def capacity_blocks(self) -> list[tuple[str, datetime, frozenset[str]]]:
+        """Each Capacity Block with an end: its id, its end, and the instances launched into
+        it."""
+        with self._lock:
+            return [
+                (r.reservation_id, r.end, frozenset(r.instance_ids))
+                for r in self._reservations.values()
+                if r.reservation_type == "capacity-block" and r.end is not None
+            ]
+
     # -- CreateFleet and RunInstances ------------------------------------------------------------
 
     def _launch(
@@ -350,7 +361,7 @@ class Ec2Rules:
 
     def _available(self, backend: Any, reservation: _CapacityReservation) -> int:
         """Its instances not in use; none outside its window (a Capacity Block's)."""
-        if reservation.state(_now()) != "active":
+        if reservation.state(ec2_now()) != "active":
             return 0
         live = sum(
             1
@@ -394,7 +405,7 @@ class Ec2Rules:
         )
         with self._lock:
             self._reservations[reservation.reservation_id] = reservation
-        described = reservation.described(reservation.count, _now())
+        described = reservation.described(reservation.count, ec2_now())
         return _answer(200, {"CapacityReservation": described})
 
     def _describe_reservations(self, context: dict[str, Any], **kwargs: Any) -> Answer:
@@ -408,16 +419,32 @@ class Ec2Rules:
                     f"The capacity reservation ID '{unknown[0]}' does not exist",
                 )
             described = [
-                r.described(self._available(backend, r), _now())
+                r.described(self._available(backend, r), ec2_now())
                 for r in self._reservations.values()
                 if not wanted or r.reservation_id in wanted
             ]
         return _answer(200, {"CapacityReservations": described})
 
 
-def _now() -> datetime:
-    # EC2's own clock: the embedded account's timestamps are the wall clock's.
+def ec2_now() -> datetime:
+    """EC2's own clock: the embedded account's timestamps are the wall clock's."""
     return datetime.now(UTC)
+
+
+def put_ec2_event(
+    events: Any, detail_type: str, detail: Mapping[str, str], resource_arn: str
+) -> None:
+    """An event of EC2's own (`aws.ec2`), on the default bus, as EC2 sends it."""
+    events.put_events(
+        Entries=[
+            {
+                "Source": "aws.ec2",
+                "DetailType": detail_type,
+                "Detail": json.dumps(dict(detail)),
+                "Resources": [resource_arn],
+            }
+        ]
+    )
 
 
 def _keep_request(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:

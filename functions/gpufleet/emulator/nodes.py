@@ -39,6 +39,7 @@ from gpufleet.agent.usage import NVIDIA_SMI_QUERY, UsageRecorder, UsageSampler
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.account import JOB_ROLE_ARN, Account
 from gpufleet.emulator.clock import EmulatorClock
+from gpufleet.emulator.ec2_rules import put_ec2_event
 from gpufleet.emulator.fake_docker import Docker, NodeHardware, install_node
 from gpufleet.emulator.node_host import EmulatedHost
 from gpufleet.emulator.patches import EMULATOR, NODE, acting_as
@@ -627,18 +628,8 @@ class NodeSimulator:
             )
 
     def _aws_event(self, detail_type: str, detail: dict[str, str]) -> None:
-        self._account.client("events").put_events(
-            Entries=[
-                {
-                    "Source": "aws.ec2",
-                    "DetailType": detail_type,
-                    "Detail": json.dumps(detail),
-                    "Resources": [
-                        f"arn:aws:ec2:{self._account.region}::instance/{detail['instance-id']}"
-                    ],
-                }
-            ]
-        )
+        instance_arn = f"arn:aws:ec2:{self._account.region}::instance/{detail['instance-id']}"
+        put_ec2_event(self._account.client("events"), detail_type, detail, instance_arn)
 
 
 class _NodeSts:

@@ -8,8 +8,8 @@ Powertools) no longer has what a patch replaces, and `install` refuses to start 
 Everything else the account adds goes through seams: botocore's event system (handlers added to
 `botocore.handlers.BUILTIN_HANDLERS`, which every new session registers: placement groups,
 EC2's launch rules, CloudWatch's alarm windows and GetMetricData's size, Lambda's account
-settings, the Price List API, IAM for job sessions, the faults of a chaos run, and the
-`Recorder` of who called);
+settings, the Price List API, IAM for job sessions, Step Functions' StartExecution rate, the
+faults of a chaos run, and the `Recorder` of who called);
 the control plane's port for sessions (`runtime.use_sessions`: sessions that share one loader
 of the service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
 `topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from gpufleet.emulator.clock import EmulatorClock
     from gpufleet.emulator.ec2_rules import Ec2Rules
     from gpufleet.emulator.job_sessions import JobSessions
+    from gpufleet.emulator.throttling import BucketQuota, StepFunctionsRateLimits
 
 CONTROL_PLANE = "control-plane"
 EMULATOR = "emulator"
@@ -526,6 +527,7 @@ class Installed:
     recorder: Recorder
     ec2_rules: Ec2Rules
     job_sessions: JobSessions
+    start_executions: StepFunctionsRateLimits
     _undo: list[tuple[Patch | None, Callable[[], None]]] = field(default_factory=list)
 
     def remove(self, *patches: Patch) -> None:
@@ -539,10 +541,14 @@ class Installed:
 
 
 def install(
-    recorder: Recorder, write_log: Callable[[str, str], None], clock: EmulatorClock
+    recorder: Recorder,
+    write_log: Callable[[str, str], None],
+    clock: EmulatorClock,
+    start_execution: BucketQuota,
 ) -> Installed:
     """Apply every patch of the registry and the account's hooks; `write_log(log_group, text)`
-    stores a handler's output; heartbeat timeouts are counted on `clock`."""
+    stores a handler's output; heartbeat timeouts are counted on `clock`, and Step Functions'
+    StartExecution bucket (`start_execution`) refills on it."""
     from gpufleet.adapters.aws import runtime
     from gpufleet.emulator import (
         account_baseline,
@@ -556,6 +562,7 @@ def install(
     from gpufleet.emulator.job_sessions import JobSessions
     from gpufleet.emulator.placement_groups import PlacementGroups
     from gpufleet.emulator.sessions import SessionsSharingModels
+    from gpufleet.emulator.throttling import StepFunctionsRateLimits
 
     write_lock = threading.RLock()
     replacements: dict[Patch, Callable[[Any], Any]] = {
@@ -583,7 +590,12 @@ def install(
         **{patch: lambda _none: _routed_print for patch in EMF_PRINTS},
     }
     groups = PlacementGroups()
-    installed = Installed(recorder, Ec2Rules(groups), JobSessions())
+    installed = Installed(
+        recorder,
+        Ec2Rules(groups),
+        JobSessions(),
+        StepFunctionsRateLimits(start_execution, clock.now),
+    )
     try:
         for patch in PATCHES:
             installed._undo.append((patch, patch.apply(replacements[patch])))
@@ -594,7 +606,8 @@ def install(
         # (`cloudwatch_rules`), BatchWriteItem's 25 requests (`dynamodb_rules`), and what
         # moto lacks of Lambda's account settings (`account_baseline`), and the Price List API
         # (`pricing`). A job session's requests are judged by the job role's policy
-        # (`job_sessions`).
+        # (`job_sessions`), and StartExecution is throttled at Step Functions' bucket
+        # (`throttling`).
         hooks = [
             *groups.hooks(),
             *installed.ec2_rules.hooks(),
@@ -603,6 +616,7 @@ def install(
             *account_baseline.hooks(),
             *pricing.hooks(),
             *installed.job_sessions.hooks(),
+            *installed.start_executions.hooks(),
             *recorder.hooks(),
         ]
         for hook in hooks:

@@ -98,6 +98,7 @@ class ReleaseSteps(LifecycleBase):
             instance_type=self._policy.instance_type_of(placement.instance_type)
             if placement
             else None,
+            reservations=self._policy.reservations,
         )
 
     def _release_instances(self, job: Job) -> list[str]:
