@@ -18,7 +18,6 @@ from gpufleet.domain.submitters import spec_upload_key
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import DemoScenario, Submission, run_demo
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
-from gpufleet.emulator.throttling import BucketQuota
 from gpufleet.services.arrays import array_progress
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.settings import Settings
@@ -148,38 +147,3 @@ def test_cancelling_an_array_cancels_every_child_not_ended(account: Account) -> 
     progress = array_progress(ports.jobs, ports.jobs.get(array.job_id))
     assert progress["status"] == "CANCELLED" and progress["counts"]["CANCELLED"] == 4
     assert ports.queue.waiting() == []
-
-
-def test_an_array_past_step_functions_bucket_is_started_across_passes_with_nothing_lost(
-    tmp_path: Path,
-) -> None:
-    """Step Functions throttles StartExecution with a token bucket (the embedded account's,
-    here a bucket of 2 refilled at 1 a second: AWS's own is 1,300 and 300 a second): one pass
-    admits all 6 children but starts 2; the start it is throttled on waits, with the rest, for
-    the passes that follow. Every child runs once, and nothing is left behind."""
-    (tmp_path / "wide.json").write_text(json.dumps({**ARRAY, "name": "wide", "array": {"size": 6}}))
-    seen: dict[str, Any] = {}
-
-    def count_starts(account: Account) -> None:
-        seen["throttled"] = account.start_executions.throttled
-        seen["executions"] = executions(account)
-        seen["queued"] = len(aws_ports(Settings.from_env(account.environment())).queue.waiting())
-
-    result = run_demo(
-        DemoScenario(
-            name="throttled-starts",
-            submissions=[Submission("s3", tmp_path / "wide.json")],
-            nodes=NodeScenario(boot_seconds=0.2, default=Behaviour(duration_seconds=1.0)),
-            timeout_seconds=170,
-            start_execution=BucketQuota(size=2, refill_per_second=1),
-        ),
-        before_teardown=count_starts,
-    )
-    assert result.completed and result.instances_running == 0 and result.rejected == 0
-    children = [j for j in result.to_json()["jobs"] if "array_id" in j]
-    assert sorted(j["array_index"] for j in children) == list(range(6))
-    assert {j["status"] for j in children} == {"SUCCEEDED"}
-    assert {j["retries"] for j in children} == {0}
-    assert seen["throttled"] > 0  # some starts were refused ...
-    assert seen["executions"] == sorted(j["id"] for j in children)  # ... and made later, once
-    assert seen["queued"] == 0
