@@ -601,7 +601,6 @@ class _Usage:
         return _Usage(self.gpus, self.instances, dict(self.team_gpus))
 
 
-
 @dataclass
 class _Running:
     """The running jobs as a pass starts from them: by id, what they hold together (`usage`),
@@ -674,6 +673,7 @@ class _Pass:
         default_factory=dict
     )
     _entitlements: dict[str, int] = field(default_factory=dict)  # fixed for the pass
+    _named_entitlements: dict[str, int] | None = None  # of the teams the policy names
 
     def entitlement(self, team: str) -> int:
         known = self._entitlements.get(team)
@@ -682,10 +682,11 @@ class _Pass:
         return known
 
     def idle_quota_of_others(self, team: str) -> int:
+        named = self._named_entitlements
+        if named is None:  # asked often (every job that would borrow): gathered once
+            named = self._named_entitlements = {t: self.entitlement(t) for t in self.policy.teams}
         used = self.usage.team_gpus
-        return sum(
-            max(0, self.entitlement(t) - used.get(t, 0)) for t in self.policy.teams if t != team
-        )
+        return sum(max(0, gpus - used.get(t, 0)) for t, gpus in named.items() if t != team)
 
     def held_for_other_bookings(self, team: str) -> int:
         """Booked GPUs other teams have not used yet: nobody else may take them."""
