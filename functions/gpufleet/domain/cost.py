@@ -74,14 +74,19 @@ class Spent:
     # The instances' part of cost_usd by capacity type (spot, on-demand, reserved).
     by_capacity: dict[str, float] = field(default_factory=dict)
 
+    def prior_fields(self) -> dict[str, Any]:
+        """The job's fields that keep it once the current run has ended, by name: for changes
+        that check them with others in one go (`as_prior`: on their own)."""
+        return {
+            "prior_cost_usd": self.cost_usd,
+            "prior_held_seconds": self.held_seconds,
+            "prior_storage_usd": self.storage_usd,
+            "prior_capacity_usd": self.by_capacity,
+        }
+
     def as_prior(self) -> JobChanges:
         """The job's fields that keep it once the current run has ended."""
-        return JobChanges(
-            prior_cost_usd=self.cost_usd,
-            prior_held_seconds=self.held_seconds,
-            prior_storage_usd=self.storage_usd,
-            prior_capacity_usd=self.by_capacity,
-        )
+        return JobChanges.model_validate(self.prior_fields())
 
 
 def spent_until(job: Job, until: float | None) -> Spent:

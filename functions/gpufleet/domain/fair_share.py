@@ -60,10 +60,10 @@ def usage_at(ledger: Mapping[str, float], now: float, half_life_seconds: float) 
     """A team's usage at `now` from its ledger (entry key -> amount): the entries of this
     half-life, each decayed from its epoch's start (entries of another half-life are ignored)."""
     total = 0.0
+    prefix = f"{half_life_seconds:g}@"  # once: every pass reads every team's ledger
     for key, amount in ledger.items():
-        half_life, _, start = key.partition("@")
-        if half_life == f"{half_life_seconds:g}":
-            total += decayed(amount, float(start), now, half_life_seconds)
+        if key.startswith(prefix):
+            total += decayed(amount, float(key[len(prefix) :]), now, half_life_seconds)
     return total
 
 

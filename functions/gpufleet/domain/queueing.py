@@ -600,17 +600,47 @@ class _Usage:
     def copy(self) -> _Usage:
         return _Usage(self.gpus, self.instances, dict(self.team_gpus))
 
+
+@dataclass
+class _Running:
+    """The running jobs as a pass starts from them: by id, what they hold together (`usage`),
+    those the active window drains and those that must leave a reserve closed to their class
+    (ids, sorted), and the jobs victims drain for. Read in one loop: a pass starts with every
+    running job, and passes are many."""
+
+    by_id: dict[str, RunningJob]
+    usage: _Usage
+    window_drains: list[str]
+    reclaims: list[str]
+    draining_for: set[str]
+
     @classmethod
-    def held_by(cls, holders: Iterable[RunningJob]) -> _Usage:
-        """What `holders` hold together (`add` of each, in one loop: a pass starts with every
-        running job, and passes are many)."""
+    def read(
+        cls,
+        running: Iterable[RunningJob],
+        drained: frozenset[Priority],
+        reserve_open_to: frozenset[Priority],
+    ) -> _Running:
+        by_id: dict[str, RunningJob] = {}
         gpus = instances = 0
         team_gpus: dict[str, int] = {}
-        for holder in holders:
-            gpus += holder.gpus
-            instances += holder.instances
-            team_gpus[holder.team] = team_gpus.get(holder.team, 0) + holder.gpus
-        return cls(gpus, instances, team_gpus)
+        window_drains: list[str] = []
+        reclaims: list[str] = []
+        draining_for: set[str] = set()
+        for r in running:
+            by_id[r.job_id] = r
+            gpus += r.gpus
+            instances += r.instances
+            team_gpus[r.team] = team_gpus.get(r.team, 0) + r.gpus
+            if r.draining_for is not None:  # draining already: neither drained nor reclaimed
+                if r.draining_for:
+                    draining_for.add(r.draining_for)
+            elif r.priority in drained:
+                window_drains.append(r.job_id)
+            elif r.in_reserve and r.priority not in reserve_open_to:
+                reclaims.append(r.job_id)
+        usage = _Usage(gpus, instances, team_gpus)
+        return cls(by_id, usage, sorted(window_drains), sorted(reclaims), draining_for)
 
 
 @dataclass
@@ -643,6 +673,7 @@ class _Pass:
         default_factory=dict
     )
     _entitlements: dict[str, int] = field(default_factory=dict)  # fixed for the pass
+    _named_entitlements: dict[str, int] | None = None  # of the teams the policy names
 
     def entitlement(self, team: str) -> int:
         known = self._entitlements.get(team)
@@ -651,10 +682,11 @@ class _Pass:
         return known
 
     def idle_quota_of_others(self, team: str) -> int:
+        named = self._named_entitlements
+        if named is None:  # asked often (every job that would borrow): gathered once
+            named = self._named_entitlements = {t: self.entitlement(t) for t in self.policy.teams}
         used = self.usage.team_gpus
-        return sum(
-            max(0, self.entitlement(t) - used.get(t, 0)) for t in self.policy.teams if t != team
-        )
+        return sum(max(0, gpus - used.get(t, 0)) for t, gpus in named.items() if t != team)
 
     def held_for_other_bookings(self, team: str) -> int:
         """Booked GPUs other teams have not used yet: nobody else may take them."""
@@ -1055,31 +1087,22 @@ def decide_streams(
     window = policy.window_at(now)  # its paused and drained classes, below
     policy = policy_at(policy, now)
     held_back = window.held_back if window else frozenset()
+    reserve_open_to = _reserve_open_at(policy, now)
+    drained = frozenset(window.drain) if window else frozenset()
+    started = _Running.read(running, drained, reserve_open_to)
     state = _Pass(
         policy=policy,
         now=now,
-        running={r.job_id: r for r in running},
+        running=started.by_id,
         booked=_booked_at(bookings, now),
-        reserve_open_to=_reserve_open_at(policy, now),
+        reserve_open_to=reserve_open_to,
         spend=dict(team_spend_usd or {}),
         held_back=held_back,
+        usage=started.usage,
     )
-    state.usage = _Usage.held_by(state.running.values())
-    decision = Decision()
-    drained = frozenset(window.drain) if window else frozenset()
-    decision.window_drains = sorted(
-        r.job_id for r in state.running.values() if not r.draining and r.priority in drained
-    )
-    decision.reclaims = sorted(
-        r.job_id
-        for r in state.running.values()
-        if r.in_reserve
-        and not r.draining
-        and r.priority not in state.reserve_open_to
-        and r.priority not in drained
-    )
+    decision = Decision(window_drains=started.window_drains, reclaims=started.reclaims)
     # Jobs that already have victims draining for them wait for those, and preempt no more.
-    draining_for = {r.draining_for for r in state.running.values() if r.draining_for}
+    draining_for = started.draining_for
     # A nominated job gets the GPUs its victims freed before anyone else, and they wait until
     # it runs. Without this, an aged victim could take its GPUs back and the preemption would
     # repeat forever. Only a nominee that is not itself yielding is nominated: yielding never

@@ -262,9 +262,11 @@ def settle(
     released_at = job.released_at
     if released_at is None and placement is not None:
         released_at = end.at
-    released = NO_CHANGES
+    # The release, when this settlement records it: checked with the other changes of the
+    # branch taken below, in one go (a settlement's changes are made once, not piece by piece).
+    released: dict[str, Any] = {}
     if released_at != job.released_at:
-        released = JobChanges(released_at=released_at)
+        released["released_at"] = released_at
     ran: float | None = None  # for as long as the run held its instances
     cost = storage = 0.0  # of the run
     if placement is not None and released_at is not None:
@@ -288,13 +290,11 @@ def settle(
         if job.cost_usd is None and (placement is not None or job.prior_cost_usd):
             until = released_at if released_at is not None else end.at
             spent = spent_until(job, until)
-            changes = (
-                JobChanges(
-                    cost_usd=round(spent.cost_usd, 6), storage_usd=round(spent.storage_usd, 6)
-                )
-                | released
-                | _stage_end(job, job.status, until, instance_type)
-            )
+            changes = JobChanges(
+                cost_usd=round(spent.cost_usd, 6),
+                storage_usd=round(spent.storage_usd, 6),
+                **released,
+            ) | _stage_end(job, job.status, until, instance_type)
         recorded: tuple[Command, ...] = (Record(job.status, changes),) if changes else ()
         commands = (Terminate(), share, *recorded)
         return settled(job.with_changes(changes), None, job.failure_reason or "", commands)
@@ -320,7 +320,9 @@ def settle(
     # Below, the share goes back before the end is recorded: a job that has ended has nothing
     # left to release it again, while a live one's is found by the next pass that looks.
     if verdict.requeue is not None:
-        changes = JobChanges(drain_reason=verdict.requeue, failure_reason=verdict.reason) | released
+        changes = JobChanges(
+            drain_reason=verdict.requeue, failure_reason=verdict.reason, **released
+        )
         if verdict.requeue == NEXT_STAGE:
             changes |= JobChanges(failure_reason=None)
             changes |= _stage_end(job, JobStatus.SUCCEEDED, released_at, instance_type)
@@ -339,13 +341,13 @@ def settle(
     status, reason = verdict.status, verdict.reason
     if job.stage_name is not None and status is not JobStatus.SUCCEEDED:
         reason = f"stage {job.stage_name!r}: {reason}"
-    changes = JobChanges(failure_reason=reason or None, exit_code=end.exit_code) | released
-    changes |= _stage_end(job, status, released_at, instance_type)
+    paid: dict[str, Any] = {}
     if placement is not None or job.prior_cost_usd:
-        changes |= JobChanges(
-            cost_usd=round(job.prior_cost_usd + cost, 6),
-            storage_usd=round(job.prior_storage_usd + storage, 6),
-        )
+        paid["cost_usd"] = round(job.prior_cost_usd + cost, 6)
+        paid["storage_usd"] = round(job.prior_storage_usd + storage, 6)
+    changes = JobChanges(
+        failure_reason=reason or None, exit_code=end.exit_code, **released, **paid
+    ) | _stage_end(job, status, released_at, instance_type)
     commands = (
         Terminate(),
         share,
@@ -372,7 +374,7 @@ def requeue_changes(job: Job, now: float) -> JobChanges:
         "started_instances": [],
         "drain_reason": None,
         "drain_requested_at": None,
-        **spent_until(job, released_at).as_prior().fields(),
+        **spent_until(job, released_at).prior_fields(),
     }
     counter = _COUNTERS.get(job.drain_reason or "")
     if counter is not None:
