@@ -17,7 +17,7 @@ from gpufleet.domain.review import (
     waste,
 )
 from gpufleet.domain.spec import parse_spec
-from gpufleet.domain.usage_layout import NodeUsage, Sample
+from gpufleet.domain.usage_layout import NodeSummary, NodeUsage, Sample
 
 T0 = 1_764_672_000.0
 HOUR = 3600.0
@@ -62,14 +62,14 @@ def used(
     util: float = 90.0,
     finished_before_release: float = 0.0,
     released: float = T0 + 10 * HOUR,
-) -> tuple[NodeUsage, ...]:
+) -> tuple[NodeSummary, ...]:
     usage = NodeUsage(job_id="j", instance_id="i-1", gpu_mem_total_mib=(24576.0,) * 4)
     usage = usage.with_event(T0, "started")
     for n in range(10):
         usage = usage.with_sample(
             Sample(T0 + n * HOUR, (util,) * 4, (gpu_mem_mib,) * 4, 20.0, 16384.0)
         )
-    return (usage.with_event(released - finished_before_release, "finished"),)
+    return (usage.with_event(released - finished_before_release, "finished").summarized(),)
 
 
 def test_a_family_that_used_a_third_of_its_gpu_memory_is_sized_down_with_the_saving() -> None:

@@ -143,7 +143,8 @@ def run_review(args: argparse.Namespace) -> int:
         if job.created_at >= start and (args.team is None or job.spec.team == args.team)
     ]
     reviewed = [
-        ReviewedJob(job, tuple(usage.of_job(job.job_id)) if job.placement else ()) for job in jobs
+        ReviewedJob(job, tuple(usage.summaries_of_job(job.job_id)) if job.placement else ())
+        for job in jobs
     ]
     document = review_document(reviewed, load_bundled(), region, bootable, start, now)
     document["since"] = args.since or (DEFAULT_SINCE if args.records is None else "the records")

@@ -38,7 +38,7 @@ from gpufleet.domain.catalog import Catalog, InstanceType
 from gpufleet.domain.cost import spent_until
 from gpufleet.domain.job import Job
 from gpufleet.domain.selection import is_feasible
-from gpufleet.domain.usage_layout import NodeUsage, UsageSummary, summarize
+from gpufleet.domain.usage_layout import NodeSummary, UsageSummary, combined
 
 HEADROOM = 0.10  # over the observed peaks, before an offering is said to fit
 BASELINE_SHARE = 0.90  # of the window's hours the steady baseline is held in
@@ -85,11 +85,11 @@ CAPACITY_BLOCKS = (
 @dataclass(frozen=True)
 class ReviewedJob:
     job: Job
-    nodes: tuple[NodeUsage, ...] = ()
+    nodes: tuple[NodeSummary, ...] = ()
 
     @cached_property
     def usage(self) -> UsageSummary:
-        return summarize(self.nodes)
+        return combined(n.usage for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -218,9 +218,7 @@ def right_size(
             continue
         (current,) = types
         current_price = price_of.get(current)
-        usage = (
-            items[0].usage if len(items) == 1 else summarize([n for i in items for n in i.nodes])
-        )
+        usage = items[0].usage if len(items) == 1 else combined(i.usage for i in items)
         if current_price is None or usage.gpu_mem_mib.peak is None:
             continue
         resources = items[-1].job.effective_spec.resources
@@ -310,7 +308,7 @@ def waste(reviewed: Iterable[ReviewedJob]) -> list[Waste]:
     return sorted((w for w in found if w.total_usd > 0), key=lambda w: -w.total_usd)
 
 
-def _held_after_seconds(node: NodeUsage, released_at: float) -> float:
+def _held_after_seconds(node: NodeSummary, released_at: float) -> float:
     finished = [t for t, name in node.events if name == "finished"]
     return max(0.0, released_at - max(finished)) if finished else 0.0
 
