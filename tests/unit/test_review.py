@@ -11,6 +11,7 @@ from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.review import (
     PLANS,
     ReviewedJob,
+    capacity_block_break_even,
     commitments,
     rework_seconds,
     right_size,
@@ -133,3 +134,15 @@ def test_a_steady_on_demand_baseline_breaks_even_where_its_discount_says() -> No
 def test_spot_and_no_history_commit_nothing() -> None:
     assert commitments([job()], T0, T0 + 86400) == []
     assert commitments([], T0, T0 + 86400) == []
+
+
+def test_a_capacity_block_breaks_even_at_its_price_over_the_on_demand_price() -> None:
+    [half] = capacity_block_break_even({"g5.12xlarge": 5.672 / 2}, load_bundled(), REGION)
+    assert half.on_demand_usd_per_hour == 5.672
+    assert half.break_even_utilization == 0.5  # used half its hours, it costs what on-demand does
+    [dear] = capacity_block_break_even({"g5.12xlarge": 5.672 * 1.5}, load_bundled(), REGION)
+    assert dear.break_even_utilization == 1.5  # above 1: never cheaper than on-demand
+
+
+def test_a_capacity_block_for_a_type_without_an_on_demand_price_is_left_out() -> None:
+    assert capacity_block_break_even({"nosuch.48xlarge": 30.0}, load_bundled(), REGION) == []

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -76,10 +76,41 @@ PLANS = (
 )
 CAPACITY_BLOCKS = (
     "Capacity Blocks for ML are priced per offering (DescribeCapacityBlockOfferings' UpfrontFee "
-    "for its hours), not as a discount: one breaks even when its fee is at most the on-demand "
-    "cost of the hours the family would fill in it (the hourly figures below); it buys "
-    "certainty of capacity, which on-demand does not."
+    "for its hours), not as a discount, and gpufleet has no sourced price for them: give a "
+    "booked block's price per instance-hour with --capacity-block TYPE=USD. A block is paid for "
+    "every hour of its window, so it breaks even when the family fills at least (block $/h / "
+    "on-demand $/h) of the block's hours; it buys certainty of capacity, which on-demand does not."
 )
+
+
+@dataclass(frozen=True)
+class CapacityBlockBreakEven:
+    instance_type: str
+    block_usd_per_hour: float  # the user's price per instance-hour of the block
+    on_demand_usd_per_hour: float  # the catalog's, in the region
+    break_even_utilization: float  # of the block's hours; above 1: never cheaper than on-demand
+
+
+def capacity_block_break_even(
+    block_prices: Mapping[str, float],
+    catalog: Catalog,
+    region: str,
+    bootable: frozenset[BootTarget] = STOCK_TARGETS,
+) -> list[CapacityBlockBreakEven]:
+    """Per instance type given a block price: the share of the block's hours it must be used
+    for the block to cost no more than those hours on-demand (every hour of a block is paid,
+    used or not). A type without an on-demand price in the region (or not booted) is left out."""
+    on_demand = {it.name: price for price, it in on_demand_prices(catalog, region, bootable)}
+    return [
+        CapacityBlockBreakEven(
+            instance_type=name,
+            block_usd_per_hour=price,
+            on_demand_usd_per_hour=on_demand[name],
+            break_even_utilization=round(price / on_demand[name], 3),
+        )
+        for name, price in sorted(block_prices.items())
+        if on_demand.get(name)
+    ]
 
 
 @dataclass(frozen=True)
