@@ -19,7 +19,7 @@ from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the q
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
 from gpufleet.domain.spec import Priority
-from gpufleet.domain.usage_layout import NodeUsage
+from gpufleet.domain.usage_layout import NodeSummary, NodeUsage
 from gpufleet.errors import NotFound, RefusedInput
 
 
@@ -338,6 +338,11 @@ class ObjectStore(Protocol):
 class UsageReader(Protocol):
     def of_job(self, job_id: str) -> list[NodeUsage]:
         """Each node's usage document of the job's runs (domain/usage_layout.py), by instance."""
+        ...
+
+    def summaries_of_job(self, job_id: str) -> list[NodeSummary]:
+        """The same documents summed up, their samples not kept (what `gpufleet review` reads
+        of every job)."""
         ...
 
 

@@ -284,11 +284,16 @@ def test_review_reads_the_records_and_the_usage_the_nodes_kept(
 ) -> None:
     out = workdir / "review"
     code, printed, _ = cli(
-        "review", "--since", "1d", "--team", "vision", "--json", "--out", str(out)
-    )
+        "review", "--since", "1d", "--team", "vision", "--json", "--out", str(out),
+        "--capacity-block", "p5.48xlarge=27.5",
+    )  # fmt: skip
     assert code == 0
     document = json.loads(printed)
     assert document["jobs"] >= 1 and document["with_usage"] >= 1
+    [block] = document["capacity_block_break_even"]
+    assert block["instance_type"] == "p5.48xlarge"
+    assert block["break_even_utilization"] == round(27.5 / block["on_demand_usd_per_hour"], 3)
+    assert "p5.48xlarge: a block at $27.5/h" in (out / "index.html").read_text()
     assert {"right_size", "waste", "commitments", "capacity_blocks"} <= set(document)
     # What the node published: its GPU at 90 % (never idle), 8,000 MiB used of a type already
     # the cheapest that holds it with headroom: no idle GPU-hours, no type to move to (how long
@@ -298,6 +303,8 @@ def test_review_reads_the_records_and_the_usage_the_nodes_kept(
     assert "<h2>Right-size</h2>" in (out / "index.html").read_text()
     code, _, err = cli("review", "--since", "soon")
     assert code == 2 and "--since" in err
+    code, _, err = cli("review", "--capacity-block", "p5.48xlarge=-1")
+    assert code == 2 and "--capacity-block" in err
 
 
 def test_an_unknown_job_is_a_clear_error(cli: Cli) -> None:

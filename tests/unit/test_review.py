@@ -11,13 +11,14 @@ from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.review import (
     PLANS,
     ReviewedJob,
+    capacity_block_break_even,
     commitments,
     rework_seconds,
     right_size,
     waste,
 )
 from gpufleet.domain.spec import parse_spec
-from gpufleet.domain.usage_layout import NodeUsage, Sample
+from gpufleet.domain.usage_layout import NodeSummary, NodeUsage, Sample
 
 T0 = 1_764_672_000.0
 HOUR = 3600.0
@@ -62,14 +63,14 @@ def used(
     util: float = 90.0,
     finished_before_release: float = 0.0,
     released: float = T0 + 10 * HOUR,
-) -> tuple[NodeUsage, ...]:
+) -> tuple[NodeSummary, ...]:
     usage = NodeUsage(job_id="j", instance_id="i-1", gpu_mem_total_mib=(24576.0,) * 4)
     usage = usage.with_event(T0, "started")
     for n in range(10):
         usage = usage.with_sample(
             Sample(T0 + n * HOUR, (util,) * 4, (gpu_mem_mib,) * 4, 20.0, 16384.0)
         )
-    return (usage.with_event(released - finished_before_release, "finished"),)
+    return (usage.with_event(released - finished_before_release, "finished").summarized(),)
 
 
 def test_a_family_that_used_a_third_of_its_gpu_memory_is_sized_down_with_the_saving() -> None:
@@ -133,3 +134,15 @@ def test_a_steady_on_demand_baseline_breaks_even_where_its_discount_says() -> No
 def test_spot_and_no_history_commit_nothing() -> None:
     assert commitments([job()], T0, T0 + 86400) == []
     assert commitments([], T0, T0 + 86400) == []
+
+
+def test_a_capacity_block_breaks_even_at_its_price_over_the_on_demand_price() -> None:
+    [half] = capacity_block_break_even({"g5.12xlarge": 5.672 / 2}, load_bundled(), REGION)
+    assert half.on_demand_usd_per_hour == 5.672
+    assert half.break_even_utilization == 0.5  # used half its hours, it costs what on-demand does
+    [dear] = capacity_block_break_even({"g5.12xlarge": 5.672 * 1.5}, load_bundled(), REGION)
+    assert dear.break_even_utilization == 1.5  # above 1: never cheaper than on-demand
+
+
+def test_a_capacity_block_for_a_type_without_an_on_demand_price_is_left_out() -> None:
+    assert capacity_block_break_even({"nosuch.48xlarge": 30.0}, load_bundled(), REGION) == []

@@ -20,9 +20,11 @@ from gpufleet.agent.usage import (
 )
 from gpufleet.domain.usage_layout import (
     MAX_SAMPLES,
+    NodeSummary,
     NodeUsage,
     Sample,
     UsageLayoutError,
+    combined,
     summarize,
     usage_key,
 )
@@ -136,6 +138,8 @@ def test_the_document_round_trips_compactly_in_whole_numbers() -> None:
 def test_a_document_of_another_layout_is_refused_clearly(raw: bytes) -> None:
     with pytest.raises(UsageLayoutError):
         NodeUsage.from_json(raw)
+    with pytest.raises(UsageLayoutError):
+        NodeSummary.from_json(raw)  # what the review reads: checked alike
 
 
 def test_an_unknown_timeline_mark_is_refused() -> None:
@@ -160,6 +164,15 @@ def test_the_summary_gives_peaks_means_and_the_idle_share() -> None:
     assert summary["gpu_mem_mib_peak"] == 200.0  # the fullest GPU's
     assert summary["gpu_idle_fraction"] == 0.5  # the second GPU, at 4 %
     assert summary["host_mem_mib_peak"] is None  # never read: not made up
+
+
+def test_a_summary_read_from_the_document_is_the_summary_of_its_samples() -> None:
+    first, second = usage(), usage().with_sample(Sample(t=1180.0, gpu_util=(1.0, None)))
+    read = [NodeSummary.from_json(n.to_json()) for n in (first, second)]
+    assert read[0].usage == summarize([first]) and read[0].events == first.events
+    both = combined(r.usage for r in read)
+    assert both == summarize([first, second])
+    assert both.nodes == 2 and both.samples == 7 and both.gpu_util_percent.peak == 92.0
 
 
 @dataclass

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -38,7 +38,7 @@ from gpufleet.domain.catalog import Catalog, InstanceType
 from gpufleet.domain.cost import spent_until
 from gpufleet.domain.job import Job
 from gpufleet.domain.selection import is_feasible
-from gpufleet.domain.usage_layout import NodeUsage, UsageSummary, summarize
+from gpufleet.domain.usage_layout import NodeSummary, UsageSummary, combined
 
 HEADROOM = 0.10  # over the observed peaks, before an offering is said to fit
 BASELINE_SHARE = 0.90  # of the window's hours the steady baseline is held in
@@ -76,20 +76,51 @@ PLANS = (
 )
 CAPACITY_BLOCKS = (
     "Capacity Blocks for ML are priced per offering (DescribeCapacityBlockOfferings' UpfrontFee "
-    "for its hours), not as a discount: one breaks even when its fee is at most the on-demand "
-    "cost of the hours the family would fill in it (the hourly figures below); it buys "
-    "certainty of capacity, which on-demand does not."
+    "for its hours), not as a discount, and gpufleet has no sourced price for them: give a "
+    "booked block's price per instance-hour with --capacity-block TYPE=USD. A block is paid for "
+    "every hour of its window, so it breaks even when the family fills at least (block $/h / "
+    "on-demand $/h) of the block's hours; it buys certainty of capacity, which on-demand does not."
 )
+
+
+@dataclass(frozen=True)
+class CapacityBlockBreakEven:
+    instance_type: str
+    block_usd_per_hour: float  # the user's price per instance-hour of the block
+    on_demand_usd_per_hour: float  # the catalog's, in the region
+    break_even_utilization: float  # of the block's hours; above 1: never cheaper than on-demand
+
+
+def capacity_block_break_even(
+    block_prices: Mapping[str, float],
+    catalog: Catalog,
+    region: str,
+    bootable: frozenset[BootTarget] = STOCK_TARGETS,
+) -> list[CapacityBlockBreakEven]:
+    """Per instance type given a block price: the share of the block's hours it must be used
+    for the block to cost no more than those hours on-demand (every hour of a block is paid,
+    used or not). A type without an on-demand price in the region (or not booted) is left out."""
+    on_demand = {it.name: price for price, it in on_demand_prices(catalog, region, bootable)}
+    return [
+        CapacityBlockBreakEven(
+            instance_type=name,
+            block_usd_per_hour=price,
+            on_demand_usd_per_hour=on_demand[name],
+            break_even_utilization=round(price / on_demand[name], 3),
+        )
+        for name, price in sorted(block_prices.items())
+        if on_demand.get(name)
+    ]
 
 
 @dataclass(frozen=True)
 class ReviewedJob:
     job: Job
-    nodes: tuple[NodeUsage, ...] = ()
+    nodes: tuple[NodeSummary, ...] = ()
 
     @cached_property
     def usage(self) -> UsageSummary:
-        return summarize(self.nodes)
+        return combined(n.usage for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -218,9 +249,7 @@ def right_size(
             continue
         (current,) = types
         current_price = price_of.get(current)
-        usage = (
-            items[0].usage if len(items) == 1 else summarize([n for i in items for n in i.nodes])
-        )
+        usage = items[0].usage if len(items) == 1 else combined(i.usage for i in items)
         if current_price is None or usage.gpu_mem_mib.peak is None:
             continue
         resources = items[-1].job.effective_spec.resources
@@ -310,7 +339,7 @@ def waste(reviewed: Iterable[ReviewedJob]) -> list[Waste]:
     return sorted((w for w in found if w.total_usd > 0), key=lambda w: -w.total_usd)
 
 
-def _held_after_seconds(node: NodeUsage, released_at: float) -> float:
+def _held_after_seconds(node: NodeSummary, released_at: float) -> float:
     finished = [t for t, name in node.events if name == "finished"]
     return max(0.0, released_at - max(finished)) if finished else 0.0
 

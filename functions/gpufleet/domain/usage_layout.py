@@ -28,6 +28,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from gpufleet.errors import RefusedInput
 
@@ -114,6 +115,68 @@ class NodeUsage:
     @classmethod
     def from_json(cls, raw: bytes) -> NodeUsage:
         """The document `raw`; UsageLayoutError when it is not one of this layout."""
+        c = _Columns.read(raw)
+        # Each column checked whole (a review reads millions of samples): the rows are built
+        # without checking each value again.
+        samples = tuple(
+            Sample(
+                t=c.t0 + offset,
+                gpu_util=tuple(gpu_util),
+                gpu_mem_mib=tuple(gpu_mem),
+                cpu_percent=cpu_percent,
+                mem_mib=mem_mib,
+            )
+            for offset, gpu_util, gpu_mem, cpu_percent, mem_mib in zip(
+                c.offsets, c.gpu_util, c.gpu_mem, c.cpu, c.mem, strict=True
+            )
+        )
+        return cls(
+            job_id=c.job_id,
+            instance_id=c.instance_id,
+            interval_seconds=c.interval_seconds,
+            gpu_mem_total_mib=c.gpu_mem_total_mib,
+            host_mem_total_mib=c.host_mem_total_mib,
+            samples=samples,
+            events=c.events,
+        )
+
+    def summarized(self) -> NodeSummary:
+        samples = self.samples
+        return NodeSummary(
+            job_id=self.job_id,
+            instance_id=self.instance_id,
+            usage=_summary_of(
+                [s.gpu_util for s in samples],
+                [s.gpu_mem_mib for s in samples],
+                [s.cpu_percent for s in samples],
+                [s.mem_mib for s in samples],
+                self.gpu_mem_total_mib,
+                self.host_mem_total_mib,
+            ),
+            events=self.events,
+        )
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """A usage document's fields, each column checked whole."""
+
+    job_id: str
+    instance_id: str
+    interval_seconds: float
+    gpu_mem_total_mib: tuple[float, ...]
+    host_mem_total_mib: float | None
+    t0: float
+    offsets: list[float]
+    gpu_util: list[list[float | None]]
+    gpu_mem: list[list[float | None]]
+    cpu: list[float | None]
+    mem: list[float | None]
+    events: tuple[tuple[float, str], ...]
+
+    @classmethod
+    def read(cls, raw: bytes) -> _Columns:
+        """The columns of the document `raw`; UsageLayoutError when it is not of this layout."""
         try:
             # NaN and Infinity refused as they are read: every number left is finite.
             document = json.loads(raw, parse_constant=_not_finite)
@@ -129,29 +192,19 @@ class NodeUsage:
             _check_rows(mem)
             _check_optional(cpu)
             _check_optional(host)
-            # Each column checked whole above (a review reads millions of samples): the rows
-            # are built without checking each value again.
-            samples = tuple(
-                Sample(
-                    t=t0 + offset,
-                    gpu_util=tuple(gpu_util),
-                    gpu_mem_mib=tuple(gpu_mem),
-                    cpu_percent=cpu_percent,
-                    mem_mib=mem_mib,
-                )
-                for offset, gpu_util, gpu_mem, cpu_percent, mem_mib in zip(
-                    offsets, util, mem, cpu, host, strict=True
-                )
-            )
-            events = tuple((t0 + _number(t), str(name)) for t, name in document["events"])
             return cls(
                 job_id=str(document["job"]),
                 instance_id=str(document["instance"]),
                 interval_seconds=_number(document["interval"]),
                 gpu_mem_total_mib=tuple(_number(v) for v in document["gpu_mem_total"]),
                 host_mem_total_mib=_optional(document["host_mem_total"]),
-                samples=samples,
-                events=events,
+                t0=t0,
+                offsets=offsets,
+                gpu_util=util,
+                gpu_mem=mem,
+                cpu=cpu,
+                mem=host,
+                events=tuple((t0 + _number(t), str(name)) for t, name in document["events"]),
             )
         except UsageLayoutError:
             raise
@@ -161,15 +214,37 @@ class NodeUsage:
 
 @dataclass(frozen=True)
 class Stat:
+    """The peak and mean of known values; their total and count kept so that several nodes'
+    combine into the stat of all their values."""
+
     peak: float | None = None
-    mean: float | None = None
+    total: float = 0
+    count: int = 0
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
 
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Stat:
-        known = [v for v in values if v is not None]
+        return cls._of_known([v for v in values if v is not None])
+
+    @classmethod
+    def _of_known(cls, known: list[float]) -> Stat:
         if not known:
             return cls()
-        return cls(peak=max(known), mean=sum(known) / len(known))
+        return cls(peak=max(known), total=sum(known), count=len(known))
+
+    @classmethod
+    def combined(cls, stats: Iterable[Stat]) -> Stat:
+        stats = [s for s in stats if s.count]
+        if not stats:
+            return cls()
+        return cls(
+            peak=max(s.peak for s in stats if s.peak is not None),
+            total=sum(s.total for s in stats),
+            count=sum(s.count for s in stats),
+        )
 
 
 @dataclass(frozen=True)
@@ -186,7 +261,12 @@ class UsageSummary:
     cpu_percent: Stat = field(default_factory=Stat)
     host_mem_mib: Stat = field(default_factory=Stat)
     host_mem_total_mib: float | None = None
-    idle_fraction: float | None = None
+    idle_gpu_samples: int = 0  # GPU samples below IDLE_UTILIZATION_PERCENT
+
+    @property
+    def idle_fraction(self) -> float | None:
+        count = self.gpu_util_percent.count
+        return self.idle_gpu_samples / count if count else None
 
     def as_dict(self) -> dict[str, float | int | None]:
         def rounded(value: float | None) -> float | None:
@@ -209,43 +289,95 @@ class UsageSummary:
         return out
 
 
+@dataclass(frozen=True)
+class NodeSummary:
+    """What the review reads of one node's usage: its summary and its timeline's marks, without
+    the samples (a month's review reads millions of them)."""
+
+    job_id: str
+    instance_id: str
+    usage: UsageSummary = field(default_factory=UsageSummary)
+    events: tuple[tuple[float, str], ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> NodeSummary:
+        """The summary of the document `raw`, checked as `NodeUsage.from_json` checks it."""
+        c = _Columns.read(raw)
+        return cls(
+            job_id=c.job_id,
+            instance_id=c.instance_id,
+            usage=_summary_of(
+                c.gpu_util, c.gpu_mem, c.cpu, c.mem, c.gpu_mem_total_mib, c.host_mem_total_mib
+            ),
+            events=c.events,
+        )
+
+
 def summarize(nodes: Sequence[NodeUsage]) -> UsageSummary:
-    samples = [s for node in nodes for s in node.samples]
-    utils = [v for s in samples for v in s.gpu_util if v is not None]
-    fullest = [max((v for v in s.gpu_mem_mib if v is not None), default=None) for s in samples]
-    totals = [v for node in nodes for v in node.gpu_mem_total_mib]
-    hosts = [node.host_mem_total_mib for node in nodes if node.host_mem_total_mib is not None]
+    return combined(node.summarized().usage for node in nodes)
+
+
+def combined(summaries: Iterable[UsageSummary]) -> UsageSummary:
+    """The summary of several nodes' usage: the stats of all their values, the smallest
+    totals (what a type sized for every node must hold)."""
+    summaries = list(summaries)
+    totals = [s.gpu_mem_total_mib for s in summaries if s.gpu_mem_total_mib is not None]
+    hosts = [s.host_mem_total_mib for s in summaries if s.host_mem_total_mib is not None]
     return UsageSummary(
-        nodes=len(nodes),
-        samples=len(samples),
-        gpu_util_percent=Stat.of(utils),
-        gpu_mem_mib=Stat.of(fullest),
+        nodes=sum(s.nodes for s in summaries),
+        samples=sum(s.samples for s in summaries),
+        gpu_util_percent=Stat.combined(s.gpu_util_percent for s in summaries),
+        gpu_mem_mib=Stat.combined(s.gpu_mem_mib for s in summaries),
         gpu_mem_total_mib=min(totals) if totals else None,
-        cpu_percent=Stat.of(s.cpu_percent for s in samples),
-        host_mem_mib=Stat.of(s.mem_mib for s in samples),
+        cpu_percent=Stat.combined(s.cpu_percent for s in summaries),
+        host_mem_mib=Stat.combined(s.host_mem_mib for s in summaries),
         host_mem_total_mib=min(hosts) if hosts else None,
-        idle_fraction=(
-            sum(1 for v in utils if v < IDLE_UTILIZATION_PERCENT) / len(utils) if utils else None
-        ),
+        idle_gpu_samples=sum(s.idle_gpu_samples for s in summaries),
     )
+
+
+def _summary_of(
+    gpu_util: Sequence[Sequence[float | None]],
+    gpu_mem: Sequence[Sequence[float | None]],
+    cpu: Sequence[float | None],
+    host_mem: Sequence[float | None],
+    gpu_mem_total: Sequence[float],
+    host_mem_total: float | None,
+) -> UsageSummary:
+    """One node's summary, from its columns (a row per sample, a value per GPU)."""
+    utils = [v for v in itertools.chain.from_iterable(gpu_util) if v is not None]
+    fullest = [_peak(row) for row in gpu_mem]
+    return UsageSummary(
+        nodes=1,
+        samples=len(gpu_util),
+        gpu_util_percent=Stat._of_known(utils),
+        gpu_mem_mib=Stat.of(fullest),
+        gpu_mem_total_mib=min(gpu_mem_total) if gpu_mem_total else None,
+        cpu_percent=Stat.of(cpu),
+        host_mem_mib=Stat.of(host_mem),
+        host_mem_total_mib=host_mem_total,
+        idle_gpu_samples=sum(1 for v in utils if v < IDLE_UTILIZATION_PERCENT),
+    )
+
+
+def _peak(values: Sequence[float | None]) -> float | None:
+    """The largest known value (None when none is known); most rows have no null."""
+    if values and None not in values:
+        return max(cast(Sequence[float], values))
+    return max((v for v in values if v is not None), default=None)
 
 
 def _merged(pair: Sequence[Sample]) -> Sample:
     """Two neighbouring samples as one: the first's time, each value's peak."""
     first = pair[0]
-
-    def peak(values: Iterable[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return max(known) if known else None
-
     width = max(len(s.gpu_util) for s in pair)
     mem_width = max(len(s.gpu_mem_mib) for s in pair)
     return Sample(
         t=first.t,
-        gpu_util=tuple(peak(_at(s.gpu_util, i) for s in pair) for i in range(width)),
-        gpu_mem_mib=tuple(peak(_at(s.gpu_mem_mib, i) for s in pair) for i in range(mem_width)),
-        cpu_percent=peak(s.cpu_percent for s in pair),
-        mem_mib=peak(s.mem_mib for s in pair),
+        gpu_util=tuple(_peak([_at(s.gpu_util, i) for s in pair]) for i in range(width)),
+        gpu_mem_mib=tuple(_peak([_at(s.gpu_mem_mib, i) for s in pair]) for i in range(mem_width)),
+        cpu_percent=_peak([s.cpu_percent for s in pair]),
+        mem_mib=_peak([s.mem_mib for s in pair]),
     )
 
 

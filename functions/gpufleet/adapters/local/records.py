@@ -17,19 +17,28 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gpufleet.adapters.aws.job_store import item_to_job, job_to_item
 from gpufleet.domain.job import Job, JobStatus
-from gpufleet.domain.usage_layout import NodeUsage, UsageLayoutError, usage_key, usage_prefix
+from gpufleet.domain.usage_layout import (
+    NodeSummary,
+    NodeUsage,
+    UsageLayoutError,
+    usage_key,
+    usage_prefix,
+)
 from gpufleet.errors import RefusedInput
 from gpufleet.topology import RUNS_PREFIX
 
 EXPORT_VERSION = 1
 EXPORT = "export.json"
 JOBS = "jobs.jsonl"
+
+Read = TypeVar("Read", NodeUsage, NodeSummary)
 
 
 class RecordsError(RefusedInput):
@@ -99,9 +108,15 @@ class RecordsFolder:
         return found[:limit]
 
     def of_job(self, job_id: str) -> list[NodeUsage]:
+        return self._read(job_id, NodeUsage.from_json)
+
+    def summaries_of_job(self, job_id: str) -> list[NodeSummary]:
+        return self._read(job_id, NodeSummary.from_json)
+
+    def _read(self, job_id: str, parse: Callable[[bytes], Read]) -> list[Read]:
         """Every node's usage document of the job, by instance id; one not in the layout is
         left out (as the S3 reader does)."""
-        found: list[NodeUsage] = []
+        found: list[Read] = []
         folder = self._folder / usage_prefix(RUNS_PREFIX, job_id)
         try:
             names = os.listdir(folder)  # one call a job: a month's review lists tens of thousands
@@ -111,7 +126,7 @@ class RecordsFolder:
             if not name.endswith(".json"):
                 continue
             try:
-                found.append(NodeUsage.from_json((folder / name).read_bytes()))
+                found.append(parse((folder / name).read_bytes()))
             except UsageLayoutError:
                 continue
         return sorted(found, key=lambda usage: usage.instance_id)
