@@ -778,6 +778,24 @@ class _Pass:
                 return self.reservation
         return None
 
+    def room_before_drain(self, job: QueuedJob) -> bool:
+        """Would `job` fit once the running jobs expected to end before victims preempted now
+        would have drained (`preemption_grace_seconds`) have ended? Then preempting gains it
+        nothing and costs the victims a restart: it waits for those ends instead. A job past
+        its expected end, or of unknown duration, does not count (when it ends is unknown),
+        so an estimate that was wrong delays a preemption by one pass, never more. Only a job
+        about to hold the reservation waits so (`decide_streams`): no other work may then take
+        the room those ends free."""
+        horizon = self.now + self.policy.preemption_grace_seconds
+        left = self.usage.copy()
+        ending = 0
+        for r in self.running.values():
+            end = r.expected_end
+            if not r.draining and end is not None and self.now < end <= horizon:
+                left.add(r.team, r.gpus, r.instances, sign=-1)
+                ending += 1
+        return ending > 0 and self._fits_on(job, left)
+
     def delays_reservation(self, job: QueuedJob) -> bool:
         """Would admitting `job` (which fits now) delay the reserved job's expected start in a
         way the reservation forbids? Not if it is expected to end by then, nor if the reserved
@@ -1137,7 +1155,10 @@ def decide_streams(
             WaitReason.WINDOW,
         ):
             victims = state.victims_for(job)
-            if victims:
+            # A job that will hold the reservation (no job ahead of it in the pass waits for
+            # room) waits for the ends due before its victims would have drained: the room
+            # they free is then its own. Any other job preempts.
+            if victims and (state.reservation_tried or not state.room_before_drain(job)):
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))
                     state.drain(victim, job.job_id)
