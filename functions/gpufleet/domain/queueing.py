@@ -42,7 +42,9 @@ class only once they have run `reclaim_after_seconds`), or lower-class jobs of i
 (any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
 stopped `max_preemptions_per_job` times already. They are chosen
 borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
-frees enough. Because the preemptor is always entitled and its victims never are (or are of
+frees enough. A job about to hold the reservation waits instead when running jobs expected
+to end before its victims would have drained make room for it (`room_before_drain`).
+Because the preemptor is always entitled and its victims never are (or are of
 a lower class in the same team), a victim can never preempt its preemptor back: preemption
 cannot loop.
 """
