@@ -104,19 +104,30 @@ def test_fair_share_never_overrides_the_class_order() -> None:
     decision = decide(jobs, FULL_BUT_ONE, [], NOW, POLICY, team_usage={"vision": 100.0})
     assert ids(decision.admitted) == ["vision-high"]
     # Aged 4 h at 0.5 ranks an hour, vision's normal job lifts its class over a new high job;
-    # within that class nlp, which used nothing, goes first.
+    # with no higher class waiting, nlp, which used nothing, goes first within that class.
+    two_free = [running("held", team="other", gpus=16)]
+    usage = {"vision": 100.0}
+    normal_only = [queued("vision-aged", waited=4 * HOUR), queued("nlp-normal", team="nlp")]
+    assert ids(decide(normal_only, two_free, [], NOW, POLICY, team_usage=usage).admitted) == [
+        "nlp-normal",
+        "vision-aged",
+    ]
+
+
+def test_aging_lifts_past_a_higher_class_only_the_job_that_waited() -> None:
+    """Ahead of a waiting high job only by its longest-waiting job's aging, the normal class
+    gives that job, not its fair-share pick: a fresh normal job of a team that used nothing
+    does not ride on another team's wait past more urgent work."""
     two_free = [running("held", team="other", gpus=16)]
     jobs = [
         queued("vision-aged", waited=4 * HOUR),
         queued("nlp-normal", team="nlp"),
         queued("vision-high", priority=Priority.HIGH),
     ]
-    usage = {"vision": 100.0}
-    assert ids(decide(jobs, two_free, [], NOW, POLICY, team_usage=usage).admitted) == [
-        "nlp-normal",
-        "vision-aged",
-    ]
-    assert ids(decide(jobs, two_free, [], NOW, POLICY).admitted) == ["vision-aged", "vision-high"]
+    for usage in ({"vision": 100.0}, None):
+        decision = decide(jobs, two_free, [], NOW, POLICY, team_usage=usage)
+        assert ids(decision.admitted) == ["vision-aged", "vision-high"]
+        assert "nlp-normal" in decision.waiting
 
 
 teams = st.sampled_from(["vision", "nlp", "audio"])

@@ -192,6 +192,47 @@ def test_a_job_preempted_the_most_times_the_policy_allows_is_no_victim() -> None
     assert spared.preemptions == [] and spared.waiting["v-high"] is WaitReason.QUOTA
 
 
+def test_a_job_waits_for_ends_expected_before_victims_would_drain_instead_of_preempting() -> None:
+    """Running jobs expected to end within `preemption_grace_seconds` free the room before a
+    victim preempted now would: the job waits for them, holding the reservation, and nobody
+    is stopped. An end expected later, or a job past its expected end (when it ends is
+    unknown), does not count, and the job preempts."""
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=4, borrow=0)}})
+    urgent = queued("v-high", priority=Priority.HIGH, gpus=2)
+    victim = running("v-low", priority=Priority.LOW, gpus=2, age=2 * HOUR)
+
+    def other(ends_in: float) -> RunningJob:
+        return running("v-normal", gpus=2, age=HOUR, expected_end=NOW + ends_in)
+
+    grace = strict.preemption_grace_seconds
+    soon = decide([urgent], [victim, other(grace / 2)], [], NOW, strict)
+    assert soon.preemptions == [] and soon.waiting["v-high"] is WaitReason.QUOTA
+    assert soon.reservation is not None and soon.reservation.job_id == "v-high"
+    for ends_in in (grace + 60, -60):  # after the victim would have drained; overdue
+        later = decide([urgent], [victim, other(ends_in)], [], NOW, strict)
+        assert later.preemptions == [Preemption("v-low", "v-high")]
+
+
+def test_a_job_that_would_not_hold_the_reservation_preempts_rather_than_wait() -> None:
+    """Waiting for ends is safe only when the room they free is the job's own: when a job
+    ahead of it already holds the reservation, it preempts as before."""
+    strict = POLICY.model_copy(
+        update={
+            "teams": {"vision": TeamQuota(gpus=4, borrow=0), "nlp": TeamQuota(gpus=16)},
+        }
+    )
+    ahead = queued("n-big", team="nlp", gpus=16, waited=3 * HOUR)  # aged ahead: reserves
+    urgent = queued("v-high", priority=Priority.HIGH, gpus=2)
+    held = [
+        running("v-low", priority=Priority.LOW, gpus=2, age=2 * HOUR),
+        running("v-normal", gpus=2, age=HOUR, expected_end=NOW + 60),
+        running("n-run", team="nlp", gpus=14, age=HOUR, expected_end=NOW + HOUR),
+    ]
+    decision = decide([ahead, urgent], held, [], NOW, strict)
+    assert decision.reservation is not None and decision.reservation.job_id == "n-big"
+    assert decision.preemptions == [Preemption("v-low", "v-high")]
+
+
 def test_the_preemptor_gets_the_freed_gpus_and_its_victim_yields() -> None:
     strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=4, borrow=0)}})
     victim = QueuedJob(

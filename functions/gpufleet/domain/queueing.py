@@ -42,7 +42,9 @@ class only once they have run `reclaim_after_seconds`), or lower-class jobs of i
 (any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
 stopped `max_preemptions_per_job` times already. They are chosen
 borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
-frees enough. Because the preemptor is always entitled and its victims never are (or are of
+frees enough. A job about to hold the reservation waits instead when running jobs expected
+to end before its victims would have drained make room for it (`room_before_drain`).
+Because the preemptor is always entitled and its victims never are (or are of
 a lower class in the same team), a victim can never preempt its preemptor back: preemption
 cannot loop.
 """
@@ -547,38 +549,54 @@ class _Heads:
     effective priority of their longest-waiting head (aging lifts a class as before); within
     the class chosen, the team of the lowest fair-share standing goes first, then FIFO. With
     equal standings (no usage yet, or fair share off) that is effective priority, then the
-    earlier submission, job by job: the order without fair share."""
+    earlier submission, job by job: the order without fair share.
+
+    A class chosen ahead of a higher class's work only by aging gives its longest-waiting
+    job, not its fair-share pick: the lift is that job's own, earned by its wait, and a fresh
+    job of another team must not ride on it past more urgent work."""
 
     def __init__(self, now: float, policy: QueuePolicy, standings: Mapping[str, float]) -> None:
         self._now, self._policy, self._standings = now, policy, standings
         self._in_class: dict[Priority, list[tuple[float, float, str, int, QueuedJob]]] = {}
-        self._oldest: dict[Priority, list[tuple[float, str, QueuedJob]]] = {}
-        self._taken: set[str] = set()  # popped, and not yet dropped from `_oldest`
+        self._oldest: dict[Priority, list[tuple[float, str, int, QueuedJob]]] = {}
+        # Popped from one heap and not yet dropped from the other (lazily, at its top).
+        self._taken: set[str] = set()
+        self._size = 0
 
     def __bool__(self) -> bool:
-        return any(self._in_class.values())
+        return self._size > 0
 
     def push(self, job: QueuedJob, stream: int) -> None:
         standing = self._standings.get(job.team, 0.0)
         entry = (standing, job.enqueued_at, job.job_id, stream, job)
         heapq.heappush(self._in_class.setdefault(job.priority, []), entry)
         heapq.heappush(
-            self._oldest.setdefault(job.priority, []), (job.enqueued_at, job.job_id, job)
+            self._oldest.setdefault(job.priority, []), (job.enqueued_at, job.job_id, stream, job)
         )
+        self._size += 1
 
     def pop(self) -> tuple[int, QueuedJob]:
         """The next job and the index of its stream."""
         best: tuple[float, float, str] | None = None
         chosen = Priority.LOW
+        top_rank = -1  # the highest class with a job waiting
         for priority, oldest in self._oldest.items():
             while oldest and oldest[0][1] in self._taken:
                 self._taken.discard(heapq.heappop(oldest)[1])
             if oldest:
-                enqueued_at, job_id, job = oldest[0]
+                enqueued_at, job_id, _, job = oldest[0]
+                top_rank = max(top_rank, CLASS_RANK[priority])
                 key = (-effective_priority(job, self._now, self._policy), enqueued_at, job_id)
                 if best is None or key < best:
                     best, chosen = key, priority
-        *_, stream, job = heapq.heappop(self._in_class[chosen])
+        self._size -= 1
+        if CLASS_RANK[chosen] < top_rank:
+            _, _, stream, job = heapq.heappop(self._oldest[chosen])
+        else:
+            in_class = self._in_class[chosen]
+            while in_class[0][2] in self._taken:
+                self._taken.discard(heapq.heappop(in_class)[2])
+            *_, stream, job = heapq.heappop(in_class)
         self._taken.add(job.job_id)
         return stream, job
 
@@ -793,6 +811,24 @@ class _Pass:
                 self.reservation_job, self.at_reservation = job, left
                 return self.reservation
         return None
+
+    def room_before_drain(self, job: QueuedJob) -> bool:
+        """Would `job` fit once the running jobs expected to end before victims preempted now
+        would have drained (`preemption_grace_seconds`) have ended? Then preempting gains it
+        nothing and costs the victims a restart: it waits for those ends instead. A job past
+        its expected end, or of unknown duration, does not count (when it ends is unknown),
+        so an estimate that was wrong delays a preemption by one pass, never more. Only a job
+        about to hold the reservation waits so (`decide_streams`): no other work may then take
+        the room those ends free."""
+        horizon = self.now + self.policy.preemption_grace_seconds
+        left = self.usage.copy()
+        ending = 0
+        for r in self.running.values():
+            end = r.expected_end
+            if not r.draining and end is not None and self.now < end <= horizon:
+                left.add(r.team, r.gpus, r.instances, sign=-1)
+                ending += 1
+        return ending > 0 and self._fits_on(job, left)
 
     def delays_reservation(self, job: QueuedJob) -> bool:
         """Would admitting `job` (which fits now) delay the reserved job's expected start in a
@@ -1144,7 +1180,10 @@ def decide_streams(
             WaitReason.WINDOW,
         ):
             victims = state.victims_for(job)
-            if victims:
+            # A job that will hold the reservation (no job ahead of it in the pass waits for
+            # room) waits for the ends due before its victims would have drained: the room
+            # they free is then its own. Any other job preempts.
+            if victims and (state.reservation_tried or not state.room_before_drain(job)):
                 for victim in victims:
                     decision.preemptions.append(Preemption(victim.job_id, job.job_id))
                     state.drain(victim, job.job_id)
