@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gpufleet.domain.catalog import load_bundled
+from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.job import Job, JobStatus, Placement
 from gpufleet.domain.review import (
     PLANS,
     ReviewedJob,
+    booked_block_prices,
     capacity_block_break_even,
     commitments,
     rework_seconds,
@@ -142,6 +145,30 @@ def test_a_capacity_block_breaks_even_at_its_price_over_the_on_demand_price() ->
     assert half.break_even_utilization == 0.5  # used half its hours, it costs what on-demand does
     [dear] = capacity_block_break_even({"g5.12xlarge": 5.672 * 1.5}, load_bundled(), REGION)
     assert dear.break_even_utilization == 1.5  # above 1: never cheaper than on-demand
+
+
+def test_the_blocks_a_config_books_give_their_prices_and_odcrs_none() -> None:
+    def booked(kind: ReservationKind, hourly_usd: float | None, number: int) -> Reservation:
+        window = {
+            "start": datetime(2026, 12, 1, tzinfo=UTC),
+            "end": datetime(2026, 12, 2, tzinfo=UTC),
+        }
+        return Reservation(
+            id=f"cr-0000000{number}",
+            kind=kind,
+            instance_type="p5.48xlarge",
+            zone="us-east-1a",
+            count=1,
+            hourly_usd=hourly_usd,
+            **(window if kind is ReservationKind.CAPACITY_BLOCK else {}),
+        )
+
+    reservations = [
+        booked(ReservationKind.CAPACITY_BLOCK, 31.0, 1),
+        booked(ReservationKind.CAPACITY_BLOCK, 34.5, 2),  # the dearer of two blocks of a type
+        booked(ReservationKind.ODCR, 98.32, 3),  # billed at on-demand: nothing to break even
+    ]
+    assert booked_block_prices(reservations) == {"p5.48xlarge": 34.5}
 
 
 def test_a_capacity_block_for_a_type_without_an_on_demand_price_is_left_out() -> None:

@@ -27,6 +27,7 @@ from gpufleet.domain.forecast import HOUR, Interval, backtest, forecast, hourly_
 from gpufleet.domain.review import (
     CAPACITY_BLOCKS,
     ReviewedJob,
+    booked_block_prices,
     capacity_block_break_even,
     commitments,
     right_size,
@@ -123,16 +124,27 @@ def _window(since: str) -> int:
         raise invalid(f"--since: {exc}") from None
 
 
-def _source(args: argparse.Namespace) -> tuple[Source, str, frozenset[BootTarget], float, float]:
+def _source(
+    args: argparse.Namespace,
+) -> tuple[Source, str, frozenset[BootTarget], float, float, dict[str, float]]:
     """Where the records are read (the stack, or a folder of them), the region, the
-    deployment's bootable targets and the window."""
+    deployment's bootable targets, the window and the prices of the Capacity Blocks the
+    stack's config books (a folder of records has no config)."""
     if args.records is None:
         window = _window(args.since or DEFAULT_SINCE)  # bad input refused before connecting
         connection = connect(args)
         now = time.time()
         settings = connection.settings
         start = now - window
-        return (connection.jobs, connection.usage), settings.region, settings.bootable, start, now
+        booked = booked_block_prices(settings.config.reservations)
+        return (
+            (connection.jobs, connection.usage),
+            settings.region,
+            settings.bootable,
+            start,
+            now,
+            booked,
+        )
     from gpufleet.adapters.local.records import RecordsError, RecordsFolder
     from gpufleet.domain.boot import STOCK_TARGETS
 
@@ -142,7 +154,7 @@ def _source(args: argparse.Namespace) -> tuple[Source, str, frozenset[BootTarget
         raise invalid(str(exc)) from None
     export = folder.export
     start = export.start if args.since is None else export.end - _window(args.since)
-    return (folder, folder), export.region, STOCK_TARGETS, start, export.end
+    return (folder, folder), export.region, STOCK_TARGETS, start, export.end, {}
 
 
 def _block_prices(given: Sequence[str]) -> dict[str, float]:
@@ -162,8 +174,9 @@ def _block_prices(given: Sequence[str]) -> dict[str, float]:
 def run_review(args: argparse.Namespace) -> int:
     from gpufleet.domain.catalog import load_bundled
 
-    block_prices = _block_prices(args.capacity_block)  # bad input refused before reading
-    (store, usage), region, bootable, start, now = _source(args)
+    given = _block_prices(args.capacity_block)  # bad input refused before reading
+    (store, usage), region, bootable, start, now, booked = _source(args)
+    block_prices = {**booked, **given}  # a price given on the command line wins
     with _no_cycle_collection():
         jobs = [
             job

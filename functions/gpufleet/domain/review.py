@@ -35,6 +35,7 @@ from functools import cached_property
 
 from gpufleet.domain.boot import STOCK_TARGETS, BootTarget, boots
 from gpufleet.domain.catalog import Catalog, InstanceType
+from gpufleet.domain.config import Reservation, ReservationKind
 from gpufleet.domain.cost import spent_until
 from gpufleet.domain.job import Job
 from gpufleet.domain.selection import is_feasible
@@ -89,6 +90,17 @@ class CapacityBlockBreakEven:
     block_usd_per_hour: float  # the user's price per instance-hour of the block
     on_demand_usd_per_hour: float  # the catalog's, in the region
     break_even_utilization: float  # of the block's hours; above 1: never cheaper than on-demand
+
+
+def booked_block_prices(reservations: Iterable[Reservation]) -> dict[str, float]:
+    """The price per instance-hour of the Capacity Blocks a config books, by instance type
+    (the dearest where several book one type): the review's break-even for them needs no flag."""
+    prices: dict[str, float] = {}
+    for reservation in reservations:
+        if reservation.kind is ReservationKind.CAPACITY_BLOCK and reservation.hourly_usd:
+            name = reservation.instance_type
+            prices[name] = max(prices.get(name, 0.0), reservation.hourly_usd)
+    return prices
 
 
 def capacity_block_break_even(
