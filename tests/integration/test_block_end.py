@@ -22,15 +22,18 @@ from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.queueing import QueuePolicy
 from gpufleet.domain.reserved import BLOCK_TERMINATION_LEAD_SECONDS, drain_lead_seconds
 from gpufleet.domain.settlement import RESERVATION_ENDING
-from gpufleet.emulator.account import Account, embedded_account
-from gpufleet.emulator.clock import paced_clock
-from gpufleet.emulator.nodes import Behaviour, NodeScenario, NodeSimulator
-from gpufleet.emulator.patches import EMULATOR, acting_as
+from gpufleet.emulator.account import Account
+from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.services.factory import build_lifecycle
 from gpufleet.settings import Settings
 from gpufleet.topology import RECONCILE_PERIOD_SECONDS, TAG_JOB_ID
-from tests.helpers import stop_running_executions, with_passes
-from tests.integration.test_blocks_and_windows import job_named, placed, submit
+from tests.helpers import with_passes
+from tests.integration.test_blocks_and_windows import (
+    account_with_nodes,
+    job_named,
+    placed,
+    submit,
+)
 
 pytestmark = pytest.mark.realtime
 
@@ -68,16 +71,8 @@ def config() -> FleetConfig:
 def account(config: FleetConfig) -> Iterator[Account]:
     # It would run for ten minutes: it is still running when EC2 ends the block.
     scenario = NodeScenario(boot_seconds=0.2, default=Behaviour(duration_seconds=600.0))
-    with (
-        paced_clock() as clock,
-        embedded_account(config=config, clock=clock) as created,
-        acting_as(EMULATOR),
-    ):
-        nodes = NodeSimulator(created, scenario)
-        nodes.start()
+    with account_with_nodes(config, scenario) as created:
         yield created
-        nodes.stop()
-        stop_running_executions(created)
 
 
 def _instances_of(account: Account, job_id: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -97,6 +98,13 @@ def account(config: FleetConfig) -> Iterator[Account]:
         # Ends only by checkpointing, as its drain asks.
         behaviours={"on-short": Behaviour(duration_seconds=600.0)},
     )
+    with account_with_nodes(config, scenario) as created:
+        yield created
+
+
+@contextmanager
+def account_with_nodes(config: FleetConfig, scenario: NodeScenario) -> Iterator[Account]:
+    """An embedded account on the paced clock whose nodes act out `scenario`."""
     with (
         paced_clock() as clock,
         embedded_account(config=config, clock=clock) as created,
