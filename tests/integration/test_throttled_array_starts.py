@@ -21,10 +21,10 @@ def test_an_array_past_step_functions_bucket_is_started_across_passes_with_nothi
     tmp_path: Path,
 ) -> None:
     """Step Functions throttles StartExecution with a token bucket (the embedded account's,
-    here a bucket of 2 refilled at 1 a second: AWS's own is 1,300 and 300 a second): one pass
-    admits all 6 children but starts 2; the start it is throttled on waits, with the rest, for
+    here a bucket of 1 refilled at 1 a second: AWS's own is 1,300 and 300 a second): one pass
+    admits all 3 children but starts 1; the start it is throttled on waits, with the rest, for
     the passes that follow. Every child runs once, and nothing is left behind."""
-    (tmp_path / "wide.json").write_text(json.dumps({**ARRAY, "name": "wide", "array": {"size": 6}}))
+    (tmp_path / "wide.json").write_text(json.dumps({**ARRAY, "name": "wide", "array": {"size": 3}}))
     seen: dict[str, Any] = {}
 
     def count_starts(account: Account) -> None:
@@ -38,13 +38,13 @@ def test_an_array_past_step_functions_bucket_is_started_across_passes_with_nothi
             submissions=[Submission("s3", tmp_path / "wide.json")],
             nodes=NodeScenario(boot_seconds=0.2, default=Behaviour(duration_seconds=1.0)),
             timeout_seconds=170,
-            start_execution=BucketQuota(size=2, refill_per_second=1),
+            start_execution=BucketQuota(size=1, refill_per_second=1),
         ),
         before_teardown=count_starts,
     )
     assert result.completed and result.instances_running == 0 and result.rejected == 0
     children = [j for j in result.to_json()["jobs"] if "array_id" in j]
-    assert sorted(j["array_index"] for j in children) == list(range(6))
+    assert sorted(j["array_index"] for j in children) == list(range(3))
     assert {j["status"] for j in children} == {"SUCCEEDED"}
     assert {j["retries"] for j in children} == {0}
     assert seen["throttled"] > 0  # some starts were refused ...
