@@ -14,12 +14,10 @@ from gpufleet.emulator.demo import (
     DemoScenario,
     Submission,
     basic_scenario,
-    preemption_scenario,
     run_demo,
 )
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.topology import REQUEUE
-from tests.helpers import every_requeue_continues_as_new
 
 JOB_FIELDS = {
     "id",
@@ -208,11 +206,12 @@ def test_a_silent_node_of_a_two_node_run_fails_the_run_for_both_though_its_peer_
     assert (pair["status"], pair["retries"], pair["attempts"]) == ("SUCCEEDED", 1, 2)
 
 
-def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkpoint() -> None:
+def test_the_preemption_demo_preempts_the_low_job_and_resumes_it_from_its_checkpoint(
+    preemption_demo: DemoResult,
+) -> None:
     """With every requeue past its execution's budget (docs/aws-fidelity.md F5): the preempted
     job's Requeue starts its next execution, which runs it to the end."""
-    with every_requeue_continues_as_new():
-        result = run_demo(preemption_scenario())
+    result = preemption_demo
     assert result.completed and result.instances_running == 0
     jobs = by_name(result)
     low, high = jobs["low-sweep"], jobs["high-urgent"]

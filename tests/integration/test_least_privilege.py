@@ -32,20 +32,11 @@ from gpufleet import topology
 from gpufleet.adapters.aws.fleet import Ec2Fleet
 from gpufleet.domain.launch import CapacityType, LaunchOverride, LaunchRequest
 from gpufleet.emulator.account import ACCOUNT_ID, BUCKET_NAME, BUS_NAME, REGION
-from gpufleet.emulator.demo import (
-    EVENTS_DIR,
-    DemoScenario,
-    Submission,
-    preemption_scenario,
-    run_demo,
-    spot_scenario,
-    stages_scenario,
-)
-from gpufleet.emulator.nodes import Behaviour
+from gpufleet.emulator.demo import DemoResult
 from gpufleet.emulator.patches import ApiCall
 from gpufleet.topology import execution_arn
-from tests.helpers import every_requeue_continues_as_new
 from tests.infrastructure.conftest import STACK_NAME, Synth, Template, build_app
+from tests.integration.demo_runs import SpotRun
 
 FUNCTIONS = [f.construct_id for f in topology.FUNCTIONS]
 
@@ -266,54 +257,12 @@ class Stack:
 # -- the demos ---------------------------------------------------------------------------------
 
 
-# A job of the basic demo whose workflow the run stops once it runs: the backstop ends it.
-STOPPED = "resnet-baseline"
-SHARDS = "tokenize-shards"  # an array of 4 (events/scenarios/sweep/nlp-shards.yaml)
-EVENT_SHARDS = "asr-eval-shards"  # an array of 3 (events/submit-array-event.json)
-
-
-def _with_intake_paths(scenario: DemoScenario) -> DemoScenario:
-    """The stages demo, plus the basic demo's event submission and broken upload (both intake
-    functions, and the error report a refused spec gets), a job whose workflow is stopped
-    under it (the backstop) and an array by each intake (children queued at intake, their
-    workflows started at admission), without more demos' minutes."""
-    extra = [
-        Submission("event", EVENTS_DIR / "submit-job-event.json"),
-        Submission("s3", EVENTS_DIR / "jobs" / "broken-spec.yaml"),
-        Submission("s3", EVENTS_DIR / "jobs" / f"{STOPPED}.yaml"),
-        Submission("s3", EVENTS_DIR / "scenarios" / "sweep" / "nlp-shards.yaml"),
-        Submission("event", EVENTS_DIR / "submit-array-event.json"),
-    ]
-    nodes = dataclasses.replace(
-        scenario.nodes,
-        behaviours={
-            **scenario.nodes.behaviours,
-            STOPPED: Behaviour(duration_seconds=60.0),
-            SHARDS: Behaviour(duration_seconds=1.0),
-            EVENT_SHARDS: Behaviour(duration_seconds=1.0),
-        },
-    )
-    return dataclasses.replace(
-        scenario,
-        submissions=[*scenario.submissions, *extra],
-        nodes=nodes,
-        stop_workflows=frozenset({STOPPED}),
-    )
-
-
 @pytest.fixture(scope="module")
-def calls() -> list[ApiCall]:
-    made: list[ApiCall] = []
-    for scenario in (spot_scenario(), preemption_scenario(), _with_intake_paths(stages_scenario())):
-        if scenario.name == "preemption":
-            # Requeue continues the preempted job in a new execution (docs/aws-fidelity.md F5).
-            with every_requeue_continues_as_new():
-                result = run_demo(scenario)
-        else:
-            result = run_demo(scenario)
-        assert result.completed, f"the {scenario.name} demo did not finish: {result.to_json()}"
-        made += result.calls
-    return made
+def calls(
+    spot_demo: SpotRun, preemption_demo: DemoResult, stages_demo: DemoResult
+) -> list[ApiCall]:
+    """The calls of the three demos (conftest's, shared with the modules that test them)."""
+    return [*spot_demo.result.calls, *preemption_demo.calls, *stages_demo.calls]
 
 
 @pytest.fixture(scope="module")

@@ -30,14 +30,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import botocore.handlers
 import pytest
 
 from gpufleet import telemetry
 from gpufleet.domain.catalog import load_bundled
-from gpufleet.emulator.demo import EVENTS_DIR, DemoResult, Submission, run_demo, spot_scenario
 from gpufleet.emulator.metrics import PublishedMetric
 from tests.infrastructure.conftest import STACK_NAME, Synth, build_app
+from tests.integration.demo_runs import SpotRun
 from tests.integration.test_demo import by_name
 
 # Read by the stack, published by a path the demo does not take (or takes only when a race goes
@@ -90,45 +89,13 @@ def _not_aws(metrics: set[Metric]) -> set[Metric]:
     return {m for m in metrics if not m.namespace.startswith("AWS/")}
 
 
-# -- the run (the extra submissions take both intake functions, and one is rejected) --------
-
-
-def _scenario() -> Any:
-    spot = spot_scenario()
-    extra = [
-        Submission("event", EVENTS_DIR / "submit-job-event.json"),
-        Submission("s3", EVENTS_DIR / "jobs" / "broken-spec.yaml"),
-    ]
-    return dataclasses.replace(spot, submissions=[*spot.submissions, *extra])
-
-
-@pytest.fixture(scope="module")
-def run() -> tuple[DemoResult, list[dict[str, Any]]]:
-    """The demo, and the parameters of every GetMetricData the control plane sent in it
-    (MetricWatch's passes over the running jobs)."""
-    requests: list[dict[str, Any]] = []
-
-    def keep(params: dict[str, Any], **_: Any) -> None:
-        requests.append(dict(params))
-
-    entry = ("provide-client-params.cloudwatch.GetMetricData", keep)
-    botocore.handlers.BUILTIN_HANDLERS.append(entry)
-    try:
-        result = run_demo(_scenario())
-    finally:
-        botocore.handlers.BUILTIN_HANDLERS.remove(entry)
-    assert result.completed, f"the demo did not finish: {result.to_json()}"
-    assert requests, "no MetricWatch pass read the demo's running jobs"
-    return result, requests
-
-
-# -- what the demo did ----------------------------------------------------------------------
+# -- what the demo did (conftest's `spot_demo`, shared with the least-privilege test) ---------
 
 
 def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand(
-    run: tuple[DemoResult, list[dict[str, Any]]],
+    spot_demo: SpotRun,
 ) -> None:
-    result, _ = run
+    result = spot_demo.result
     assert result.completed and result.instances_running == 0
     assert result.rejected == 1  # the broken upload
     jobs = by_name(result)
@@ -209,10 +176,8 @@ def cloudwatch_agent_metrics(template: Mapping[str, Any]) -> set[Metric]:
 
 
 @pytest.fixture(scope="module")
-def published(
-    run: tuple[DemoResult, list[dict[str, Any]]], template: dict[str, Any]
-) -> set[Metric]:
-    result, _ = run
+def published(spot_demo: SpotRun, template: dict[str, Any]) -> set[Metric]:
+    result = spot_demo.result
     return _not_aws(
         {_published_metric(m) for m in result.metrics} | cloudwatch_agent_metrics(template)
     )
@@ -285,9 +250,9 @@ def stack_reads(template: dict[str, Any]) -> set[Metric]:
 
 
 @pytest.fixture(scope="module")
-def reads(run: tuple[DemoResult, list[dict[str, Any]]], stack_reads: set[Metric]) -> set[Metric]:
+def reads(spot_demo: SpotRun, stack_reads: set[Metric]) -> set[Metric]:
     """The stack's, and MetricWatch's, whose job id is any job's."""
-    _, requests = run
+    requests = spot_demo.metric_requests
     watched = {
         _stat_metric(query["MetricStat"]["Metric"], frozenset({"JobId"}))
         for request in requests
