@@ -353,6 +353,9 @@ class NodeSimulator:
         self._scenario = scenario
         self._clock = account.clock
         self._ec2 = account.client("ec2")
+        # Each node's boot reads its job's manifest: one client for all (an S3 client takes
+        # tens of milliseconds to build).
+        self._manifests = S3Manifests(account.client("s3"), account.bucket)
         self._jobs = DynamoJobStore(
             account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
         )
@@ -600,9 +603,7 @@ class NodeSimulator:
         """The job's name and the stage its manifest runs now (a node's runtime is chosen at
         its boot, for the stage it boots for)."""
         try:
-            raw = S3Manifests(self._account.client("s3"), self._account.bucket).fetch(
-                f"{RUNS_PREFIX}{job_id}/run.json"
-            )
+            raw = self._manifests.fetch(f"{RUNS_PREFIX}{job_id}/run.json")
         except Exception:  # no manifest: an instance no job launched; default behaviour
             return "", None
         document = json.loads(raw)
