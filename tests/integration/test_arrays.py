@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpufleet.adapters.aws.runtime import aws_ports
 from gpufleet.domain.arrays import child_job_id
 from gpufleet.domain.job import JobStatus, s3_delivery_key
@@ -22,6 +24,8 @@ from gpufleet.services.arrays import array_progress
 from gpufleet.services.factory import build_intake, build_lifecycle
 from gpufleet.settings import Settings
 from gpufleet.topology import JOB_LIFECYCLE
+
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
 
 PROGRAM = ["python", "-m", "gpufleet.emulator.programs.sweep_point"]
 ARRAY = {

@@ -31,6 +31,8 @@ from gpufleet.emulator.patches import EMULATOR, acting_as
 from gpufleet.topology import INTAKE_PREFIX, JOBS_TABLE, RECONCILE, RECONCILE_PERIOD_SECONDS
 from tests.helpers import stop_running_executions, with_passes
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 GRACE_SECONDS = 10
 LEAD = drain_lead_seconds(RECONCILE_PERIOD_SECONDS, GRACE_SECONDS)
 # A run on the short block has about a minute before its drain: enough for a 10 s job.

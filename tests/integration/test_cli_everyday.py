@@ -36,6 +36,8 @@ from gpufleet.domain.arrays import child_job_id
 from gpufleet.emulator.private import ENV_TOKEN, TOKEN_HEADER
 from gpufleet.emulator.server import STACK_NAME
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 SPEC = """name: {name}
 team: {team}
 image: public.ecr.aws/pytorch/pytorch:2.4.0

@@ -19,6 +19,8 @@ from gpufleet.emulator.demo import (
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.topology import REQUEUE
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 JOB_FIELDS = {
     "id",
     "name",

@@ -24,6 +24,8 @@ from gpufleet.emulator.programs.secret_proof import proof
 from gpufleet.topology import JOBS_TABLE
 from tests.helpers import everything_stored
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 MEETING = re.compile(r"rank (\d) of 2: meeting at ([0-9.]+):(\d+)")
 
 

@@ -38,6 +38,8 @@ from gpufleet.topology import execution_arn
 from tests.infrastructure.conftest import STACK_NAME, Synth, Template, build_app
 from tests.integration.demo_runs import SpotRun
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 FUNCTIONS = [f.construct_id for f in topology.FUNCTIONS]
 
 # Used by the Lambda service and runtime, never by handler code: trace segments, the runtime's

@@ -39,6 +39,8 @@ from tests.infrastructure.conftest import STACK_NAME, Synth, build_app
 from tests.integration.demo_runs import SpotRun
 from tests.integration.test_demo import by_name
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 # Read by the stack, published by a path the demo does not take (or takes only when a race goes
 # one way): metric -> the path. tests/unit/test_telemetry.py checks that a handler publishes it.
 NOT_REACHED: dict[str, str] = {

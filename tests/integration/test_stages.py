@@ -13,6 +13,8 @@ from gpufleet.emulator.demo import DemoResult, DemoScenario, Submission, run_dem
 from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from tests.integration.test_demo import by_name
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 CATALOG = load_bundled()
 STAGES_JOB = "llm-pipeline"  # events/scenarios/stages/pipeline.yaml
 

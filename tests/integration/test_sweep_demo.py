@@ -14,6 +14,8 @@ from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import run_demo, sweep_scenario
 from gpufleet.topology import JOBS_TABLE
 
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
+
 
 def test_the_sweep_demo_runs_every_point_then_the_evaluation_last() -> None:
     records: list[Job] = []

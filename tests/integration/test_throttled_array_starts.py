@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpufleet.adapters.aws.runtime import aws_ports
 from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import DemoScenario, Submission, run_demo
@@ -15,6 +17,8 @@ from gpufleet.emulator.nodes import Behaviour, NodeScenario
 from gpufleet.emulator.throttling import BucketQuota
 from gpufleet.settings import Settings
 from tests.integration.test_arrays import ARRAY, executions
+
+pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
 
 
 def test_an_array_past_step_functions_bucket_is_started_across_passes_with_nothing_lost(
