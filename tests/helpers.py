@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import pickle
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
@@ -187,3 +190,19 @@ def with_passes(account: Account, look: Callable[[], T | None], what: str) -> T:
         account.client("lambda").invoke(FunctionName=account.function_arns["Dispatch"])
         time.sleep(0.2)
     raise AssertionError(f"{what} never happened")
+
+
+def shared(folder: Path, name: str, make: Callable[[], T]) -> T:
+    """What `make` makes, once per test session: the first process to ask for `name` makes it
+    and leaves it pickled in `folder` (the session's, `session_folder`), and the others, xdist's
+    other workers, wait on its lock meanwhile, then read it. What fails to be made leaves
+    nothing: the next to ask makes it again, and fails on its own."""
+    kept = folder / f"{name}.pickle"
+    with (folder / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if kept.exists():
+            made: T = pickle.loads(kept.read_bytes())
+            return made
+        made = make()
+        kept.write_bytes(pickle.dumps(made))
+        return made

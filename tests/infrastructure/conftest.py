@@ -1,12 +1,15 @@
-"""Synthesize the gpufleet app once per test session and share the result."""
+"""Synthesize the gpufleet app once per test session and share the result (the `synth`
+fixture, tests/conftest.py), and the stacks of other configs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +33,20 @@ Resource = dict[str, Any]
 
 @dataclass
 class Synth:
-    app: cdk.App
-    stack: GpuFleetStack
+    """A synthesized stack: its cloud assembly on disk and its template. `app` and `stack` are
+    the live constructs only where this process synthesized it (None for the session's shared
+    synth, read from the folder another process wrote)."""
+
     outdir: Path
     template_path: Path
     doc: dict[str, Any]
-    template: Template
+    app: cdk.App | None = None
+    stack: GpuFleetStack | None = None
     _by_handler: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def template(self) -> Template:
+        return Template.from_json(self.doc)
 
     @property
     def resources(self) -> dict[str, Resource]:
@@ -154,35 +164,28 @@ def _render(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _synthesize(outdir: Path, context: dict[str, Any] | None = None) -> Synth:
+def synthesize(outdir: Path, context: dict[str, Any] | None = None) -> Synth:
     app, stack = build_app(context=context, outdir=str(outdir))
     app.synth()
+    return dataclasses.replace(synthesized(outdir), app=app, stack=stack)
+
+
+def synthesized(outdir: Path) -> Synth:
+    """The stack synthesized into `outdir` already."""
     template_path = outdir / f"{STACK_NAME}.template.json"
     doc = json.loads(template_path.read_text(encoding="utf-8"))
-    return Synth(
-        app=app,
-        stack=stack,
-        outdir=outdir,
-        template_path=template_path,
-        doc=doc,
-        template=Template.from_json(doc),
-    )
-
-
-@pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    return _synthesize(tmp_path_factory.mktemp("cdk.out"))
+    return Synth(outdir=outdir, template_path=template_path, doc=doc)
 
 
 @pytest.fixture(scope="session")
 def synth_with_config(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Synth]:
     """Synthesize the app for gpufleet.yaml followed by `extra` (YAML: a warm pool, ...)."""
 
-    def synthesize(extra: str) -> Synth:
+    def with_config(extra: str) -> Synth:
         folder = tmp_path_factory.mktemp("config")
         config = folder / "gpufleet.yaml"
         base = (ROOT / "gpufleet.yaml").read_text(encoding="utf-8")
         config.write_text(base + extra, encoding="utf-8")
-        return _synthesize(folder / "cdk.out", {"config_file": str(config)})
+        return synthesize(folder / "cdk.out", {"config_file": str(config)})
 
-    return synthesize
+    return with_config

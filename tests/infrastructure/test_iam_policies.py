@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
+from infra.stack import STACK_NAME
 
 if TYPE_CHECKING:
     from conftest import Synth
@@ -30,7 +31,7 @@ def policies() -> ModuleType:
 def test_the_deploy_policies_are_what_the_assembly_needs(
     synth: Synth, policies: ModuleType
 ) -> None:
-    derived = policies.derived(synth.outdir, synth.stack.artifact_id, synth.stack.template_file)
+    derived = policies.derived(synth.outdir, STACK_NAME, synth.template_path.name)
     written = {
         path.name: json.loads(path.read_text())
         for path in [IAM / policies.DEPLOYER_POLICY, *IAM.glob("cfn-execution-*.json")]

@@ -10,7 +10,8 @@ import pytest
 
 from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.emulator.demo import DemoResult
-from tests.integration.demo_runs import SpotRun, preemption_run, shared, spot_run, stages_run
+from tests.helpers import shared
+from tests.integration.demo_runs import SpotRun, preemption_run, spot_run, stages_run
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +38,15 @@ def aws_env() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory, testrun_uid: str) -> Path:
-    """This session's folder of shared demo runs, the same for every xdist worker."""
-    folder = tmp_path_factory.getbasetemp().parent / f"demo-runs-{testrun_uid}"
-    folder.mkdir(exist_ok=True)
-    return folder
+def spot_demo(session_folder: Path) -> SpotRun:
+    return shared(session_folder, "spot", spot_run)
 
 
 @pytest.fixture(scope="session")
-def spot_demo(demo_runs: Path) -> SpotRun:
-    return shared(demo_runs, "spot", spot_run)
+def preemption_demo(session_folder: Path) -> DemoResult:
+    return shared(session_folder, "preemption", preemption_run)
 
 
 @pytest.fixture(scope="session")
-def preemption_demo(demo_runs: Path) -> DemoResult:
-    return shared(demo_runs, "preemption", preemption_run)
-
-
-@pytest.fixture(scope="session")
-def stages_demo(demo_runs: Path) -> DemoResult:
-    return shared(demo_runs, "stages", stages_run)
+def stages_demo(session_folder: Path) -> DemoResult:
+    return shared(session_folder, "stages", stages_run)

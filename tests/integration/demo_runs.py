@@ -1,21 +1,12 @@
-"""The demo runs that several test modules read, each made once per test session.
-
-A demo takes half a minute to a minute and a half of the suite, and xdist spreads the modules
-that read one over separate worker processes: the first worker to ask for a run makes it and
-leaves it pickled in the session's folder (shared by the workers, its name unique to the run),
-and the others wait on its lock meanwhile, then read it. A run that fails leaves nothing: the
-next module to ask makes it again and fails on its own.
-"""
+"""The demo runs that several test modules read, each made once per test session
+(`tests.helpers.shared`: a demo takes half a minute to a minute and a half of the suite, and
+xdist spreads the modules that read one over separate worker processes)."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import botocore.handlers
 
@@ -31,21 +22,6 @@ from gpufleet.emulator.demo import (
 )
 from gpufleet.emulator.nodes import Behaviour
 from tests.helpers import every_requeue_continues_as_new
-
-T = TypeVar("T")
-
-
-def shared(folder: Path, name: str, make: Callable[[], T]) -> T:
-    """The run `name` of this session: made by `make` in the first process to ask."""
-    kept = folder / f"{name}.pickle"
-    with (folder / f"{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if kept.exists():
-            made: T = pickle.loads(kept.read_bytes())
-            return made
-        made = make()
-        kept.write_bytes(pickle.dumps(made))
-        return made
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,9 @@ read from the template. Then:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -35,7 +33,7 @@ from gpufleet.emulator.account import ACCOUNT_ID, BUCKET_NAME, BUS_NAME, REGION
 from gpufleet.emulator.demo import DemoResult
 from gpufleet.emulator.patches import ApiCall
 from gpufleet.topology import execution_arn
-from tests.infrastructure.conftest import STACK_NAME, Synth, Template, build_app
+from tests.infrastructure.conftest import Synth
 from tests.integration.demo_runs import SpotRun
 
 pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
@@ -331,14 +329,7 @@ def calls_by_function(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    outdir = tmp_path_factory.mktemp("least-privilege.cdk.out")
-    app, cdk_stack = build_app(outdir=str(outdir))
-    app.synth()
-    template_path = Path(outdir) / f"{STACK_NAME}.template.json"
-    doc = json.loads(template_path.read_text(encoding="utf-8"))
-    synth = Synth(app, cdk_stack, outdir, template_path, doc, Template.from_json(doc))
-
+def stack(synth: Synth) -> Stack:
     def arn_of(env_var: str) -> str:
         return f"<{synth.ref_target(env_var)}.Arn>"
 

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +34,7 @@ import pytest
 from gpufleet import telemetry
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.emulator.metrics import PublishedMetric
-from tests.infrastructure.conftest import STACK_NAME, Synth, build_app
+from tests.infrastructure.conftest import Synth
 from tests.integration.demo_runs import SpotRun
 from tests.integration.test_demo import by_name
 
@@ -136,14 +135,8 @@ def test_the_spot_demo_survives_an_interruption_and_falls_back_to_on_demand(
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    outdir = tmp_path_factory.mktemp("metrics.cdk.out")
-    app, _ = build_app(outdir=str(outdir))
-    app.synth()
-    doc: dict[str, Any] = json.loads(
-        (Path(outdir) / f"{STACK_NAME}.template.json").read_text(encoding="utf-8")
-    )
-    return doc
+def template(synth: Synth) -> dict[str, Any]:
+    return synth.doc
 
 
 def _of_type(template: Mapping[str, Any], resource_type: str) -> list[dict[str, Any]]:
