@@ -9,7 +9,6 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 4
 # Node 22 LTS is the prerequisite; this only quiets jsii on a machine still running Node 20.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
-export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help install demo test lint typecheck unit integration realtime infra synth bench simulate lock clean browser
 
