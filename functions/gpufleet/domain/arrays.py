@@ -227,3 +227,29 @@ def dependency_verdict(
             )
         waits = waits or not all(s in TERMINAL_STATUSES for s in statuses)
     return DependencyVerdict(Readiness.WAIT if waits else Readiness.RUN)
+
+
+def held_on(
+    dependencies: Sequence[tuple[Dependency, Sequence[JobStatus]]], index: int | None = None
+) -> Dependency | None:
+    """The dependency a job that waits (`dependency_verdict`) is held on, out of the admission
+    queue's streams until that dependency settles (`settles`): the first, not element by
+    element, whose own verdict waits. None when the job does not wait (it runs or is
+    cancelled), or waits only element by element (then it waits in its stream, judged each
+    pass by its own index)."""
+    if dependency_verdict(dependencies, index).readiness is not Readiness.WAIT:
+        return None
+    return next(
+        (
+            dep
+            for dep, statuses in dependencies
+            if dep.mode is not DependencyMode.ELEMENT and not settles(dep, statuses)
+        ),
+        None,
+    )
+
+
+def settles(dep: Dependency, statuses: Sequence[JobStatus]) -> bool:
+    """Whether the jobs held on `dep` are to be judged again: its own verdict no longer waits
+    (it ended, or, for `on: success`, one of its children ended other than SUCCEEDED)."""
+    return dependency_verdict([(dep, statuses)]).readiness is not Readiness.WAIT

@@ -19,6 +19,7 @@ from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import requeue_changes
 from gpufleet.ports import NO_WORKFLOW_YET, QueueEntry
 from gpufleet.services.lifecycle_base import LifecycleBase, queued_job
+from gpufleet.services.pass_reads import DependencyStatuses
 from gpufleet.services.workflow_state import LaunchStepResult
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED
 
@@ -112,20 +113,27 @@ class QueueSteps(LifecycleBase):
             "cycles": 0,  # requeues in this execution (see requeue_input)
         }
 
-    def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
+    def queue_entry(
+        self,
+        queued: QueuedJob,
+        task_token: str,
+        plan: LaunchPlan,
+        dependencies: DependencyStatuses | None = None,
+    ) -> QueueEntry:
         """The queue's entry for the job the workflow describes. `plan` is the one Prepare or
         Requeue made: its first choice is the cost estimate, its expected run time the one the
-        queue reserves by."""
-        return QueueEntry(
-            job=replace(
-                queued,
-                estimated_cost_usd=self.estimate_usd(plan),
-                expected_seconds=plan.expected_seconds,
-                not_before=plan.block_start,
-            ),
-            task_token=task_token,
-            queued_at=self._now(),
+        queue reserves by. A job that waits for a dependency is held on it, out of its stream
+        (`arrays.held_on`, its dependencies read through `dependencies`, once each)."""
+        job = replace(
+            queued,
+            estimated_cost_usd=self.estimate_usd(plan),
+            expected_seconds=plan.expected_seconds,
+            not_before=plan.block_start,
         )
+        held_on = None
+        if job.depends_on:
+            held_on = (dependencies or DependencyStatuses(self._ports.jobs)).held_on(job)
+        return QueueEntry(job=job, task_token=task_token, queued_at=self._now(), held_on=held_on)
 
     def array_entries(
         self, children: Sequence[Job], workflow_input: Mapping[str, Any]
@@ -134,7 +142,11 @@ class QueueSteps(LifecycleBase):
         (`workflow_input`, Prepare's): they differ only in their environment. They wait with
         no workflow: admission starts each one's (`start_admitted`)."""
         plan = LaunchPlan.model_validate(workflow_input["plan"])
-        return [self.queue_entry(queued_job(child), NO_WORKFLOW_YET, plan) for child in children]
+        dependencies = DependencyStatuses(self._ports.jobs)
+        return [
+            self.queue_entry(queued_job(child), NO_WORKFLOW_YET, plan, dependencies)
+            for child in children
+        ]
 
     def start_admitted(self, job_id: str, admission: Mapping[str, Any]) -> None:
         """An admitted child of an array: its workflow starts now, past Enqueue, with its
