@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.domain.job import TERMINAL_STATUSES, JobStatus, is_job_id, job_id_for_delivery
+from gpufleet.domain.job import (
+    TERMINAL_STATUSES,
+    Job,
+    JobStatus,
+    is_job_id,
+    job_id_for_delivery,
+)
 from gpufleet.domain.spec import (
     ARRAY_INDEX_ENV,
     BATCH_ARRAY_INDEX_ENV,
@@ -253,3 +259,16 @@ def settles(dep: Dependency, statuses: Sequence[JobStatus]) -> bool:
     """Whether the jobs held on `dep` are to be judged again: its own verdict no longer waits
     (it ended, or, for `on: success`, one of its children ended other than SUCCEEDED)."""
     return dependency_verdict([(dep, statuses)]).readiness is not Readiness.WAIT
+
+
+def shared_plan_key(job: Job) -> str | None:
+    """What a child of an array shares its plan by: children of one key are planned alike (their
+    specs differ only in their environment, which no plan reads), so one plan serves them all
+    while the plan's other inputs (the catalog, the team's past runs, the reservations) stand.
+    The key holds the child's own inputs of a plan: its array, its stage, a resize, its giving
+    up on spot, its spot history. None for a job that is not a child."""
+    if job.array_id is None:
+        return None
+    override = job.resources_override.model_dump_json() if job.resources_override else ""
+    own = (job.stage_index, override, job.on_demand_only, job.interruptions, job.spot_held_seconds)
+    return json.dumps([job.array_id, *own])

@@ -88,12 +88,16 @@ class DispatcherService:
         self._policy = policy
         # Whether Step Functions throttled a start of an admitted child during this pass.
         self._starts_throttled = False
+        # The plans of the children this pass starts, shared within an array (`start_admitted`):
+        # a pass plans an array's children once, with the catalog and history of that moment.
+        self._plans: dict[str, LaunchPlan] = {}
 
     def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> bool:
         """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
         the policy admits it now, it is admitted at once, in one read of the queue's state and
         one write, with no pass to wake (True); otherwise it waits for the passes, in its
         place (False)."""
+        self._plans = {}  # none kept from a pass before
         entry = self._lifecycle.queue_entry(queued, task_token, plan)  # held, if it waits
         if self._admit_on_arrival(entry):
             return True
@@ -130,6 +134,7 @@ class DispatcherService:
         read_before = ports.queue.items_read()
         result = PassResult()
         self._starts_throttled = False
+        self._plans = {}
         dependencies = DependencyStatuses(ports.jobs)
         state = ports.queue.state()
         result.released = self._release_settled(state.holds, dependencies)
@@ -351,7 +356,7 @@ class DispatcherService:
             # pass, which tells every admission not yet told (`_notify_admitted`).
             if not self._starts_throttled:
                 try:
-                    self._lifecycle.start_admitted(job_id, admission)
+                    self._lifecycle.start_admitted(job_id, admission, self._plans)
                 except TransientError:
                     self._starts_throttled = True
             return

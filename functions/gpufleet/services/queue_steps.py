@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gpufleet.domain.arrays import shared_plan_key
 from gpufleet.domain.cost import estimated_run_usd
 from gpufleet.domain.history import job_of_execution, requeue_budget
 from gpufleet.domain.job import Job, JobStatus
@@ -148,12 +149,22 @@ class QueueSteps(LifecycleBase):
             for child in children
         ]
 
-    def start_admitted(self, job_id: str, admission: Mapping[str, Any]) -> None:
+    def start_admitted(
+        self, job_id: str, admission: Mapping[str, Any], plans: dict[str, LaunchPlan]
+    ) -> None:
         """An admitted child of an array: its workflow starts now, past Enqueue, with its
-        admission (the state machine's `Waits for admission?`), planned as the job now is.
-        Starting it again (a pass that tells an admission again) is a no-op."""
+        admission (the state machine's `Waits for admission?`), planned as the job now is:
+        with the plan in `plans` (the pass's, by `arrays.shared_plan_key`) that an earlier child
+        of its array got, else planned and kept there. Starting it again (a pass that tells an
+        admission again) is a no-op."""
         job = self._ports.jobs.get(job_id)
-        state = self.workflow_input(job, self._plan(job), attempt=0)
+        key = shared_plan_key(job)
+        plan = plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._plan(job)
+            if key is not None:
+                plans[key] = plan
+        state = self.workflow_input(job, plan, attempt=0)
         self._ports.workflow.start(job_id, {**state, "admission": {"admitted": True, **admission}})
 
     def enqueue(self, entry: QueueEntry) -> None:
