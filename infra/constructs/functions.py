@@ -129,7 +129,8 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
         {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.READ_CATALOG}
     ),
     # The reconciler also ends a run whose instance went away unheard (completing its waiting
-    # task) and a live job whose lifecycle ended (what WorkflowEnded does, below).
+    # task) and a live job whose lifecycle ended (what WorkflowEnded does, below); it asks the
+    # runs on a Capacity Block about to end to checkpoint (their control object under runs/).
     topology.RECONCILE.construct_id: frozenset(
         {
             P.TERMINATE,
@@ -137,8 +138,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.READ_WORKFLOWS,
             P.TASK_RESPONSE,
             P.PUBLISH,
+            P.WRITE_RUNS,
         }
     ),
+    # A Capacity Block's expiration warning: its runs' control objects (checkpoint) under runs/.
+    topology.BLOCK_ENDING.construct_id: frozenset({P.WRITE_RUNS}),
     # Ends the job its lifecycle left: what Release does (instances, placement group,
     # the queue's entry and share, the final status and its event).
     topology.WORKFLOW_ENDED.construct_id: frozenset({P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS}),
@@ -182,6 +186,8 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.RECONCILE.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
     topology.WORKFLOW_ENDED.construct_id: frozenset({"GetItem", "UpdateItem"}),
     topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
+    # The launching and running jobs (by status), each on the warned block drained.
+    topology.BLOCK_ENDING.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
 }
 _ENDS_JOBS = frozenset({"GetItem", "Query", "UpdateItem", "DeleteItem"})
 # Intake queues an array's children as Enqueue queues a job (with no workflow: admission
@@ -219,6 +225,8 @@ QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
     topology.LAUNCH.construct_id: frozenset({"UpdateItem"}),
     topology.INTAKE_FROM_S3.construct_id: frozenset({"Query"}),
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"Query"}),
+    # A drained run's running entry is marked draining (the dispatcher enforces its grace).
+    topology.BLOCK_ENDING.construct_id: frozenset({"UpdateItem"}),
 }
 # Permissions that are one action each, in a statement they share with others.
 _ACTION_OF = {
