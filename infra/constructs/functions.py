@@ -161,14 +161,18 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
 # table is on its indexes (a team's past runs when planning, jobs by status).
 _PLANS = "Query"  # planning reads the team's past runs (and live jobs, with reservations)
 # An array's children are stored in batches (BatchWriteItem) after a read of whether the array's
-# record exists, and queued by writes that check each is still QUEUED.
-_ARRAYS = frozenset({"GetItem", "BatchWriteItem", "ConditionCheckItem"})
+# record exists, and queued by writes that check each is still QUEUED; children that wait for a
+# dependency are held on it, its record read (an array's: its children's statuses, in batches).
+_ARRAYS = frozenset({"GetItem", "BatchWriteItem", "ConditionCheckItem", "BatchGetItem"})
 JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
     # Enqueue's writes check that the job is still QUEUED; admitting a job as it arrives
-    # totals the month's spend of teams with budgets, as a pass does.
-    topology.ENQUEUE.construct_id: frozenset({"ConditionCheckItem", "Query"}),
+    # totals the month's spend of teams with budgets, as a pass does; a job that waits for a
+    # dependency is held on it, its record read (an array's: its children's statuses).
+    topology.ENQUEUE.construct_id: frozenset(
+        {"ConditionCheckItem", "Query", "GetItem", "BatchGetItem"}
+    ),
     # Team budgets total the month's jobs of each team; a dependency on an array reads its
     # children's statuses in batches (BatchGetItem).
     topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query", "BatchGetItem"}),

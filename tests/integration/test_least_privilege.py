@@ -74,22 +74,33 @@ _IDEMPOTENCY = {
     "delivery whose handling raised, so that a retry runs",
 }
 _BUDGET_ALERTS = "budgets reached (none in the demos' config)"
+_HELD = (
+    "a job that waits for a dependency is held on it as it is queued, the dependency read (no "
+    "demo here has dependencies; the sweep demo does)"
+)
 _NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
 _BOOKINGS = {
     "QueueState dynamodb:Query": "a job larger than its team's quota can hold: intake reads "
     "the team's bookings (the demos' jobs fit their quotas)",
 }
 NOT_REACHED: dict[str, dict[str, str]] = {
-    topology.INTAKE_FROM_S3.construct_id: {**_IDEMPOTENCY, **_BOOKINGS},
+    topology.INTAKE_FROM_S3.construct_id: {
+        **_IDEMPOTENCY,
+        **_BOOKINGS,
+        "Jobs dynamodb:BatchGetItem": _HELD,
+    },
     topology.INTAKE_FROM_EVENT.construct_id: {
         **_IDEMPOTENCY,
         **_BOOKINGS,
+        "Jobs dynamodb:BatchGetItem": _HELD,
         "Jobs dynamodb:Query": "the sample event's spec gives expected_duration, so no past "
         "runs are read; " + _NO_RESERVATIONS,
     },
     topology.ENQUEUE.construct_id: {
         "Jobs dynamodb:Query": "admitting a job as it arrives totals the spend of teams with "
         "a monthly budget (none in the demos' config)",
+        "Jobs dynamodb:GetItem": _HELD,
+        "Jobs dynamodb:BatchGetItem": _HELD,
     },
     topology.DISPATCH.construct_id: {
         "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
