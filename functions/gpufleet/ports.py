@@ -18,7 +18,7 @@ from gpufleet.domain.launch import LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import AdmissionLimits as AdmissionLimits  # the queue's port
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import Dependency, Priority
 from gpufleet.domain.usage_layout import NodeSummary, NodeUsage
 from gpufleet.errors import NotFound, RefusedInput
 
@@ -128,6 +128,9 @@ class QueueEntry:
     job: QueuedJob
     task_token: str  # NO_WORKFLOW_YET: a child of an array, whose workflow admission starts
     queued_at: float  # when this wait began (a requeued job keeps its place, not this)
+    # The dependency it is held on (`arrays.held_on`): out of its stream, read by no pass, until
+    # that dependency settles and a pass moves it (`JobQueue.move_held`). None: in its stream.
+    held_on: Dependency | None = None
 
 
 # The token of a child of an array waiting for its first admission: it has no workflow yet, and
@@ -171,11 +174,15 @@ class QueueState:
     nominees: Sequence[QueuedJob] = ()
     # Each team's fair-share ledger (`domain.fair_share`: entry -> amount), charged as runs end.
     team_usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # The dependencies that hold waiting jobs out of the streams (`QueueEntry.held_on`): one
+    # each, however many jobs each holds.
+    holds: frozenset[Dependency] = frozenset()
 
 
 class JobQueue(Protocol):
     def enqueue(self, entry: QueueEntry) -> bool:
-        """Put a job in the queue (again, with a new token, if it is already there). A job
+        """Put a job in the queue, in its stream or held on its `held_on` (again, with a new
+        token, if it is already there). A job
         already admitted (under the token of an attempt of this step that crashed) keeps its
         admission, which now belongs to this token, not yet told. False (and no change) when
         the job store no longer has the job QUEUED: it ended (was cancelled) meanwhile."""
@@ -203,7 +210,22 @@ class JobQueue(Protocol):
         ...
 
     def waiting(self) -> list[QueueEntry]:
-        """Every waiting job (for listings)."""
+        """Every waiting job, held ones too (for listings)."""
+        ...
+
+    def held(self, dependency: Dependency) -> Iterator[QueueEntry]:
+        """The jobs held on `dependency`, in admission order, read lazily (a page at a time)."""
+        ...
+
+    def move_held(self, dependency: Dependency, entries: Sequence[QueueEntry]) -> int:
+        """Take jobs held on `dependency` to where each entry now says (`held_on`: its stream,
+        counted as waiting, or another dependency), as many to a transaction as fit; one that
+        left the hold meanwhile (moved by another pass, removed) is left alone. How many moved."""
+        ...
+
+    def forget_hold(self, dependency: Dependency) -> bool:
+        """Drop `dependency` from the state's holds if it holds no job (False: it holds some,
+        held meanwhile, and stays)."""
         ...
 
     def running(self) -> list[RunningEntry]: ...

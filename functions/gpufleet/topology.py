@@ -38,6 +38,10 @@ EXECUTION_ENDS_UNSETTLED = ("FAILED", "TIMED_OUT", "ABORTED")
 DETAIL_SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 DETAIL_REBALANCE = "EC2 Instance Rebalance Recommendation"
 DETAIL_STATE_CHANGE = "EC2 Instance State-change Notification"
+# Forty minutes before a Capacity Block ends (EC2 User Guide, "Monitor Capacity Blocks using
+# EventBridge"). The guide spells its detail-type both ways; the rule matches either.
+DETAIL_BLOCK_EXPIRATION_WARNING = "Capacity Block Reservation Expiration Warning"
+DETAIL_BLOCK_EXPIRATION_WARNING_SHORT = "Capacity Block Expiration Warning"
 
 # Tags every instance gpufleet launches carries; IAM conditions and the reconciler key on them.
 TAG_MANAGED = "gpufleet:managed"
@@ -300,6 +304,11 @@ INSTANCE_EVENT = Function(
     "gpufleet.handlers.on_instance_event.handler",
     "Checkpoints jobs on spot interruption warnings; notices instances that went away",
 )
+BLOCK_ENDING = Function(
+    "BlockEnding",
+    "gpufleet.handlers.on_block_ending.handler",
+    "Checkpoints and requeues the runs on a Capacity Block when EC2 warns of its end",
+)
 RELEASE = Function(
     "Release",
     "gpufleet.handlers.on_release.handler",
@@ -333,6 +342,7 @@ FUNCTIONS: tuple[Function, ...] = (
     REQUEUE,
     NODE_REPORT,
     INSTANCE_EVENT,
+    BLOCK_ENDING,
     METRIC_WATCH,
     RECONCILE,
     RELEASE,
@@ -396,6 +406,16 @@ RULES: tuple[Rule, ...] = (
             "detail": {"state": ["stopping", "stopped", "shutting-down", "terminated"]},
         },
         target_function=INSTANCE_EVENT.construct_id,
+        on_default_bus=True,
+    ),
+    Rule(
+        construct_id="BlockEndingRule",
+        description="Capacity Block expiration warnings: the block's runs checkpoint now",
+        pattern={
+            "source": ["aws.ec2"],
+            "detail-type": [DETAIL_BLOCK_EXPIRATION_WARNING, DETAIL_BLOCK_EXPIRATION_WARNING_SHORT],
+        },
+        target_function=BLOCK_ENDING.construct_id,
         on_default_bus=True,
     ),
     Rule(

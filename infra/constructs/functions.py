@@ -129,7 +129,8 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
         {P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS, P.READ_CATALOG}
     ),
     # The reconciler also ends a run whose instance went away unheard (completing its waiting
-    # task) and a live job whose lifecycle ended (what WorkflowEnded does, below).
+    # task) and a live job whose lifecycle ended (what WorkflowEnded does, below); it asks the
+    # runs on a Capacity Block about to end to checkpoint (their control object under runs/).
     topology.RECONCILE.construct_id: frozenset(
         {
             P.TERMINATE,
@@ -137,8 +138,11 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.READ_WORKFLOWS,
             P.TASK_RESPONSE,
             P.PUBLISH,
+            P.WRITE_RUNS,
         }
     ),
+    # A Capacity Block's expiration warning: its runs' control objects (checkpoint) under runs/.
+    topology.BLOCK_ENDING.construct_id: frozenset({P.WRITE_RUNS}),
     # Ends the job its lifecycle left: what Release does (instances, placement group,
     # the queue's entry and share, the final status and its event).
     topology.WORKFLOW_ENDED.construct_id: frozenset({P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS}),
@@ -157,14 +161,18 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
 # table is on its indexes (a team's past runs when planning, jobs by status).
 _PLANS = "Query"  # planning reads the team's past runs (and live jobs, with reservations)
 # An array's children are stored in batches (BatchWriteItem) after a read of whether the array's
-# record exists, and queued by writes that check each is still QUEUED.
-_ARRAYS = frozenset({"GetItem", "BatchWriteItem", "ConditionCheckItem"})
+# record exists, and queued by writes that check each is still QUEUED; children that wait for a
+# dependency are held on it, its record read (an array's: its children's statuses, in batches).
+_ARRAYS = frozenset({"GetItem", "BatchWriteItem", "ConditionCheckItem", "BatchGetItem"})
 JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.INTAKE_FROM_S3.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"PutItem", _PLANS}) | _ARRAYS,
     # Enqueue's writes check that the job is still QUEUED; admitting a job as it arrives
-    # totals the month's spend of teams with budgets, as a pass does.
-    topology.ENQUEUE.construct_id: frozenset({"ConditionCheckItem", "Query"}),
+    # totals the month's spend of teams with budgets, as a pass does; a job that waits for a
+    # dependency is held on it, its record read (an array's: its children's statuses).
+    topology.ENQUEUE.construct_id: frozenset(
+        {"ConditionCheckItem", "Query", "GetItem", "BatchGetItem"}
+    ),
     # Team budgets total the month's jobs of each team; a dependency on an array reads its
     # children's statuses in batches (BatchGetItem).
     topology.DISPATCH.construct_id: frozenset({"GetItem", "UpdateItem", "Query", "BatchGetItem"}),
@@ -182,6 +190,8 @@ JOBS_ACCESS: dict[str, frozenset[str]] = {
     topology.RECONCILE.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
     topology.WORKFLOW_ENDED.construct_id: frozenset({"GetItem", "UpdateItem"}),
     topology.INSTANCE_EVENT.construct_id: frozenset({"GetItem", "UpdateItem"}),
+    # The launching and running jobs (by status), each on the warned block drained.
+    topology.BLOCK_ENDING.construct_id: frozenset({"GetItem", "UpdateItem", "Query"}),
 }
 _ENDS_JOBS = frozenset({"GetItem", "Query", "UpdateItem", "DeleteItem"})
 # Intake queues an array's children as Enqueue queues a job (with no workflow: admission
@@ -219,6 +229,8 @@ QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
     topology.LAUNCH.construct_id: frozenset({"UpdateItem"}),
     topology.INTAKE_FROM_S3.construct_id: frozenset({"Query"}),
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"Query"}),
+    # A drained run's running entry is marked draining (the dispatcher enforces its grace).
+    topology.BLOCK_ENDING.construct_id: frozenset({"UpdateItem"}),
 }
 # Permissions that are one action each, in a statement they share with others.
 _ACTION_OF = {

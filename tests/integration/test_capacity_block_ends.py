@@ -14,9 +14,9 @@ import pytest
 
 from gpufleet.domain.config import FleetConfig, Reservation, ReservationKind
 from gpufleet.emulator.account import Account, embedded_account
-from gpufleet.emulator.capacity_blocks import DETAIL_BLOCK_EXPIRATION_WARNING, CapacityBlockEnds
+from gpufleet.emulator.capacity_blocks import CapacityBlockEnds
 from gpufleet.emulator.patches import EMULATOR, acting_as
-from gpufleet.topology import DETAIL_STATE_CHANGE
+from gpufleet.topology import DETAIL_BLOCK_EXPIRATION_WARNING, DETAIL_STATE_CHANGE
 
 END = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=10)
 BLOCK = Reservation(

@@ -65,22 +65,33 @@ _IDEMPOTENCY = {
     "delivery whose handling raised, so that a retry runs",
 }
 _BUDGET_ALERTS = "budgets reached (none in the demos' config)"
+_HELD = (
+    "a job that waits for a dependency is held on it as it is queued, the dependency read (no "
+    "demo here has dependencies; the sweep demo does)"
+)
 _NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
 _BOOKINGS = {
     "QueueState dynamodb:Query": "a job larger than its team's quota can hold: intake reads "
     "the team's bookings (the demos' jobs fit their quotas)",
 }
 NOT_REACHED: dict[str, dict[str, str]] = {
-    topology.INTAKE_FROM_S3.construct_id: {**_IDEMPOTENCY, **_BOOKINGS},
+    topology.INTAKE_FROM_S3.construct_id: {
+        **_IDEMPOTENCY,
+        **_BOOKINGS,
+        "Jobs dynamodb:BatchGetItem": _HELD,
+    },
     topology.INTAKE_FROM_EVENT.construct_id: {
         **_IDEMPOTENCY,
         **_BOOKINGS,
+        "Jobs dynamodb:BatchGetItem": _HELD,
         "Jobs dynamodb:Query": "the sample event's spec gives expected_duration, so no past "
         "runs are read; " + _NO_RESERVATIONS,
     },
     topology.ENQUEUE.construct_id: {
         "Jobs dynamodb:Query": "admitting a job as it arrives totals the spend of teams with "
         "a monthly budget (none in the demos' config)",
+        "Jobs dynamodb:GetItem": _HELD,
+        "Jobs dynamodb:BatchGetItem": _HELD,
     },
     topology.DISPATCH.construct_id: {
         "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
@@ -159,6 +170,20 @@ _LOST_EVENTS_ONLY = {
     },
 }
 NOT_REACHED[topology.RECONCILE.construct_id].update(_LOST_EVENTS_ONLY)
+# No demo runs on a Capacity Block: its drains (the reconciler's before its end, BlockEnding's on
+# EC2's warning) run in tests/integration/test_block_warning.py and test_blocks_and_windows.py.
+_BLOCK_DRAINS = "a run on a Capacity Block drained before its end (no demo runs on a block)"
+NOT_REACHED[topology.RECONCILE.construct_id]["WriteRunManifests s3:PutObject"] = _BLOCK_DRAINS
+NOT_REACHED[topology.BLOCK_ENDING.construct_id] = dict.fromkeys(
+    (
+        "WriteRunManifests s3:PutObject",
+        "Jobs dynamodb:Query",
+        "Jobs dynamodb:GetItem",
+        "Jobs dynamodb:UpdateItem",
+        "QueueState dynamodb:UpdateItem",
+    ),
+    _BLOCK_DRAINS,
+)
 # Daily: no demo lasts a day. tests/integration/test_catalog_refresh.py runs it on the
 # embedded account and checks its calls against this role.
 NOT_REACHED[topology.CATALOG_REFRESH.construct_id] = {

@@ -464,3 +464,33 @@ def test_an_array_is_queued_in_batches_and_a_repeated_delivery_counts_nothing_tw
     [admitted] = state.running
     assert (admitted.job.job_id, admitted.task_token) == (first.job.job_id, "token-again-j-c000")
     assert {e.task_token for e in queue.waiting()} == {e.task_token for e in again[1:]}
+
+
+def test_a_held_job_waits_out_of_its_stream_until_moved_back(queue: JobQueue) -> None:
+    prep = Dependency(job="j-" + "a" * 20)
+    held = [replace(entry(f"j-h{i:03}", waited=30 - i), held_on=prep) for i in range(30)]
+    held = [replace(e, job=replace(e.job, depends_on=(prep,))) for e in held]
+    queue.enqueue_all(held[:29])
+    queue.enqueue(held[29])
+    queue.enqueue(entry("j-free"))
+    state = queue.state()
+    # No stream, no waiting counter holds them: a pass reads none of them, only the hold.
+    assert state.holds == {prep} and waiting_by_class(state)[Priority.NORMAL] == 1
+    read = queue.items_read()
+    assert [e.job.job_id for e in queue.stream("t", Priority.NORMAL)] == ["j-free"]
+    assert queue.items_read() - read == 1
+    assert {e.job.job_id for e in queue.waiting()} == {"j-free", *(e.job.job_id for e in held)}
+    assert [e.job.job_id for e in queue.held(prep)] == [e.job.job_id for e in held]
+    assert queue.remove("j-h000") == held[0]  # a held job leaves as a waiting one does
+    assert not queue.forget_hold(prep)  # it holds jobs still
+    back = [replace(e, held_on=None) for e in held]
+    assert queue.move_held(prep, back[1:20]) == 19
+    # Moved again (a pass that crashed and ran again, or two passes at once): nothing twice.
+    assert queue.move_held(prep, back[:25]) == 5  # the removed one and those moved stay
+    assert waiting_by_class(queue.state())[Priority.NORMAL] == 1 + 24
+    assert queue.move_held(prep, back[25:]) == 5
+    assert queue.state().holds == frozenset() and queue.forget_hold(prep)
+    assert [e.job.job_id for e in queue.stream("t", Priority.NORMAL)] == [
+        *(e.job.job_id for e in held[1:]),
+        "j-free",
+    ]

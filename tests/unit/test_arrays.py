@@ -26,6 +26,7 @@ from gpufleet.domain.spec import (
     MAX_ENV,
     Dependency,
     DependencyMode,
+    JobSpec,
     SpecError,
     json_schema,
     parse_spec,
@@ -327,3 +328,26 @@ def test_a_pass_whose_starts_are_throttled_leaves_the_rest_to_the_next_pass() ->
     assert sorted(workflow.started) == sorted(first.admitted)  # each started once
     admissions = [state["admission"] for state in workflow.inputs.values()]
     assert all(a["admitted"] and a["admitted_at"] == admitted_at for a in admissions)
+
+
+def test_a_pass_plans_an_arrays_children_once_and_a_resized_child_apart() -> None:
+    ports = local_ports()
+    spec = job(resources={"gpus": 0, "vcpus": 2}, array={"size": 6})
+    outcome = intake_for(ports).submit_document(spec, "delivery-1", "event:1", sent_as("vision"))
+    lifecycle = build_lifecycle(ports, make_settings())
+    kids = [child_job_id(outcome.job_id or "", i) for i in range(6)]
+    lifecycle.resize(kids[5], {"gpus": 0, "vcpus": 4})  # waiting: its own plan input changed
+    plans: list[str] = []
+    planner = lifecycle._planner
+
+    def counting(spec: JobSpec, **inputs: Any) -> Any:
+        plans.append(spec.name)
+        return planner(spec, **inputs)
+
+    lifecycle._planner = counting
+    dispatcher = build_dispatcher(ports, make_settings(), lifecycle)
+    assert len(dispatcher.run_pass().admitted) == 6
+    assert len(plans) == 2  # one for the five alike, one for the resized child
+    workflow = cast(RecordingWorkflow, ports.workflow)
+    first, resized = workflow.inputs[kids[0]]["plan"], workflow.inputs[kids[5]]["plan"]
+    assert all(workflow.inputs[kid]["plan"] == first for kid in kids[:5]) and resized != first

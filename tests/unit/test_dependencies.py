@@ -81,6 +81,12 @@ class World:
         """What the job's parked Enqueue task was told (None: nothing yet)."""
         return self.workflow.completed.get(self.tokens[job_id])
 
+    def held(self) -> dict[str, str]:
+        """Each job held out of the streams, by the dependency it is held on."""
+        return {
+            e.job.job_id: e.held_on.job for e in self.ports.queue.waiting() if e.held_on is not None
+        }
+
     def end(self, job_id: str, status: JobStatus) -> None:
         """The job's run ends `status` and its share goes back (as Release writes them)."""
         for step in (JobStatus.LAUNCHING, JobStatus.RUNNING):
@@ -188,7 +194,8 @@ def test_a_job_depending_on_an_array_waits_for_every_child() -> None:
     world.enqueue(ids["eval"])
     world.dispatcher.run_pass()
     world.end(first, JobStatus.SUCCEEDED)
-    assert world.dispatcher.run_pass().waiting == {ids["eval"]: "dependencies"}
+    assert world.dispatcher.run_pass().released == 0
+    assert world.held() == {ids["eval"]: ids["sweep"]}
     world.end(second, JobStatus.SUCCEEDED)
     assert world.dispatcher.run_pass().admitted == [ids["eval"]]
 
@@ -221,13 +228,10 @@ def test_a_job_waiting_for_its_dependency_holds_no_reservation_and_blocks_no_bac
         }
     )
     assert world.enqueue(ids["train"])  # admitted as it arrives: nothing waits
-    assert not world.enqueue(ids["eval"])  # waits for a pass, whatever the queue holds
-    result = world.dispatcher.run_pass()
-    assert result.admitted == [] and result.waiting == {ids["eval"]: "dependencies"}
-    assert not world.enqueue(ids["other"])  # eval waits in the queue: the passes keep order
-    result = world.dispatcher.run_pass()
-    assert result.admitted == [ids["other"]]
-    assert result.waiting == {ids["eval"]: "dependencies"}
+    assert not world.enqueue(ids["eval"])  # held on train, out of the policy's sight
+    assert world.held() == {ids["eval"]: ids["train"]}
+    assert world.dispatcher.run_pass().admitted == []
+    assert world.enqueue(ids["other"])  # only a held job waits: admitted as it arrives
     assert world.told(ids["eval"]) is None
     rows, _ = queue_listing(world.ports, POLICY)
     assert [(row.job_id, row.reason) for row in rows] == [(ids["eval"], "dependencies")]
@@ -238,9 +242,11 @@ def test_a_job_runs_once_its_dependency_succeeded() -> None:
     ids = world.submitted({"jobs": [job("train"), job("eval", depends_on=[{"job": "train"}])]})
     world.enqueue(ids["train"])
     world.enqueue(ids["eval"])
-    assert world.dispatcher.run_pass().waiting == {ids["eval"]: "dependencies"}
+    assert world.held() == {ids["eval"]: ids["train"]}
+    assert world.dispatcher.run_pass().admitted == []
     world.end(ids["train"], JobStatus.SUCCEEDED)
     result = world.dispatcher.run_pass()
+    assert result.released == 1 and world.held() == {}
     assert result.admitted == [ids["eval"]] and result.cancelled == {}
     told = world.told(ids["eval"])
     assert told is not None and told["admitted"] is True

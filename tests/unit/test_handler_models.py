@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from gpufleet.handlers.models import EnqueueTask, LaunchTask, ReleaseTask
 from gpufleet.handlers.payloads import (
+    BlockExpirationWarning,
     ExecutionStatusChange,
     JobTask,
     RequeueTask,
@@ -20,6 +21,7 @@ from gpufleet.handlers.payloads import (
 )
 from gpufleet.services.run_reports import NodeReport
 from gpufleet.services.workflow_state import Admission, WorkflowState
+from gpufleet.topology import RULES
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "aws"
 
@@ -44,6 +46,21 @@ def test_an_execution_status_change_names_the_job_and_how_its_workflow_ended() -
         "status": "ABORTED",
     }
     assert parse(event=aborted, model=ExecutionStatusChange).detail.cause is None
+
+
+def test_a_capacity_block_expiration_warning_names_its_block_and_a_bad_one_is_refused() -> None:
+    event = BlockExpirationWarning.model_validate(load("capacity-block-expiration-warning.json"))
+    assert event.detail.capacity_reservation_id == "cr-0123456789abcdef0"
+    assert event.detail.end_date.isoformat() == "2025-03-02T12:00:00+00:00"
+    assert event.detail_type in {r.pattern["detail-type"][0] for r in RULES}
+    bad = load("capacity-block-expiration-warning.json")
+    bad["detail"] = {"capacity-reservation-id": "i-0123456789abcdef0", "end-date": "soon"}
+    with pytest.raises(ValidationError) as refused:
+        BlockExpirationWarning.model_validate(bad)
+    assert {e["loc"][-1] for e in refused.value.errors()} == {
+        "capacity-reservation-id",
+        "end-date",
+    }
 
 
 def test_a_real_s3_notification_yields_the_decoded_key_and_version() -> None:

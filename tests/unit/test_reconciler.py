@@ -346,3 +346,42 @@ def test_runs_on_a_capacity_block_checkpoint_and_requeue_before_the_block_ends()
     assert released["requeue"] is True
     requeued = ports.jobs.get(job_id)
     assert (requeued.retries, requeued.preemptions, requeued.interruptions) == (0, 0, 0)
+
+
+def test_ec2s_warning_of_a_blocks_end_drains_its_runs_once_with_the_reconciler() -> None:
+    ports = local_ports()
+    now = ports.clock.now()
+    # By the config, hours before its runs must stop: only EC2's warning says it ends now.
+    block = Reservation(
+        id="cr-0fedcba9876543210",
+        kind=ReservationKind.CAPACITY_BLOCK,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=2,
+        start=datetime.fromtimestamp(now - 3600, UTC),
+        end=datetime.fromtimestamp(now + 6 * 3600, UTC),
+        hourly_usd=0.8,
+    )
+    settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
+    lifecycle = build_lifecycle(ports, settings)
+    key = "jobs/vision/on-block.yaml"
+    cast(InMemoryObjects, ports.objects).objects[key] = SPEC_YAML
+    job_id = build_intake(ports, settings, lifecycle).submit_object(key, key, key).job_id
+    assert job_id is not None
+    assert lifecycle.launch(job_id, plan_of(ports, job_id), 0, 0, "token") is None
+    placement = ports.jobs.get(job_id).placement
+    assert placement is not None and placement.reservation_id == block.id
+    lifecycle.node_report(
+        NodeReport(job_id=job_id, instance_id=placement.instance_ids[0], phase="started")
+    )
+
+    assert lifecycle.block_warned("cr-0123456789abcdef0") == []  # another block's warning
+    assert lifecycle.block_warned(block.id) == [job_id]
+    assert ports.jobs.get(job_id).drain_reason == RESERVATION_ENDING
+    # The warning delivered again, and the reconciler's drain when it comes: asked once.
+    assert lifecycle.block_warned(block.id) == []
+    cast(ManualClock, ports.clock).advance(6 * 3600 - BLOCK_TERMINATION_LEAD_SECONDS)
+    reconciler = ReconcilerService(
+        ports, lifecycle, grace_seconds=300, boot_allowance_seconds=900, abandoned_after_seconds=900
+    )
+    assert reconciler.run().reservation_drains == []

@@ -316,3 +316,12 @@ def test_an_odcr_of_a_type_the_catalog_does_not_price_there_needs_its_price_in_t
         reservation_hourly_usd(odcr, load_bundled(), "xx-nowhere-1")
     priced = odcr.model_copy(update={"hourly_usd": 9.0})
     assert reservation_hourly_usd(priced, load_bundled(), "xx-nowhere-1") == 9.0
+
+
+def test_runs_on_a_block_ec2_warned_of_are_drained_whatever_the_config_says() -> None:
+    lead = drain_lead_seconds(300, 120)
+    early = (drain_at(BLOCK, lead) or 0.0) - 3600  # by the config, an hour before its drain
+    placements = [("j-block", BLOCK.id), ("j-odcr", ODCR.id), ("j-unlisted", "cr-00000000")]
+    assert runs_to_drain(placements, [BLOCK, ODCR], early, lead, warned={BLOCK.id}) == ["j-block"]
+    # A block the config does not list: EC2's word is enough.
+    assert runs_to_drain(placements, [BLOCK], early, lead, warned={"cr-00000000"}) == ["j-unlisted"]

@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.domain.job import TERMINAL_STATUSES, JobStatus, is_job_id, job_id_for_delivery
+from gpufleet.domain.job import (
+    TERMINAL_STATUSES,
+    Job,
+    JobStatus,
+    is_job_id,
+    job_id_for_delivery,
+)
 from gpufleet.domain.spec import (
     ARRAY_INDEX_ENV,
     BATCH_ARRAY_INDEX_ENV,
@@ -227,3 +233,42 @@ def dependency_verdict(
             )
         waits = waits or not all(s in TERMINAL_STATUSES for s in statuses)
     return DependencyVerdict(Readiness.WAIT if waits else Readiness.RUN)
+
+
+def held_on(
+    dependencies: Sequence[tuple[Dependency, Sequence[JobStatus]]], index: int | None = None
+) -> Dependency | None:
+    """The dependency a job that waits (`dependency_verdict`) is held on, out of the admission
+    queue's streams until that dependency settles (`settles`): the first, not element by
+    element, whose own verdict waits. None when the job does not wait (it runs or is
+    cancelled), or waits only element by element (then it waits in its stream, judged each
+    pass by its own index)."""
+    if dependency_verdict(dependencies, index).readiness is not Readiness.WAIT:
+        return None
+    return next(
+        (
+            dep
+            for dep, statuses in dependencies
+            if dep.mode is not DependencyMode.ELEMENT and not settles(dep, statuses)
+        ),
+        None,
+    )
+
+
+def settles(dep: Dependency, statuses: Sequence[JobStatus]) -> bool:
+    """Whether the jobs held on `dep` are to be judged again: its own verdict no longer waits
+    (it ended, or, for `on: success`, one of its children ended other than SUCCEEDED)."""
+    return dependency_verdict([(dep, statuses)]).readiness is not Readiness.WAIT
+
+
+def shared_plan_key(job: Job) -> str | None:
+    """What a child of an array shares its plan by: children of one key are planned alike (their
+    specs differ only in their environment, which no plan reads), so one plan serves them all
+    while the plan's other inputs (the catalog, the team's past runs, the reservations) stand.
+    The key holds the child's own inputs of a plan: its array, its stage, a resize, its giving
+    up on spot, its spot history. None for a job that is not a child."""
+    if job.array_id is None:
+        return None
+    override = job.resources_override.model_dump_json() if job.resources_override else ""
+    own = (job.stage_index, override, job.on_demand_only, job.interruptions, job.spot_held_seconds)
+    return json.dumps([job.array_id, *own])

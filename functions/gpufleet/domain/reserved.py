@@ -15,7 +15,7 @@ instances (its drain missed, or it did not stop in time) lost it to the block's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpufleet.domain.catalog import Catalog, CatalogError
@@ -116,10 +116,14 @@ def runs_to_drain(
     reservations: Iterable[Reservation],
     now: float,
     drain_lead: float,
+    warned: Collection[str] = (),
 ) -> list[str]:
     """The jobs (of `placements`: job id, reservation id) whose reservation's end is near
-    enough that they must checkpoint and go back to the queue now."""
+    enough that they must checkpoint and go back to the queue now: by the config's end date,
+    or because EC2 warned of the block's end (`warned`: its "Capacity Block Reservation
+    Expiration Warning", whatever the config says of the block, or if it names none)."""
     due = {r.id for r in reservations if (at := drain_at(r, drain_lead)) is not None and now >= at}
+    due |= set(warned)
     return sorted(job_id for job_id, reservation_id in placements if reservation_id in due)
 
 

@@ -19,9 +19,8 @@ from datetime import datetime, timedelta
 from gpufleet.emulator.account import ACCOUNT_ID, Account
 from gpufleet.emulator.ec2_rules import ec2_now, put_ec2_event
 from gpufleet.emulator.ticker import Ticker
-from gpufleet.topology import DETAIL_STATE_CHANGE
+from gpufleet.topology import DETAIL_BLOCK_EXPIRATION_WARNING, DETAIL_STATE_CHANGE
 
-DETAIL_BLOCK_EXPIRATION_WARNING = "Capacity Block Reservation Expiration Warning"
 WARNING_BEFORE_END = timedelta(minutes=40)
 TERMINATION_BEFORE_END = timedelta(minutes=30)
 

@@ -126,6 +126,20 @@ class InstanceEvent(EventBridgeEvent):
     detail: InstanceEventDetail
 
 
+class BlockExpirationDetail(_Open):
+    capacity_reservation_id: str = Field(
+        alias="capacity-reservation-id", pattern=r"^cr-[0-9a-f]{8,17}$"
+    )
+    end_date: datetime = Field(alias="end-date")
+
+
+class BlockExpirationWarning(EventBridgeEvent):
+    """EC2's warning, forty minutes before a Capacity Block ends, that its instances begin to
+    terminate in ten."""
+
+    detail: BlockExpirationDetail
+
+
 class ExecutionStatusDetail(_Open):
     """What Step Functions says of an execution that changed status: what DescribeExecution
     says (input and output, which the backstop does not need, are left out)."""

@@ -12,13 +12,16 @@ A job that depends on others (docs/arrays.md) reaches the policy only once
 `arrays.dependency_verdict` says it may run: until then it waits out of the policy's sight (it
 holds no reservation and blocks no backfill), and it ends CANCELLED, never admitted, as soon as
 the verdict says so. A job's end wakes a pass (`Job Status Changed`, terminal statuses), so its
-dependants are judged again.
+dependants are judged again. A job that waits for a dependency is held apart from its stream
+(`QueueEntry.held_on`), so a pass reads none of the jobs held: it reads the holds with the queue's
+state, one a dependency, and moves the jobs of each that settled back to their streams first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from gpufleet.domain.arrays import Readiness
 from gpufleet.domain.cost import month_start
@@ -37,6 +40,7 @@ from gpufleet.domain.queueing import (
     decide_streams,
 )
 from gpufleet.domain.settlement import PREEMPTED, RECLAIMED, WINDOW
+from gpufleet.domain.spec import Dependency
 from gpufleet.errors import TransientError
 from gpufleet.ports import (
     NO_WORKFLOW_YET,
@@ -49,6 +53,9 @@ from gpufleet.ports import (
 from gpufleet.services.lifecycle import LifecycleService
 from gpufleet.services.lifecycle_base import JobAlreadyEnded
 from gpufleet.services.pass_reads import WAITS_FOR_DEPENDENCIES, DependencyStatuses, team_spend
+
+# Held jobs a pass moves at most (of dependencies that settled); the next pass moves the rest.
+MOVED_PER_PASS = 1000
 
 
 @dataclass
@@ -63,6 +70,7 @@ class PassResult:
     waiting: dict[str, str] = field(default_factory=dict)  # of the jobs the pass considered
     blocked: dict[str, str] = field(default_factory=dict)  # "team/class" it stopped reading: why
     items_read: int = 0
+    released: int = 0  # held jobs moved out of their hold: their dependency settled
     waited_seconds: list[float] = field(default_factory=list)  # of each admission
     over_budget: list[str] = field(default_factory=list)  # stopped: cost reached the budget
     state: QueueState | None = None  # as the pass began (for the gauges)
@@ -80,13 +88,17 @@ class DispatcherService:
         self._policy = policy
         # Whether Step Functions throttled a start of an admitted child during this pass.
         self._starts_throttled = False
+        # The plans of the children this pass starts, shared within an array (`start_admitted`):
+        # a pass plans an array's children once, with the catalog and history of that moment.
+        self._plans: dict[str, LaunchPlan] = {}
 
     def enqueue(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> bool:
         """A job arrives at the queue (the workflow's Enqueue task). When nothing waits and
         the policy admits it now, it is admitted at once, in one read of the queue's state and
         one write, with no pass to wake (True); otherwise it waits for the passes, in its
         place (False)."""
-        entry = self._lifecycle.queue_entry(queued, task_token, plan)
+        self._plans = {}  # none kept from a pass before
+        entry = self._lifecycle.queue_entry(queued, task_token, plan)  # held, if it waits
         if self._admit_on_arrival(entry):
             return True
         self._lifecycle.enqueue(entry)
@@ -122,7 +134,12 @@ class DispatcherService:
         read_before = ports.queue.items_read()
         result = PassResult()
         self._starts_throttled = False
+        self._plans = {}
+        dependencies = DependencyStatuses(ports.jobs)
         state = ports.queue.state()
+        result.released = self._release_settled(state.holds, dependencies)
+        if result.released:
+            state = ports.queue.state()
         running, bookings = state.running, state.bookings
         result.state = state
         self._notify_admitted(running)
@@ -138,7 +155,6 @@ class DispatcherService:
         if full:
             result.over_budget += self._stop_teams_over_budget(running, spend, now)
         read: dict[str, QueueEntry] = {}  # the entries of the jobs the pass read
-        dependencies = DependencyStatuses(ports.jobs)
         held: dict[str, str] = {}  # read, but not for the policy: waits for dependencies
         cancels: dict[str, str] = {}  # read, and to be cancelled: why
 
@@ -216,6 +232,27 @@ class DispatcherService:
         }
         result.items_read = ports.queue.items_read() - read_before
         return result
+
+    def _release_settled(
+        self, holds: frozenset[Dependency], dependencies: DependencyStatuses
+    ) -> int:
+        """The jobs held on a dependency that settled go to where they now wait: their stream,
+        or the next dependency they wait for; at most MOVED_PER_PASS a pass. What a pass
+        leaves, or a crash cut short, the next one moves: a hold stays in the state until it
+        holds no job. How many moved."""
+        budget, moved = MOVED_PER_PASS, 0
+        for dependency in sorted(holds, key=lambda d: (d.job, d.on)):
+            if budget == 0:
+                break
+            if not dependencies.settles(dependency):
+                continue
+            entries = list(islice(self._ports.queue.held(dependency), budget))
+            budget -= len(entries)
+            placed = [replace(e, held_on=dependencies.held_on(e.job)) for e in entries]
+            moved += self._ports.queue.move_held(dependency, placed)
+            if budget:  # it holds no more (a job held meanwhile keeps it)
+                self._ports.queue.forget_hold(dependency)
+        return moved
 
     def _cancel(self, job_id: str, reason: str) -> bool:
         """End a waiting job whose dependency ended as it may not: False when it left the
@@ -319,7 +356,7 @@ class DispatcherService:
             # pass, which tells every admission not yet told (`_notify_admitted`).
             if not self._starts_throttled:
                 try:
-                    self._lifecycle.start_admitted(job_id, admission)
+                    self._lifecycle.start_admitted(job_id, admission, self._plans)
                 except TransientError:
                     self._starts_throttled = True
             return

@@ -19,7 +19,7 @@ from gpufleet.domain.job import (
 )
 from gpufleet.domain.settlement import BUDGET, RESIZED
 from gpufleet.domain.spec import JobSpec, Resources
-from gpufleet.ports import NO_WORKFLOW_YET, QueueEntry
+from gpufleet.ports import NO_WORKFLOW_YET
 from gpufleet.services.lifecycle_base import JobAlreadyEnded, LifecycleBase
 
 
@@ -107,13 +107,9 @@ class JobCommands(LifecycleBase):
         job = self._ports.jobs.update(job_id, self._now(), change)
         entry = self._ports.queue.remove(job_id)
         if entry is not None:
-            self._ports.queue.enqueue(
-                QueueEntry(
-                    job=replace(entry.job, gpus=resources.total_gpus, instances=resources.nodes),
-                    task_token=entry.task_token,
-                    queued_at=entry.queued_at,
-                )
-            )
+            # In its place, and held still if it was.
+            job_resized = replace(entry.job, gpus=resources.total_gpus, instances=resources.nodes)
+            self._ports.queue.enqueue(replace(entry, job=job_resized))
         elif job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             self.drain(job_id, RESIZED)
         return job.summary()

@@ -9,7 +9,7 @@ its work already done returns what it would have returned the first time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -178,18 +178,21 @@ class LifecycleBase:
             RECONCILE_PERIOD_SECONDS, self._policy.queue.preemption_grace_seconds
         )
 
-    def drain_for_reservation_end(self, jobs: Iterable[Job]) -> list[str]:
-        """Ask the runs on reservations about to end (a Capacity Block's last half hour) to
-        checkpoint and go back to the queue, neither a retry nor a lost node
+    def drain_for_reservation_end(
+        self, jobs: Iterable[Job], warned: Collection[str] = ()
+    ) -> list[str]:
+        """Ask the runs on reservations about to end (a Capacity Block's last half hour, or one
+        EC2 `warned` of) to checkpoint and go back to the queue, neither a retry nor a lost node
         (`settlement.RESERVATION_ENDING`); the dispatcher stops one that does not within the
-        checkpoint grace. The jobs asked now."""
+        checkpoint grace. The jobs asked now: a run asked already (by the reconciler, by an
+        earlier warning) is not asked again."""
         placements = [
             (job.job_id, job.placement.reservation_id)
             for job in jobs
             if job.placement is not None and job.placement.reservation_id
         ]
         due = runs_to_drain(
-            placements, self._policy.reservations, self._now(), self._block_drain_lead()
+            placements, self._policy.reservations, self._now(), self._block_drain_lead(), warned
         )
         drained = []
         for job_id in due:
@@ -197,6 +200,16 @@ class LifecycleBase:
             if self.drain(job_id, RESERVATION_ENDING):
                 drained.append(job_id)
         return drained
+
+    def block_warned(self, reservation_id: str) -> list[str]:
+        """EC2 warned that a Capacity Block ends (its instances terminate in 10 minutes): its
+        runs are drained now, not at the reconciler's next look. The jobs asked."""
+        live = [
+            j
+            for s in (JobStatus.LAUNCHING, JobStatus.RUNNING)
+            for j in self._ports.jobs.list_jobs(s)
+        ]
+        return self.drain_for_reservation_end(live, warned={reservation_id})
 
     def _expected_duration(self, spec: JobSpec) -> DurationEstimate:
         if spec.expected_duration_seconds:

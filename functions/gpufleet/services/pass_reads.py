@@ -4,7 +4,13 @@ dependencies and the month's spend of the teams with a budget. The dispatcher's 
 
 from __future__ import annotations
 
-from gpufleet.domain.arrays import DependencyVerdict, Readiness, dependency_verdict
+from gpufleet.domain.arrays import (
+    DependencyVerdict,
+    Readiness,
+    dependency_verdict,
+    held_on,
+    settles,
+)
 from gpufleet.domain.cost import spend_this_month_usd
 from gpufleet.domain.job import JobNotFound, JobStatus
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy
@@ -26,14 +32,34 @@ class DependencyStatuses:
         self._statuses: dict[str, list[JobStatus] | None] = {}
 
     def verdict(self, job: QueuedJob) -> DependencyVerdict:
-        ended: list[tuple[Dependency, list[JobStatus]]] = []
+        ended = self._dependencies(job)
+        if ended is None:
+            # Intake refuses a dependency on no job: only a store that lost it gets here.
+            missing = next(d.job for d in job.depends_on if self._statuses_of(d.job) is None)
+            return DependencyVerdict(Readiness.CANCEL, f"dependency {missing} does not exist")
+        return dependency_verdict(ended, job.array_index)
+
+    def held_on(self, job: QueuedJob) -> Dependency | None:
+        """The dependency the job waits in the queue held on (`arrays.held_on`); None: in its
+        stream (no dependency, or one missing: the pass cancels it)."""
+        ended = self._dependencies(job) if job.depends_on else None
+        return None if ended is None else held_on(ended, job.array_index)
+
+    def settles(self, dependency: Dependency) -> bool:
+        """Whether the jobs held on `dependency` are to be judged again (a missing one: yes,
+        so that the pass cancels them)."""
+        statuses = self._statuses_of(dependency.job)
+        return statuses is None or settles(dependency, statuses)
+
+    def _dependencies(self, job: QueuedJob) -> list[tuple[Dependency, list[JobStatus]]] | None:
+        """Each dependency with its statuses; None when one's job does not exist."""
+        ended = []
         for dep in job.depends_on:
             statuses = self._statuses_of(dep.job)
             if statuses is None:
-                # Intake refuses a dependency on no job: only a store that lost it gets here.
-                return DependencyVerdict(Readiness.CANCEL, f"dependency {dep.job} does not exist")
+                return None
             ended.append((dep, statuses))
-        return dependency_verdict(ended, job.array_index)
+        return ended
 
     def _statuses_of(self, job_id: str) -> list[JobStatus] | None:
         if job_id not in self._statuses:

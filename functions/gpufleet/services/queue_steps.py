@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gpufleet.domain.arrays import shared_plan_key
 from gpufleet.domain.cost import estimated_run_usd
 from gpufleet.domain.history import job_of_execution, requeue_budget
 from gpufleet.domain.job import Job, JobStatus
@@ -19,6 +20,7 @@ from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.domain.settlement import requeue_changes
 from gpufleet.ports import NO_WORKFLOW_YET, QueueEntry
 from gpufleet.services.lifecycle_base import LifecycleBase, queued_job
+from gpufleet.services.pass_reads import DependencyStatuses
 from gpufleet.services.workflow_state import LaunchStepResult
 from gpufleet.topology import CONTROL_PLANE_SOURCE, DETAIL_JOB_QUEUED
 
@@ -112,20 +114,27 @@ class QueueSteps(LifecycleBase):
             "cycles": 0,  # requeues in this execution (see requeue_input)
         }
 
-    def queue_entry(self, queued: QueuedJob, task_token: str, plan: LaunchPlan) -> QueueEntry:
+    def queue_entry(
+        self,
+        queued: QueuedJob,
+        task_token: str,
+        plan: LaunchPlan,
+        dependencies: DependencyStatuses | None = None,
+    ) -> QueueEntry:
         """The queue's entry for the job the workflow describes. `plan` is the one Prepare or
         Requeue made: its first choice is the cost estimate, its expected run time the one the
-        queue reserves by."""
-        return QueueEntry(
-            job=replace(
-                queued,
-                estimated_cost_usd=self.estimate_usd(plan),
-                expected_seconds=plan.expected_seconds,
-                not_before=plan.block_start,
-            ),
-            task_token=task_token,
-            queued_at=self._now(),
+        queue reserves by. A job that waits for a dependency is held on it, out of its stream
+        (`arrays.held_on`, its dependencies read through `dependencies`, once each)."""
+        job = replace(
+            queued,
+            estimated_cost_usd=self.estimate_usd(plan),
+            expected_seconds=plan.expected_seconds,
+            not_before=plan.block_start,
         )
+        held_on = None
+        if job.depends_on:
+            held_on = (dependencies or DependencyStatuses(self._ports.jobs)).held_on(job)
+        return QueueEntry(job=job, task_token=task_token, queued_at=self._now(), held_on=held_on)
 
     def array_entries(
         self, children: Sequence[Job], workflow_input: Mapping[str, Any]
@@ -134,14 +143,28 @@ class QueueSteps(LifecycleBase):
         (`workflow_input`, Prepare's): they differ only in their environment. They wait with
         no workflow: admission starts each one's (`start_admitted`)."""
         plan = LaunchPlan.model_validate(workflow_input["plan"])
-        return [self.queue_entry(queued_job(child), NO_WORKFLOW_YET, plan) for child in children]
+        dependencies = DependencyStatuses(self._ports.jobs)
+        return [
+            self.queue_entry(queued_job(child), NO_WORKFLOW_YET, plan, dependencies)
+            for child in children
+        ]
 
-    def start_admitted(self, job_id: str, admission: Mapping[str, Any]) -> None:
+    def start_admitted(
+        self, job_id: str, admission: Mapping[str, Any], plans: dict[str, LaunchPlan]
+    ) -> None:
         """An admitted child of an array: its workflow starts now, past Enqueue, with its
-        admission (the state machine's `Waits for admission?`), planned as the job now is.
-        Starting it again (a pass that tells an admission again) is a no-op."""
+        admission (the state machine's `Waits for admission?`), planned as the job now is:
+        with the plan in `plans` (the pass's, by `arrays.shared_plan_key`) that an earlier child
+        of its array got, else planned and kept there. Starting it again (a pass that tells an
+        admission again) is a no-op."""
         job = self._ports.jobs.get(job_id)
-        state = self.workflow_input(job, self._plan(job), attempt=0)
+        key = shared_plan_key(job)
+        plan = plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._plan(job)
+            if key is not None:
+                plans[key] = plan
+        state = self.workflow_input(job, plan, attempt=0)
         self._ports.workflow.start(job_id, {**state, "admission": {"admitted": True, **admission}})
 
     def enqueue(self, entry: QueueEntry) -> None:

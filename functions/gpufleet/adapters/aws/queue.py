@@ -15,6 +15,9 @@
     state         shortage                               until when the latest capacity
                                                          shortage is remembered (the capacity
                                                          memory holds which offerings)
+    state         hold#<on>#<dependency>                 how many jobs are held on it (`held`)
+    held#<on>#<dependency>  <order as q#>                a job held on that dependency, out of
+                                                         the streams until it settles
 
 Each team's waiting jobs have their own partition, sorted by class (critical first) and then
 submission time, so every (team, class) pair is a stream already ordered by effective
@@ -26,6 +29,11 @@ Everything a pass needs besides the waiting jobs lives in the one `state` partit
 starts with a single query: the counters of waiting jobs per team, class and shape (kept in the
 same transactions that add and remove waiting jobs) say which streams there are and what they
 hold, without reading them.
+
+A job that waits for a dependency is held apart (`QueueEntry.held_on`): in its dependency's own
+partition, counted in that dependency's hold item, not in the waiting counters, so no stream
+holds it and no pass reads it. A pass reads the holds with the state (one item a dependency,
+however many jobs it holds) and moves the jobs of a settled one into their streams.
 """
 
 from __future__ import annotations
@@ -97,6 +105,9 @@ _LOCATOR_SK = "at"
 # Notices sent once (a team over its monthly budget): apart, so passes never read them.
 _NOTICES = "notices"
 _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
+_HOLD = "hold#"  # in the state partition: a dependency's count of jobs held on it
+_HELD = "held#"  # the partition of the jobs held on one dependency
+_HELD_COUNTER = "held"
 
 
 def _waiting_counter(priority: Priority) -> str:
@@ -135,10 +146,26 @@ def _locator_item(entry_item: dict[str, dict[str, str]]) -> dict[str, dict[str, 
 _COUNTERS_BYTES = 1024
 
 
-def _waiting_counters(job: QueuedJob) -> tuple[tuple[str, str], ...]:
-    """The counters a waiting job counts in: its class's (global), and its team's, class's and
-    shape's (on the team's usage item), as (sk, counter)."""
+def _counters(entry: QueueEntry) -> tuple[tuple[str, str], ...]:
+    """The counters a waiting job counts in, as (sk, counter): its class's (global), and its
+    team's, class's and shape's (on the team's usage item); a held one, its hold's alone."""
+    if entry.held_on is not None:
+        return ((_HOLD + _hold_name(entry.held_on), _HELD_COUNTER),)
+    job = entry.job
     return ((_GLOBAL, _waiting_counter(job.priority)), (_TEAM + job.team, _shape_counter(job)))
+
+
+def _hold_name(dependency: Dependency) -> str:
+    return f"{dependency.on}#{dependency.job}"
+
+
+def _hold_of(name: str) -> Dependency:
+    on, job = name.split("#", 1)
+    return Dependency.model_validate({"job": job, "on": on})
+
+
+def _held_partition(dependency: Dependency) -> str:
+    return _HELD + _hold_name(dependency)
 
 
 def order_key(job: QueuedJob) -> str:
@@ -158,11 +185,17 @@ def _n(value: float) -> dict[str, str]:
 
 
 def _entry_item(entry: QueueEntry) -> dict[str, dict[str, str]]:
-    return {
+    """A waiting job's entry: in its stream, or in the partition of the dependency it is held on
+    (in the same order)."""
+    item = {
         **_job_attributes(entry.job),
         "task_token": _s(entry.task_token),
         "queued_at": _n(entry.queued_at),
     }
+    if entry.held_on is not None:
+        item["pk"] = _s(_held_partition(entry.held_on))
+        item["held_on"] = _s(_hold_name(entry.held_on))
+    return item
 
 
 # A waiting job's dependencies, in its entry as one JSON string (few, and read together).
@@ -199,6 +232,7 @@ def _entry(item: dict[str, Any]) -> QueueEntry:
         job=_queued_job(item),
         task_token=item["task_token"]["S"],
         queued_at=float(item["queued_at"]["N"]),
+        held_on=_hold_of(item["held_on"]["S"]) if "held_on" in item else None,
     )
 
 
@@ -304,7 +338,7 @@ class DynamoJobQueue:
     def enqueue(self, entry: QueueEntry) -> bool:
         # A requeued job keeps its submission time, so its key (and place) are the same.
         own = self._waits(entry)
-        items = [*own, *self._count_waiting(entry.job, +1)]
+        items = [*own, *self._count_entry(entry, +1)]
         try:
             self._transact(items)
         except ConditionsFailed as cancelled:
@@ -319,31 +353,13 @@ class DynamoJobQueue:
         return True
 
     def enqueue_all(self, entries: Sequence[QueueEntry]) -> None:
-        batch: list[QueueEntry] = []
-        items: list[dict[str, Any]] = []
-        size = 0
-        for entry in entries:
-            own = self._waits(entry)
-            own_size = len(json.dumps(own))
-            teams = {e.job.team for e in [*batch, entry]}
-            # The batch's own items, and its counters: the global one and one per team.
-            if batch and (
-                len(items) + len(own) + 1 + len(teams) > TRANSACTION_ITEMS
-                or size + own_size + _COUNTERS_BYTES * (1 + len(teams)) > TRANSACTION_BYTES
-            ):
-                self._enqueue_batch(batch, items)
-                batch, items, size = [], [], 0
-            batch.append(entry)
-            items += own
-            size += own_size
-        if batch:
-            self._enqueue_batch(batch, items)
+        _in_transactions(entries, self._waits, _counters, self._enqueue_batch)
 
     def _enqueue_batch(self, batch: list[QueueEntry], own: list[dict[str, Any]]) -> None:
         """New waiting jobs' items and their counters in one transaction. When one of them
         waits, was admitted or ended already (a repeated delivery), nothing of the batch is
         written: each then goes as `enqueue` decides."""
-        counted = Counter(key for entry in batch for key in _waiting_counters(entry.job))
+        counted = Counter(key for entry in batch for key in _counters(entry))
         items = [*own, *self._count_all(counted)]
         check_transaction([_item_key(item) for item in items], len(json.dumps(items)))
         try:
@@ -351,6 +367,71 @@ class DynamoJobQueue:
         except ConditionsFailed:
             for entry in batch:
                 self.enqueue(entry)
+
+    def move_held(self, dependency: Dependency, entries: Sequence[QueueEntry]) -> int:
+        moved = 0
+
+        def counters(entry: QueueEntry) -> tuple[tuple[str, str], ...]:
+            return ((_HOLD + _hold_name(dependency), _HELD_COUNTER), *_counters(entry))
+
+        def write(batch: list[QueueEntry], own: list[dict[str, Any]]) -> None:
+            nonlocal moved
+            moved += self._move_batch(dependency, batch, own)
+
+        staying = [e for e in entries if e.held_on != dependency]  # moved nowhere
+        _in_transactions(staying, lambda e: self._moves(dependency, e), counters, write)
+        return moved
+
+    def _moves(self, dependency: Dependency, entry: QueueEntry) -> list[dict[str, Any]]:
+        """A held job's own items of a move: its held entry leaves (it must still be there),
+        its new entry goes in (new), its locator follows it."""
+        item = _entry_item(entry)
+        held = {"pk": _s(_held_partition(dependency)), "sk": _s(order_key(entry.job))}
+        leaves = {
+            "TableName": self._table,
+            "Key": held,
+            "ConditionExpression": "attribute_exists(pk)",
+        }
+        put = {
+            "TableName": self._table,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        locator = {"TableName": self._table, "Item": _locator_item(item)}
+        return [{"Delete": leaves}, {"Put": put}, {"Put": locator}]
+
+    def _move_batch(
+        self, dependency: Dependency, batch: list[QueueEntry], own: list[dict[str, Any]]
+    ) -> int:
+        """A batch of moves and their counters in one transaction: how many moved. When one of
+        them left the hold meanwhile, nothing of the batch is written, and each goes alone."""
+        counted: Counter[tuple[str, str]] = Counter()
+        for entry in batch:
+            counted[(_HOLD + _hold_name(dependency), _HELD_COUNTER)] -= 1
+            counted.update(_counters(entry))
+        items = [*own, *self._count_all(counted)]
+        check_transaction([_item_key(item) for item in items], len(json.dumps(items)))
+        try:
+            self._transact(items)
+        except ConditionsFailed:
+            if len(batch) == 1:
+                return 0  # moved by another pass, or removed
+            return sum(self._move_batch(dependency, [e], self._moves(dependency, e)) for e in batch)
+        return len(batch)
+
+    def forget_hold(self, dependency: Dependency) -> bool:
+        try:
+            self._write(
+                self._client.delete_item,
+                TableName=self._table,
+                Key={"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
+                ConditionExpression="attribute_not_exists(#held) OR #held <= :zero",
+                ExpressionAttributeNames={"#held": _HELD_COUNTER},
+                ExpressionAttributeValues={":zero": _n(0)},
+            )
+        except ConditionFailed:
+            return False
+        return True
 
     def _waits(self, entry: QueueEntry) -> list[dict[str, Any]]:
         """A new waiting job's own items of `enqueue`'s transaction: its entry (new), the check
@@ -402,10 +483,9 @@ class DynamoJobQueue:
         """See `write`: one item, or `ConditionFailed`."""
         return write(operation, self._backoff, **request)
 
-    def _count_waiting(self, job: QueuedJob, change: int) -> list[dict[str, Any]]:
-        """The counters of waiting jobs: of its class (global), and of its team, class and
-        shape (on the team's usage item)."""
-        return self._count_all(Counter(dict.fromkeys(_waiting_counters(job), change)))
+    def _count_entry(self, entry: QueueEntry, change: int) -> list[dict[str, Any]]:
+        """The counters the waiting job counts in (`_counters`), changed by `change`."""
+        return self._count_all(Counter(dict.fromkeys(_counters(entry), change)))
 
     def _count_all(self, changes: Counter[tuple[str, str]]) -> list[dict[str, Any]]:
         """One update per counter item (sk) of `changes` ((sk, counter) -> change), adding
@@ -435,6 +515,7 @@ class DynamoJobQueue:
         streams: dict[tuple[str, Priority], set[Shape]] = {}
         nominees: list[QueuedJob] = []
         team_usage: dict[str, dict[str, float]] = {}
+        holds: set[Dependency] = set()
         gpus_held = 0
         shortages_until = 0.0
         for item in self._query(
@@ -455,6 +536,9 @@ class DynamoJobQueue:
                 nominees.append(_queued_job(item))
             elif sk.startswith(_BOOKING):
                 bookings.append(_booking(item))
+            elif sk.startswith(_HOLD):
+                if int(item.get(_HELD_COUNTER, {}).get("N", "0")) > 0:
+                    holds.add(_hold_of(sk.removeprefix(_HOLD)))
             elif sk == _SHORTAGE:
                 shortages_until = float(item["until"]["N"])
             elif sk == _GLOBAL:
@@ -473,29 +557,45 @@ class DynamoJobQueue:
             # A nominee admitted keeps its item until its release (`_leaving`): not a nominee.
             nominees=[job for job in nominees if job.job_id not in admitted],
             team_usage=team_usage,
+            holds=frozenset(holds),
         )
 
     def waiting(self) -> list[QueueEntry]:
-        teams = sorted({team for team, _ in self.state().streams})
+        state = self.state()
+        partitions = [_queue_partition(team) for team in sorted({t for t, _ in state.streams})]
+        partitions += sorted(_held_partition(dependency) for dependency in state.holds)
         return [
             _entry(item)
-            for team in teams
+            for partition in partitions
             for item in self._query(
                 KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": _s(_queue_partition(team))},
+                ExpressionAttributeValues={":pk": _s(partition)},
             )
         ]
 
     def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :class)",
-            "ExpressionAttributeValues": {
-                ":pk": _s(_queue_partition(team)),
-                ":class": _s(f"{3 - CLASS_RANK[priority]}#"),
-            },
-            "Limit": FIRST_PAGE,
-        }
+        return self._pages(
+            {
+                "KeyConditionExpression": "pk = :pk AND begins_with(sk, :class)",
+                "ExpressionAttributeValues": {
+                    ":pk": _s(_queue_partition(team)),
+                    ":class": _s(f"{3 - CLASS_RANK[priority]}#"),
+                },
+            }
+        )
+
+    def held(self, dependency: Dependency) -> Iterator[QueueEntry]:
+        return self._pages(
+            {
+                "KeyConditionExpression": "pk = :pk",
+                "ExpressionAttributeValues": {":pk": _s(_held_partition(dependency))},
+            }
+        )
+
+    def _pages(self, query: dict[str, Any]) -> Iterator[QueueEntry]:
+        """The entries a query finds, a page at a time as the iterator is advanced: the first
+        small, each next twice as large up to PAGE."""
+        kwargs: dict[str, Any] = {"TableName": self._table, **query, "Limit": FIRST_PAGE}
         while True:
             page = self._client.query(**kwargs)
             items = page.get("Items", [])
@@ -535,7 +635,7 @@ class DynamoJobQueue:
         leaves = [
             {"Delete": delete},
             *self._leaving(entry.job.job_id),
-            *self._count_waiting(entry.job, -1),
+            *self._count_entry(entry, -1),
         ]
         if not self._written(leaves):
             return None  # admitted or removed by someone else meanwhile
@@ -940,6 +1040,34 @@ class DynamoJobQueue:
         except ConditionFailed:
             return False
         return True
+
+
+def _in_transactions(
+    entries: Sequence[QueueEntry],
+    own_items: Callable[[QueueEntry], list[dict[str, Any]]],
+    counters: Callable[[QueueEntry], tuple[tuple[str, str], ...]],
+    write: Callable[[list[QueueEntry], list[dict[str, Any]]], None],
+) -> None:
+    """Hand `write` the entries in batches that fit one transaction: each entry's own items,
+    and one update per counter item the batch's entries count in."""
+    batch: list[QueueEntry] = []
+    items: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        own = own_items(entry)
+        own_size = len(json.dumps(own))
+        updates = len({sk for e in [*batch, entry] for sk, _ in counters(e)})
+        if batch and (
+            len(items) + len(own) + updates > TRANSACTION_ITEMS
+            or size + own_size + _COUNTERS_BYTES * updates > TRANSACTION_BYTES
+        ):
+            write(batch, items)
+            batch, items, size = [], [], 0
+        batch.append(entry)
+        items += own
+        size += own_size
+    if batch:
+        write(batch, items)
 
 
 def _item_key(item: dict[str, Any]) -> tuple[str, str]:

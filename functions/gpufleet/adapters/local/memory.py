@@ -32,7 +32,7 @@ from gpufleet.domain.job import (
 from gpufleet.domain.launch import LaunchError, LaunchRequest, LaunchResult
 from gpufleet.domain.queueing import Booking, QueuedJob, RunningJob, Shape
 from gpufleet.domain.scaling import MetricBatch, Series, SeriesQuery
-from gpufleet.domain.spec import Priority
+from gpufleet.domain.spec import Dependency, Priority
 from gpufleet.ports import (
     AdmissionLimits,
     AdmissionRequest,
@@ -470,9 +470,35 @@ class InMemoryJobQueue:
             self._read += len(self._waiting)
             return list(self._waiting.values())
 
+    def _in_streams(self) -> list[QueueEntry]:
+        """The waiting jobs not held on a dependency (under the lock)."""
+        return [e for e in self._waiting.values() if e.held_on is None]
+
+    def held(self, dependency: Dependency) -> Iterator[QueueEntry]:
+        with self._lock:
+            members = [e for e in self._waiting.values() if e.held_on == dependency]
+        for entry in sorted(members, key=lambda e: (e.job.enqueued_at, e.job.job_id)):
+            self._read += 1
+            yield entry
+
+    def move_held(self, dependency: Dependency, entries: Sequence[QueueEntry]) -> int:
+        with self._lock:
+            self._transactions += 1
+            moved = 0
+            for entry in entries:
+                current = self._waiting.get(entry.job.job_id)
+                if current is not None and current.held_on == dependency:
+                    self._waiting[entry.job.job_id] = entry
+                    moved += 1
+            return moved
+
+    def forget_hold(self, dependency: Dependency) -> bool:
+        with self._lock:  # the state's holds are those of the held entries already
+            return all(e.held_on != dependency for e in self._waiting.values())
+
     def stream(self, team: str, priority: Priority) -> Iterator[QueueEntry]:
         with self._lock:
-            members = [e for e in self._waiting.values() if e.job.team == team]
+            members = [e for e in self._in_streams() if e.job.team == team]
         entries = sorted(
             (e for e in members if e.job.priority is priority),
             key=lambda e: (e.job.enqueued_at, e.job.job_id),
@@ -483,7 +509,8 @@ class InMemoryJobQueue:
 
     def waiting_entry(self, job: QueuedJob) -> QueueEntry | None:
         with self._lock:
-            return self._waiting.get(job.job_id)
+            entry = self._waiting.get(job.job_id)
+            return entry if entry is not None and entry.held_on is None else None
 
     def running(self) -> list[RunningEntry]:
         with self._lock:
@@ -492,9 +519,9 @@ class InMemoryJobQueue:
     def state(self) -> QueueState:
         with self._lock:
             running = list(self._running.values())
-            waiting = Counter(e.job.priority for e in self._waiting.values())
+            waiting = Counter(e.job.priority for e in self._in_streams())
             streams: dict[tuple[str, Priority], set[Shape]] = {}
-            for entry in self._waiting.values():
+            for entry in self._in_streams():
                 job = entry.job
                 streams.setdefault((job.team, job.priority), set()).add((job.gpus, job.instances))
             return QueueState(
@@ -506,6 +533,7 @@ class InMemoryJobQueue:
                 streams={key: frozenset(shapes) for key, shapes in streams.items()},
                 nominees=list(self._nominees.values()),
                 team_usage={team: dict(ledger) for team, ledger in self._ledgers.items()},
+                holds=frozenset(e.held_on for e in self._waiting.values() if e.held_on),
             )
 
     def admit(
@@ -540,7 +568,9 @@ class InMemoryJobQueue:
             gone = frozenset(
                 r.job.job_id
                 for r in batch
-                if r.job.job_id not in self._waiting or r.job.job_id in self._running
+                if r.job.job_id not in self._waiting
+                or self._waiting[r.job.job_id].held_on is not None
+                or r.job.job_id in self._running
             )
             room = rooms(batch)
             if gone or not self._within(room):
@@ -609,7 +639,7 @@ class InMemoryJobQueue:
             del self._running[change.job_id]
             if charge is not None:
                 add_charge(self._ledgers, share.team, charge)
-            return Freed.OTHERS_WAIT if self._waiting else Freed.NOBODY_WAITS
+            return Freed.OTHERS_WAIT if self._in_streams() else Freed.NOBODY_WAITS
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         with self._lock:
