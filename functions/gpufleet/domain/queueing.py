@@ -37,16 +37,19 @@ could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait
 that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
-when it is critical). Victims are borrowers of other teams of its class or below (of its own
-class only once they have run `reclaim_after_seconds`), or lower-class jobs of its own team
-(any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
-stopped `max_preemptions_per_job` times already. They are chosen
-borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
-frees enough. A job about to hold the reservation waits instead when running jobs expected
-to end before its victims would have drained make room for it (`room_before_drain`).
-Because the preemptor is always entitled and its victims never are (or are of
-a lower class in the same team), a victim can never preempt its preemptor back: preemption
-cannot loop.
+when it is critical), or in the place of its own team's lower-class work that frees at least
+what it needs (`_swaps`: its team then holds no more than before). Victims are borrowers of
+other teams of its class or below (of its own class only once they have run
+`reclaim_after_seconds`, and only what their team holds beyond its entitlement:
+`_Pass.surplus`), or lower-class jobs of its own team (any team, for critical work); never
+jobs younger than `min_runtime_seconds`, nor jobs stopped `max_preemptions_per_job` times
+already. They are chosen borrowers first, then lowest class, then newest, and the set is
+pruned to the smallest that frees enough. A job about to hold the reservation waits instead
+when running jobs expected to end before its victims would have drained make room for it
+(`room_before_drain`). Nominees (preemptors whose victims were stopped) go highest class
+first. Because the preemptor runs entitled or in its own team's place, and its victims are of
+a lower class or borrowers whose team stays at or over its quota without them, a victim can
+never preempt its preemptor back: preemption cannot loop.
 """
 
 from __future__ import annotations
