@@ -360,6 +360,30 @@ def test_a_reclaim_of_quota_takes_only_what_the_borrowers_team_holds_beyond_its_
     assert urgent.preemptions == [Preemption("n-b1", "v-high")]
 
 
+def test_urgent_work_larger_than_its_quota_takes_gpus_lower_classes_borrowed() -> None:
+    # guest's quota is 0 and the fleet is full: its 4-GPU high job may borrow, never run
+    # entitled. nlp's normal work holds 4 GPUs beyond nlp's quota, borrowed: the high job
+    # takes them (they pass from a borrower to more urgent work; nlp keeps its own 8).
+    full = POLICY.model_copy(
+        update={"max_gpus": 20, "reserve_share": 0.0, "default_team": TeamQuota(gpus=0, borrow=8)}
+    )
+    held = [
+        running("n-own", team="nlp", gpus=8, age=3 * HOUR),
+        running("n-b", team="nlp", gpus=4, borrowed=True),
+        running("v0", gpus=8),
+    ]
+    urgent = queued("g-high", team="guest", priority=Priority.HIGH, gpus=4)
+    assert decide([urgent], held, [], NOW, full).preemptions == [Preemption("n-b", "g-high")]
+    # The same GPUs, but nlp's other work has ended: n-b now holds nlp's own quota, and the
+    # borrower's mark does not make it fair game.
+    within = [held[1], held[2], running("v1", gpus=8)]
+    spared = decide([urgent], within, [], NOW, full)
+    assert spared.preemptions == [] and spared.waiting["g-high"] is not WaitReason.PREEMPTING
+    # Normal work does not take borrowed GPUs from other teams to borrow them itself.
+    normal = decide([replace(urgent, priority=Priority.NORMAL)], held, [], NOW, full)
+    assert normal.preemptions == []
+
+
 def test_nominees_go_highest_class_first_so_room_freed_for_urgent_work_stays_its_own() -> None:
     # Both were preempted for: the normal nominee has waited 9 hours (aging ranks it far
     # above fresh high work), and 1 GPU is free. It goes to the high nominee.

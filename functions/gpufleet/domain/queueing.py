@@ -935,9 +935,11 @@ class _Pass:
             return None
         candidates, held = self.candidates_for(job)
         # Either route: without borrowing, or (a job never preempted) borrowing as critical
-        # work or a swap with its own team's work may.
+        # work, a swap with its own team's work or urgent work on borrowed GPUs may.
         probe = replace(job, preemptions=0)
-        if _fits_without(self, probe, held, borrow=False) or _fits_without(self, probe, held):
+        if _fits_without(self, probe, held, borrow=False) or _fits_without(
+            self, probe, held, exact=False
+        ):
             return candidates
         found_none.append((job.gpus, job.instances))
         return None
@@ -1038,11 +1040,14 @@ class _Held:
         self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + sign * job.gpus
 
 
-def _fits_without(state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool = True) -> bool:
+def _fits_without(
+    state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool = True, exact: bool = True
+) -> bool:
     """Would the job fit, within its entitlement, once the victims holding `victims` are gone
     (`borrow` False: on a route that does not borrow)? Only entitled (or critical) work
-    preempts, or work that takes the place of its own team's lower-class work (`_swaps`): a
-    job that would borrow more than its team holds now never takes from anyone."""
+    preempts, or work that takes the place of its own team's lower-class work (`_swaps`), or
+    urgent work taking only borrowed GPUs (`_takes_borrowed`): no other job that would borrow
+    ever takes from anyone."""
     usage = state.usage
     usage.gpus -= victims.gpus
     usage.instances -= victims.instances
@@ -1056,7 +1061,26 @@ def _fits_without(state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool 
         for team, gpus in victims.team_gpus.items():
             usage.team_gpus[team] += gpus
     return reason is None and (
-        not borrowed or job.priority is Priority.CRITICAL or _swaps(job, victims)
+        not borrowed
+        or job.priority is Priority.CRITICAL
+        or _swaps(job, victims)
+        or _takes_borrowed(state, job, victims, exact=exact)
+    )
+
+
+def _takes_borrowed(state: _Pass, job: QueuedJob, victims: _Held, *, exact: bool) -> bool:
+    """May work above normal, which borrows any GPU free now (`_borrows_any_free_gpu`), run
+    borrowed on what its victims free? Only when they free at least what it needs and every
+    other team's victims hold no more than that team holds beyond its entitlement (`surplus`):
+    borrowed GPUs then pass from lower-class borrowers (`_may_take`) to more urgent work, and
+    no team's own quota is taken. Without this a 4- or 8-GPU high job of a team whose quota is
+    1 or 2 GPUs could never preempt, and waited hours for that many GPUs to free at once (Philly
+    day 60 at a third of the peak). `exact` False: the surplus is not judged (a bound that
+    holds for every subset of the victims, `preemptable_for`)."""
+    if not _borrows_any_free_gpu(job.priority) or victims.gpus < job.gpus:
+        return False
+    return not exact or all(
+        gpus <= state.surplus(team) for team, gpus in victims.team_gpus.items() if team != job.team
     )
 
 
