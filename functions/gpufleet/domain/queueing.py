@@ -38,8 +38,9 @@ that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
 when it is critical), or in the place of its own team's lower-class work that frees at least
-what it needs (`_swaps`: its team then holds no more than before). Victims are borrowers of
-other teams of its class or below (of its own class only once they have run
+what it needs (`_swaps`: its team then holds no more than before), or (work above normal) on
+GPUs lower-class borrowers hold beyond their team's quota (`_takes_borrowed`). Victims are
+borrowers of other teams of its class or below (of its own class only once they have run
 `reclaim_after_seconds`, and only what their team holds beyond its entitlement:
 `_Pass.surplus`), or lower-class jobs of its own team (any team, for critical work); never
 jobs younger than `min_runtime_seconds`, nor jobs stopped `max_preemptions_per_job` times
