@@ -312,6 +312,94 @@ def test_same_class_reclaim_waits_reclaim_after_seconds_priority_only_min_runtim
     assert [p.victim_id for p in later.preemptions] == ["n-borrow"]
 
 
+def test_a_team_over_its_quota_swaps_urgent_work_for_its_own_lower_class_work() -> None:
+    # vision holds 12 GPUs (its quota 8 and 4 borrowed), all normal work; the fleet is full.
+    # Its 2-GPU high job takes the place of one of its own normal jobs that frees 2 GPUs: the
+    # team then holds what it held, so no other team's quota is touched. Before, it had to
+    # bring its team back within its quota: 5 victims (10 GPUs) for 2 GPUs of work.
+    held = [
+        *[running(f"v{i}", gpus=2, age=2 * HOUR - i) for i in range(4)],
+        *[running(f"vb{i}", gpus=2, age=HOUR - i, borrowed=True) for i in range(2)],
+        running("n0", team="nlp", gpus=8),
+    ]
+    full = POLICY.model_copy(update={"reserve_share": 0.0})
+    urgent = queued("v-high", priority=Priority.HIGH, gpus=2)
+    decision = decide([urgent], held, [], NOW, full)
+    assert decision.preemptions == [Preemption("vb1", "v-high")]  # borrowed, newest first
+    # Its own victims free at least what it needs: 3 GPUs take both 2-GPU borrowers.
+    three = decide([queued("v-high", priority=Priority.HIGH, gpus=3)], held, [], NOW, full)
+    assert sorted(p.victim_id for p in three.preemptions) == ["vb0", "vb1"]
+    # Work of its own class is no lower: a normal job of the team swaps nobody out.
+    same = decide([queued("v-normal", gpus=2)], held, [], NOW, full)
+    assert same.preemptions == []
+
+
+def test_a_reclaim_of_quota_takes_only_what_the_borrowers_team_holds_beyond_its_own() -> None:
+    # nlp's two jobs were admitted as borrowers, but its other work has ended: it holds 6 of
+    # its 8 GPUs, marked borrowed. vision's entitled normal job (the fleet is full) may not
+    # take them: nlp would then reclaim its own quota from someone else in turn.
+    roomy = POLICY.model_copy(update={"max_gpus": 14, "reserve_share": 0.0})
+    held = [
+        running("n-b1", team="nlp", gpus=2, borrowed=True, age=2 * HOUR),
+        running("n-b2", team="nlp", gpus=4, borrowed=True, age=2 * HOUR),
+        running("v0", gpus=6),
+        running("g0", team="guest", gpus=2, borrowed=True, age=2 * HOUR),
+    ]
+    decision = decide([queued("v1", gpus=2)], held, [], NOW, roomy)
+    assert decision.preemptions == [Preemption("g0", "v1")]  # guest's quota is 0: all surplus
+    # With its 4-GPU borrower's team over its quota by 2, a 2-GPU job takes 2 but not 4:
+    over = [*held[:3], running("n-own", team="nlp", gpus=4, age=3 * HOUR)]
+    tight = roomy.model_copy(update={"max_gpus": 16})
+    two = decide([queued("v1", gpus=2)], over, [], NOW, tight)
+    assert two.preemptions == [Preemption("n-b1", "v1")]
+    three = decide([queued("v1", gpus=3)], over, [], NOW, tight)
+    assert three.preemptions == [] and three.waiting["v1"] is not WaitReason.PREEMPTING
+    # Urgent work is not a same-class reclaim: a high job takes a lower-class borrower as
+    # before, even of a team within its quota.
+    urgent = decide([queued("v-high", priority=Priority.HIGH, gpus=2)], held, [], NOW, roomy)
+    assert urgent.preemptions == [Preemption("n-b1", "v-high")]
+
+
+def test_urgent_work_larger_than_its_quota_takes_gpus_lower_classes_borrowed() -> None:
+    # guest's quota is 0 and the fleet is full: its 4-GPU high job may borrow, never run
+    # entitled. nlp's normal work holds 4 GPUs beyond nlp's quota, borrowed: the high job
+    # takes them (they pass from a borrower to more urgent work; nlp keeps its own 8).
+    full = POLICY.model_copy(
+        update={"max_gpus": 20, "reserve_share": 0.0, "default_team": TeamQuota(gpus=0, borrow=8)}
+    )
+    held = [
+        running("n-own", team="nlp", gpus=8, age=3 * HOUR),
+        running("n-b", team="nlp", gpus=4, borrowed=True),
+        running("v0", gpus=8),
+    ]
+    urgent = queued("g-high", team="guest", priority=Priority.HIGH, gpus=4)
+    assert decide([urgent], held, [], NOW, full).preemptions == [Preemption("n-b", "g-high")]
+    # The same GPUs, but nlp's other work has ended: n-b now holds nlp's own quota, and the
+    # borrower's mark does not make it fair game.
+    within = [held[1], held[2], running("v1", gpus=8)]
+    spared = decide([urgent], within, [], NOW, full)
+    assert spared.preemptions == [] and spared.waiting["g-high"] is not WaitReason.PREEMPTING
+    # Normal work does not take borrowed GPUs from other teams to borrow them itself.
+    normal = decide([replace(urgent, priority=Priority.NORMAL)], held, [], NOW, full)
+    assert normal.preemptions == []
+
+
+def test_nominees_go_highest_class_first_so_room_freed_for_urgent_work_stays_its_own() -> None:
+    # Both were preempted for: the normal nominee has waited 9 hours (aging ranks it far
+    # above fresh high work), and 1 GPU is free. It goes to the high nominee.
+    strict = POLICY.model_copy(update={"teams": {"vision": TeamQuota(gpus=4, borrow=0)}})
+    aged = queued("v-aged", gpus=1, waited=9 * HOUR)
+    urgent = queued("v-high", priority=Priority.HIGH, gpus=1)
+    victims = [
+        replace(queued("v-x", gpus=1), preempted_for="v-aged"),
+        replace(queued("v-y", gpus=1), preempted_for="v-high"),
+    ]
+    held = [running(f"v{i}", gpus=1) for i in range(3)]
+    decision = decide([aged, urgent, *victims], held, [], NOW, strict)
+    assert ids(decision.admitted) == ["v-high"]
+    assert admission_order([aged, urgent], NOW, strict)[0] is aged  # aging alone: aged first
+
+
 jobs_strategy = st.lists(
     st.tuples(
         st.sampled_from(["vision", "nlp", "guest"]),

@@ -37,16 +37,20 @@ could be admitted now or preempt (or after `LOOKAHEAD` of its jobs in a row wait
 that wait, however many, never hide a job of another team that fits.
 
 Preemption. A waiting job may preempt running jobs only to run within its own entitlement (or
-when it is critical). Victims are borrowers of other teams of its class or below (of its own
-class only once they have run `reclaim_after_seconds`), or lower-class jobs of its own team
-(any team, for critical work); never jobs younger than `min_runtime_seconds`, nor jobs
-stopped `max_preemptions_per_job` times already. They are chosen
-borrowers first, then lowest class, then newest, and the set is pruned to the smallest that
-frees enough. A job about to hold the reservation waits instead when running jobs expected
-to end before its victims would have drained make room for it (`room_before_drain`).
-Because the preemptor is always entitled and its victims never are (or are of
-a lower class in the same team), a victim can never preempt its preemptor back: preemption
-cannot loop.
+when it is critical), or in the place of its own team's lower-class work that frees at least
+what it needs (`_swaps`: its team then holds no more than before), or (work above normal) on
+GPUs lower-class borrowers hold beyond their team's quota (`_takes_borrowed`). Victims are
+borrowers of other teams of its class or below (of its own class only once they have run
+`reclaim_after_seconds`, and only what their team holds beyond its entitlement:
+`_Pass.surplus`), or lower-class jobs of its own team (any team, for critical work); never
+jobs younger than `min_runtime_seconds`, nor jobs stopped `max_preemptions_per_job` times
+already. They are chosen borrowers first, then lowest class, then newest, and the set is
+pruned to the smallest that frees enough. A job about to hold the reservation waits instead
+when running jobs expected to end before its victims would have drained make room for it
+(`room_before_drain`). Nominees (preemptors whose victims were stopped) go highest class
+first. Because the preemptor runs entitled or in its own team's place, and its victims are of
+a lower class or borrowers whose team stays at or over its quota without them, a victim can
+never preempt its preemptor back: preemption cannot loop.
 """
 
 from __future__ import annotations
@@ -691,7 +695,22 @@ class _Pass:
         default_factory=dict
     )
     _entitlements: dict[str, int] = field(default_factory=dict)  # fixed for the pass
+    _surplus: dict[str, int] | None = None  # `surplus` per team, until the pass preempts
     _named_entitlements: dict[str, int] | None = None  # of the teams the policy names
+
+    def surplus(self, team: str) -> int:
+        """The GPUs the team's running jobs that are not draining hold beyond its entitlement:
+        what a reclaim may take from it. A borrower's mark stays with it after its team's
+        other jobs end; once its team is back within its quota it holds its own quota, and
+        reclaiming it would only make its team reclaim from someone else in turn."""
+        surplus = self._surplus
+        if surplus is None:
+            held: dict[str, int] = {}
+            for r in self.running.values():
+                if not r.draining:
+                    held[r.team] = held.get(r.team, 0) + r.gpus
+            surplus = self._surplus = {t: gpus - self.entitlement(t) for t, gpus in held.items()}
+        return surplus.get(team, 0)
 
     def entitlement(self, team: str) -> int:
         known = self._entitlements.get(team)
@@ -872,6 +891,7 @@ class _Pass:
         """The pass preempts `victim` for that job: it drains, and is nobody's victim now."""
         self.running[victim.job_id] = replace(victim, draining_for=for_job_id)
         self._victims = None
+        self._surplus = None
         self._candidates.clear()
 
     def candidates_for(self, job: QueuedJob) -> tuple[list[RunningJob], _Held]:
@@ -888,7 +908,12 @@ class _Pass:
                     (r for r in self.running.values() if _preemptible(r, self.now, self.policy)),
                     key=_victim_order,
                 )
-            chosen = [r for r in self._victims if _may_take(job, r, self.now, self.policy)]
+            chosen = [
+                r
+                for r in self._victims
+                if _may_take(job, r, self.now, self.policy)
+                and (not _reclaims_quota(job, r) or r.gpus <= self.surplus(r.team))
+            ]
             known = self._candidates[kind] = (chosen, _Held.of(chosen))
         return known
 
@@ -901,17 +926,21 @@ class _Pass:
         one never preempted that would borrow takes from nobody, while one preempted before,
         which may not borrow, takes the same room in the reserve and so may preempt (as may a
         larger one that could not borrow enough). The bound is therefore the route-free one:
-        would the job fit without borrowing (critical work: any way a job never preempted
-        may) once every running job it may preempt is gone? That is never false where some
-        set of victims lets a job of the shape in, and larger jobs only fit less."""
+        would the job fit without borrowing, or any way a job never preempted may preempt
+        for (critical work, a swap with its own team's work), once every running job it may
+        preempt is gone? That is never false where some set of victims lets a job of the
+        shape in, and larger jobs only fit less."""
         kind = (job.team, job.priority)
         found_none = self.no_victims.setdefault(kind, [])
         if any(job.gpus >= gpus and job.instances >= n for gpus, n in found_none):
             return None
         candidates, held = self.candidates_for(job)
-        critical = job.priority is Priority.CRITICAL
-        probe = replace(job, preemptions=0) if critical else job
-        if _fits_without(self, probe, held, borrow=critical):
+        # Either route: without borrowing, or (a job never preempted) borrowing as critical
+        # work, a swap with its own team's work or urgent work on borrowed GPUs may.
+        probe = replace(job, preemptions=0)
+        if _fits_without(self, probe, held, borrow=False) or _fits_without(
+            self, probe, held, exact=False
+        ):
             return candidates
         found_none.append((job.gpus, job.instances))
         return None
@@ -984,6 +1013,13 @@ def _may_take(preemptor: QueuedJob, victim: RunningJob, now: float, policy: Queu
     return lower or now - victim.admitted_at >= policy.reclaim_after_seconds
 
 
+def _reclaims_quota(preemptor: QueuedJob, victim: RunningJob) -> bool:
+    """Does taking `victim` reclaim quota from another team's work of the preemptor's own
+    class? That trades one job for another of equal rank, so it may take only what the
+    victim's team holds beyond its entitlement (`_Pass.surplus`)."""
+    return victim.team != preemptor.team and victim.priority is preemptor.priority
+
+
 @dataclass
 class _Held:
     """What a set of running jobs holds: GPUs and instances, and GPUs per team."""
@@ -1005,10 +1041,14 @@ class _Held:
         self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + sign * job.gpus
 
 
-def _fits_without(state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool = True) -> bool:
+def _fits_without(
+    state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool = True, exact: bool = True
+) -> bool:
     """Would the job fit, within its entitlement, once the victims holding `victims` are gone
     (`borrow` False: on a route that does not borrow)? Only entitled (or critical) work
-    preempts: a job that would borrow never takes from anyone."""
+    preempts, or work that takes the place of its own team's lower-class work (`_swaps`), or
+    urgent work taking only borrowed GPUs (`_takes_borrowed`): no other job that would borrow
+    ever takes from anyone."""
     usage = state.usage
     usage.gpus -= victims.gpus
     usage.instances -= victims.instances
@@ -1021,7 +1061,38 @@ def _fits_without(state: _Pass, job: QueuedJob, victims: _Held, *, borrow: bool 
         usage.instances += victims.instances
         for team, gpus in victims.team_gpus.items():
             usage.team_gpus[team] += gpus
-    return reason is None and (not borrowed or job.priority is Priority.CRITICAL)
+    return reason is None and (
+        not borrowed
+        or job.priority is Priority.CRITICAL
+        or _swaps(job, victims)
+        or _takes_borrowed(state, job, victims, exact=exact)
+    )
+
+
+def _takes_borrowed(state: _Pass, job: QueuedJob, victims: _Held, *, exact: bool) -> bool:
+    """May work above normal, which borrows any GPU free now (`_borrows_any_free_gpu`), run
+    borrowed on what its victims free? Only when they free at least what it needs and every
+    other team's victims hold no more than that team holds beyond its entitlement (`surplus`):
+    borrowed GPUs then pass from lower-class borrowers (`_may_take`) to more urgent work, and
+    no team's own quota is taken. Without this a 4- or 8-GPU high job of a team whose quota is
+    1 or 2 GPUs could never preempt, and waited hours for that many GPUs to free at once (Philly
+    day 60 at a third of the peak). `exact` False: the surplus is not judged (a bound that
+    holds for every subset of the victims, `preemptable_for`)."""
+    if not _borrows_any_free_gpu(job.priority) or victims.gpus < job.gpus:
+        return False
+    return not exact or all(
+        gpus <= state.surplus(team) for team, gpus in victims.team_gpus.items() if team != job.team
+    )
+
+
+def _swaps(job: QueuedJob, victims: _Held) -> bool:
+    """Does `job` take the place of its own team's victims (lower-class work, `_may_take`),
+    freeing at least the GPUs it needs? Then its team holds no more than it holds now and no
+    other team's quota is touched, so it may run where they ran, borrowed GPUs included.
+    Without this a team over its quota could preempt for its urgent work only down to its
+    entitlement: on Philly day 30 at half the peak one 1-GPU high job stopped 178 of its
+    team's normal jobs (36% of the day's preemptions) to bring its team back under quota."""
+    return victims.team_gpus.get(job.team, 0) >= job.gpus
 
 
 def _choose_victims(
@@ -1031,7 +1102,13 @@ def _choose_victims(
     None."""
     chosen: list[RunningJob] = []
     held = _Held()
+    reclaimed: dict[str, int] = {}  # GPUs taken from each team's surplus (`_reclaims_quota`)
     for candidate in candidates:
+        if _reclaims_quota(job, candidate):
+            taken = reclaimed.get(candidate.team, 0) + candidate.gpus
+            if taken > state.surplus(candidate.team):
+                continue
+            reclaimed[candidate.team] = taken
         chosen.append(candidate)
         held.add(candidate)
         if _fits_without(state, job, held):
@@ -1143,10 +1220,17 @@ def decide_streams(
     # it runs. Without this, an aged victim could take its GPUs back and the preemption would
     # repeat forever. Only a nominee that is not itself yielding is nominated: yielding never
     # chains, so it can never form a cycle in which everyone waits for someone else.
+    # Nominees go highest class first, then by effective priority: room stopped jobs freed for
+    # urgent work must not go to an aged nominee of a lower class, which would leave the
+    # urgent job to preempt again (on Philly day 60 at a third of the peak a fifth of all
+    # preemptions were such repeats).
     nominee_ids = {j.job_id for j in waiting.nominated}
     nominated = [
         j
-        for j in admission_order(waiting.nominated, now, policy)
+        for j in sorted(
+            admission_order(waiting.nominated, now, policy),
+            key=lambda j: -CLASS_RANK[j.priority],
+        )
         # A nominee the window holds back waits with everyone: its victims need not yield.
         if j.preempted_for not in nominee_ids and j.priority not in held_back
     ]

@@ -8,7 +8,7 @@ at most `cap` GPUs at once, the window's peak concurrent GPU demand (each job ru
 submission for its trace duration, no queueing), rounded up to whole instances of the static
 pool's type. The reserve for critical work is 0 unless the workload has critical jobs.
 
-- `gpufleet`: the fleet's own policy. Priority classes with aging (0.5 class per hour), per-team
+- `gpufleet`: the fleet's own policy. Priority classes with aging (0.1 class per hour), per-team
   quotas (each team's share of the window's GPU-seconds times the cap, adding up to the cap; any
   team may borrow idle quota up to the cap), preemption of borrowers and lower classes
   (10-minute minimum runtime, 2-minute checkpoint grace), spot first with on-demand fallback
