@@ -65,6 +65,7 @@ class Permission(enum.Enum):
     LAUNCH_FLEET = "CreateFleet from the launch template, tagged gpufleet:managed=true"
     TERMINATE = "terminate instances tagged gpufleet:managed=true"
     CAPACITY_MEMORY = "remember and read offerings that had no capacity"
+    REMEMBER_WARNED_BLOCK = "note in the capacity memory a Capacity Block EC2 warned of (no read)"
     FIND_INSTANCES = "find which job an instance belongs to (ec2:DescribeInstances)"
     PLACEMENT_GROUPS = "delete the placement groups gpufleet created (tagged)"
     READ_METRICS = "read the running jobs' GPU metrics (cloudwatch:GetMetricData)"
@@ -141,8 +142,9 @@ PERMISSIONS: dict[str, frozenset[Permission]] = {
             P.WRITE_RUNS,
         }
     ),
-    # A Capacity Block's expiration warning: its runs' control objects (checkpoint) under runs/.
-    topology.BLOCK_ENDING.construct_id: frozenset({P.WRITE_RUNS}),
+    # A Capacity Block's expiration warning: its runs' control objects (checkpoint) under runs/;
+    # the block noted in the capacity memory, which Launch reads (no launch takes it again).
+    topology.BLOCK_ENDING.construct_id: frozenset({P.WRITE_RUNS, P.REMEMBER_WARNED_BLOCK}),
     # Ends the job its lifecycle left: what Release does (instances, placement group,
     # the queue's entry and share, the final status and its event).
     topology.WORKFLOW_ENDED.construct_id: frozenset({P.TERMINATE, P.PUBLISH, P.PLACEMENT_GROUPS}),
@@ -231,6 +233,11 @@ QUEUE_STATE_ACCESS: dict[str, frozenset[str]] = {
     topology.INTAKE_FROM_EVENT.construct_id: frozenset({"Query"}),
     # A drained run's running entry is marked draining (the dispatcher enforces its grace).
     topology.BLOCK_ENDING.construct_id: frozenset({"UpdateItem"}),
+}
+# The capacity memory's actions, by permission (they share one statement).
+_CAPACITY_ACTIONS = {
+    P.CAPACITY_MEMORY: ("dynamodb:Query", "dynamodb:PutItem"),
+    P.REMEMBER_WARNED_BLOCK: ("dynamodb:PutItem",),
 }
 # Permissions that are one action each, in a statement they share with others.
 _ACTION_OF = {
@@ -444,11 +451,14 @@ class Functions(Construct):
     def _grant(self, role: iam.Role, grants: frozenset[Permission]) -> None:
         star_reasons: list[str] = ["X-Ray tracing (xray:PutTraceSegments/PutTelemetryRecords)"]
         wildcards: list[str] = []
-        if P.CAPACITY_MEMORY in grants:
+        capacity_actions = sorted(
+            {a for p, actions in _CAPACITY_ACTIONS.items() if p in grants for a in actions}
+        )
+        if capacity_actions:
             role.add_to_policy(
                 iam.PolicyStatement(
                     sid="CapacityMemory",
-                    actions=["dynamodb:Query", "dynamodb:PutItem"],
+                    actions=capacity_actions,
                     resources=[
                         self._job_store.tables[topology.CAPACITY_TABLE.construct_id].table_arn
                     ],

@@ -1,8 +1,8 @@
 """EC2's "Capacity Block Reservation Expiration Warning" on the embedded account, through the
 real rule and function (BlockEnding): the runs on the warned block checkpoint and go back to the
 queue at once, no retry used, hours before the config's end would have had the reconciler drain
-them. (Another block's warning, and the same warning again, ask nothing: tests/unit/
-test_reconciler.py.)"""
+them; their relaunch, and every launch after, goes elsewhere than the warned block. (Another
+block's warning, and the same warning again, ask nothing: tests/unit/test_reconciler.py.)"""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ def test_the_warning_drains_the_blocks_runs_at_once(account: Account) -> None:
         "for_job_id": None,
     } in _versions(account, f"{RUNS_PREFIX}{run.job_id}/control.json")
     assert (again.retries, again.interruptions, again.preemptions) == (0, 0, 0)
+    # Relaunched, with the config's hours still left on the block: not on it.
+    relaunched = placed(account, "on-block")
+    assert relaunched.placement is not None and relaunched.placement.reservation_id is None
 
 
 def _versions(account: Account, key: str) -> list[Any]:

@@ -181,6 +181,7 @@ NOT_REACHED[topology.BLOCK_ENDING.construct_id] = dict.fromkeys(
         "Jobs dynamodb:GetItem",
         "Jobs dynamodb:UpdateItem",
         "QueueState dynamodb:UpdateItem",
+        "CapacityMemory dynamodb:PutItem",
     ),
     _BLOCK_DRAINS,
 )

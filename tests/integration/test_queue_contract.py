@@ -14,13 +14,14 @@ import pytest
 from gpufleet.adapters.aws.queue import DynamoJobQueue
 from gpufleet.adapters.aws.transactions import BACKOFF, Backoff
 from gpufleet.adapters.local.memory import InMemoryJobQueue
+from gpufleet.domain.arrays import element_of
 from gpufleet.domain.fair_share import charge, usage_by_team
 from gpufleet.domain.queueing import (
     Booking,
     QueuedJob,
     RunningJob,
 )
-from gpufleet.domain.spec import Dependency, Priority
+from gpufleet.domain.spec import Dependency, DependencyMode, Priority
 from gpufleet.emulator.account import Account
 from gpufleet.ports import AdmissionLimits, JobQueue, QueueEntry, QueueState
 from gpufleet.topology import QUEUE_TABLE
@@ -464,6 +465,17 @@ def test_an_array_is_queued_in_batches_and_a_repeated_delivery_counts_nothing_tw
     [admitted] = state.running
     assert (admitted.job.job_id, admitted.task_token) == (first.job.job_id, "token-again-j-c000")
     assert {e.task_token for e in queue.waiting()} == {e.task_token for e in again[1:]}
+
+
+def test_a_hold_on_one_element_is_kept_as_one(queue: JobQueue) -> None:
+    # A child that waits element by element is held on the dependency's child of its index.
+    element = element_of(Dependency(job="j-" + "a" * 20, mode=DependencyMode.ELEMENT), 3)
+    whole = Dependency(job=element.job)  # the same job, held on whole: another hold
+    queue.enqueue(replace(entry("j-e"), held_on=element))
+    queue.enqueue(replace(entry("j-w"), held_on=whole))
+    assert queue.state().holds == {element, whole}
+    assert [e.job.job_id for e in queue.held(element)] == ["j-e"]
+    assert [e.held_on for e in queue.held(whole)] == [whole]
 
 
 def test_a_held_job_waits_out_of_its_stream_until_moved_back(queue: JobQueue) -> None:

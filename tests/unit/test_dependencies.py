@@ -10,11 +10,11 @@ import pytest
 from pydantic import TypeAdapter
 
 from gpufleet.adapters.local.memory import RecordingPublisher, RecordingWorkflow
-from gpufleet.domain.arrays import child_job_id
+from gpufleet.domain.arrays import child_job_id, element_of
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, JobChanges, JobStatus, job_id_for_delivery
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy, TeamQuota
-from gpufleet.domain.spec import Dependency
+from gpufleet.domain.spec import Dependency, DependencyMode
 from gpufleet.ports import Ports
 from gpufleet.services.backstop import BackstopService
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
@@ -172,7 +172,10 @@ def test_a_child_with_an_element_dependency_waits_for_the_child_of_its_index() -
     prep, train = children(world, ids["prep"]), children(world, ids["train"])
     result = world.dispatcher.run_pass()
     assert result.admitted == prep
-    assert result.waiting == {train[0]: "dependencies", train[1]: "dependencies"}
+    # Each held on prep's child of its index, out of the stream: the pass did not read them.
+    element = Dependency(job=ids["prep"], mode=DependencyMode.ELEMENT)
+    assert result.waiting == {}
+    assert world.ports.queue.state().holds == {element_of(element, 0), element_of(element, 1)}
     world.end(prep[1], JobStatus.SUCCEEDED)
     world.end(prep[0], JobStatus.FAILED)
     result = world.dispatcher.run_pass()

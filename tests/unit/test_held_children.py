@@ -76,7 +76,13 @@ class World:
         return self.dispatcher.enqueue(queued, f"t-{job_id}", plan_of(self.ports, job_id))
 
     def end(self, name: str, status: JobStatus) -> None:
-        job_id = self.ids[name]
+        self._end(self.ids[name], status)
+
+    def end_child(self, name: str, index: int, status: JobStatus) -> None:
+        """A running child of the array `name` ends."""
+        self.ports.jobs.transition(child_job_id(self.ids[name], index), status, 0.0)
+
+    def _end(self, job_id: str, status: JobStatus) -> None:
         for step in (JobStatus.LAUNCHING, JobStatus.RUNNING):
             self.ports.jobs.transition(job_id, step, 0.0)
         self.ports.jobs.transition(job_id, status, 0.0, JobChanges(cost_usd=1.0))
@@ -141,6 +147,29 @@ def test_a_child_released_by_one_dependency_is_held_on_the_next() -> None:
     assert state.holds == {Dependency(job=world.ids["b"])} and world.held() == 4
     world.end("b", JobStatus.SUCCEEDED)
     assert len(world.dispatcher.run_pass().admitted) == 4
+
+
+@pytest.mark.parametrize("size", [10, 5000])
+def test_children_that_wait_element_by_element_are_held_each_on_its_element(size: int) -> None:
+    train = spec("train", array={"size": size}, depends_on=[{"job": "prep", "mode": "element"}])
+    world = World({"jobs": [spec("prep", array={"size": size}), train]})
+    prep = world.ids["prep"]
+    for i in range(size):  # prep's children run, out of the queue
+        child = child_job_id(prep, i)
+        world.ports.queue.remove(child)
+        for step in (JobStatus.LAUNCHING, JobStatus.RUNNING):
+            world.ports.jobs.transition(child, step, 0.0)
+    assert world.held() == size
+    # No child of train in a stream: a pass reads no queue item, and one status an element
+    # (in batches of 100: world.jobs.statuses).
+    assert world.reads_of_a_pass() == (0, size)
+    world.end_child("prep", 3, JobStatus.SUCCEEDED)
+    result = world.dispatcher.run_pass()
+    assert result.released == 1 and result.admitted == [child_job_id(world.ids["train"], 3)]
+    world.end_child("prep", 4, JobStatus.FAILED)
+    result = world.dispatcher.run_pass()
+    assert list(result.cancelled) == [child_job_id(world.ids["train"], 4)]
+    assert world.held() == size - 2
 
 
 class CrashingQueue(InMemoryJobQueue):

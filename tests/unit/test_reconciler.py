@@ -375,13 +375,76 @@ def test_ec2s_warning_of_a_blocks_end_drains_its_runs_once_with_the_reconciler()
         NodeReport(job_id=job_id, instance_id=placement.instance_ids[0], phase="started")
     )
 
-    assert lifecycle.block_warned("cr-0123456789abcdef0") == []  # another block's warning
-    assert lifecycle.block_warned(block.id) == [job_id]
+    ends = now + 40 * 60  # what EC2's warning says of the block's end
+    assert lifecycle.block_warned("cr-0123456789abcdef0", ends) == []  # another block's warning
+    assert lifecycle.block_warned(block.id, ends) == [job_id]
     assert ports.jobs.get(job_id).drain_reason == RESERVATION_ENDING
     # The warning delivered again, and the reconciler's drain when it comes: asked once.
-    assert lifecycle.block_warned(block.id) == []
+    assert lifecycle.block_warned(block.id, ends) == []
     cast(ManualClock, ports.clock).advance(6 * 3600 - BLOCK_TERMINATION_LEAD_SECONDS)
     reconciler = ReconcilerService(
         ports, lifecycle, grace_seconds=300, boot_allowance_seconds=900, abandoned_after_seconds=900
     )
     assert reconciler.run().reservation_drains == []
+
+
+def test_a_block_ec2_warned_of_takes_no_run_again_whatever_the_config_says() -> None:
+    ports = local_ports()
+    clock = cast(ManualClock, ports.clock)
+    now = clock.now()
+    # By the config, a block for six hours more, with room for two runs.
+    block = Reservation(
+        id="cr-0fedcba9876543210",
+        kind=ReservationKind.CAPACITY_BLOCK,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=2,
+        start=datetime.fromtimestamp(now - 3600, UTC),
+        end=datetime.fromtimestamp(now + 6 * 3600, UTC),
+        hourly_usd=0.8,
+    )
+    settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
+    lifecycle = build_lifecycle(ports, settings)
+    intake = build_intake(ports, settings, lifecycle)
+    objects = cast(InMemoryObjects, ports.objects).objects
+
+    def launched_on_block(name: str) -> tuple[str, str]:
+        key = f"jobs/vision/{name}.yaml"
+        objects[key] = SPEC_YAML
+        job_id = intake.submit_object(key, key, key).job_id
+        assert job_id is not None
+        assert lifecycle.launch(job_id, plan_of(ports, job_id), 0, 0, "token") is None
+        placement = ports.jobs.get(job_id).placement
+        assert placement is not None and placement.reservation_id == block.id
+        instance = placement.instance_ids[0]
+        lifecycle.node_report(NodeReport(job_id=job_id, instance_id=instance, phase="started"))
+        return job_id, instance
+
+    drained, instance = launched_on_block("drained")
+    assert lifecycle.block_warned(block.id, now + 40 * 60) == [drained]
+    lifecycle.node_report(
+        NodeReport(job_id=drained, instance_id=instance, phase="finished", exit_code=0)
+    )
+    released = lifecycle.release(drained, WorkflowState.model_validate({"run": {"exit_code": 0}}))
+    assert released["requeue"] is True
+
+    # Its relaunch, an hour later by the clock and still hours before the config's end: the
+    # plan made at its admission still names the block (only Launch reads the memory), whose
+    # launch finds no offering and goes on to the next capacity type; that one launches.
+    clock.advance(3600)
+    plan = lifecycle.requeue(drained)
+    assert plan.steps[0].capacity_type is CapacityType.RESERVED
+    fleet = cast(FakeFleet, ports.fleet)
+    launches = len(fleet.requests)
+    moved = lifecycle.launch(drained, plan, 0, 1, "token")
+    assert moved is not None and not moved.give_up and moved.step == 1
+    assert len(fleet.requests) == launches  # no CreateFleet into the warned block
+    assert lifecycle.launch(drained, plan, moved.step, moved.attempt, "token") is None
+    relaunched = ports.jobs.get(drained).placement
+    assert relaunched is not None and relaunched.reservation_id is None
+    # Its other instance is free, yet no new job goes there either.
+    other = "jobs/vision/later.yaml"
+    objects[other] = SPEC_YAML
+    later = intake.submit_object(other, other, other).job_id
+    assert later is not None
+    assert lifecycle.launch(later, plan_of(ports, later), 0, 0, "token") is not None

@@ -29,6 +29,9 @@ from gpufleet.domain.reserved import (
     reservation_hourly_usd,
     runs_to_drain,
     seconds_left,
+    warned_block_key,
+    warned_blocks,
+    warning_kept_until,
 )
 from gpufleet.domain.spec import JobSpec, parse_spec
 from gpufleet.services.queue_listing import queue_listing
@@ -325,3 +328,26 @@ def test_runs_on_a_block_ec2_warned_of_are_drained_whatever_the_config_says() ->
     assert runs_to_drain(placements, [BLOCK, ODCR], early, lead, warned={BLOCK.id}) == ["j-block"]
     # A block the config does not list: EC2's word is enough.
     assert runs_to_drain(placements, [BLOCK], early, lead, warned={"cr-00000000"}) == ["j-unlisted"]
+
+
+def test_a_block_ec2_warned_of_has_no_time_left_for_a_new_run() -> None:
+    lead = drain_lead_seconds(300, 120)
+    early = (drain_at(BLOCK, lead) or 0.0) - 3600  # by the config, an hour more to run
+    remembered = {"spot:g5.xlarge:us-east-1a", warned_block_key(BLOCK.id)}
+    warned = warned_blocks(remembered)
+    assert warned == {BLOCK.id}  # an offering's key is no block's
+    (block,) = free_reservations([BLOCK], {}, early, lead, warned)
+    assert block.seconds_left == 0.0 and seconds_left(ODCR, early, lead, warned) is None
+    assert (
+        plan(spec("{gpus: 8}"), [(BLOCK, 4)], seconds_left=block.seconds_left)
+        .steps[0]
+        .capacity_type
+        is not CapacityType.RESERVED
+    )
+
+
+def test_a_blocks_warning_is_kept_until_it_ended_by_ec2s_word_and_the_configs() -> None:
+    config_end = BLOCK.end.timestamp() if BLOCK.end else 0.0
+    assert warning_kept_until(BLOCK.id, [BLOCK], config_end - 3600) == config_end
+    assert warning_kept_until(BLOCK.id, [BLOCK], config_end + 60) == config_end + 60
+    assert warning_kept_until("cr-00000000", [BLOCK], 100.0) == 100.0  # not in the config

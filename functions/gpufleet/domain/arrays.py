@@ -240,25 +240,35 @@ def held_on(
 ) -> Dependency | None:
     """The dependency a job that waits (`dependency_verdict`) is held on, out of the admission
     queue's streams until that dependency settles (`settles`): the first, not element by
-    element, whose own verdict waits. None when the job does not wait (it runs or is
-    cancelled), or waits only element by element (then it waits in its stream, judged each
-    pass by its own index)."""
+    element, whose own verdict waits; else the first element that waits (`element_of`: child
+    `index` waits for the dependency's child of its index alone). None when the job does not
+    wait (it runs or is cancelled)."""
     if dependency_verdict(dependencies, index).readiness is not Readiness.WAIT:
         return None
-    return next(
-        (
-            dep
-            for dep, statuses in dependencies
-            if dep.mode is not DependencyMode.ELEMENT and not settles(dep, statuses)
-        ),
-        None,
-    )
+    for dep, statuses in dependencies:
+        if dep.mode is not DependencyMode.ELEMENT and not settles(dep, statuses):
+            return dep
+    for dep, statuses in dependencies:
+        if dep.mode is DependencyMode.ELEMENT and index is not None:  # the verdict checked it
+            element = element_of(dep, index)
+            if not settles(element, [statuses[index]]):
+                return element
+    return None
+
+
+def element_of(dep: Dependency, index: int) -> Dependency:
+    """What child `index` of an array waiting element by element on `dep` is held on: the
+    dependency's child of that index, a plain job, marked `element` (a pass reads the statuses
+    of such holds in batches, knowing each is one child's)."""
+    return Dependency(job=child_job_id(dep.job, index), on=dep.on, mode=DependencyMode.ELEMENT)
 
 
 def settles(dep: Dependency, statuses: Sequence[JobStatus]) -> bool:
     """Whether the jobs held on `dep` are to be judged again: its own verdict no longer waits
-    (it ended, or, for `on: success`, one of its children ended other than SUCCEEDED)."""
-    return dependency_verdict([(dep, statuses)]).readiness is not Readiness.WAIT
+    (it ended, or, for `on: success`, one of its children ended other than SUCCEEDED). A hold
+    on an element (`element_of`) has its one child's status."""
+    index = 0 if dep.mode is DependencyMode.ELEMENT else None
+    return dependency_verdict([(dep, statuses)], index).readiness is not Readiness.WAIT
 
 
 def shared_plan_key(job: Job) -> str | None:

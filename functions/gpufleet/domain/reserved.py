@@ -11,10 +11,16 @@ a block when its expected run ends before that moment. An ODCR has no end but th
 config names, and no lead. A run whose node is lost once EC2 has begun terminating its block's
 instances (its drain missed, or it did not stop in time) lost it to the block's end
 (`ended_with_block`), not to a fault of its own.
+
+Once EC2 warned of a block's end, the block takes no new run, whatever the config says of its
+end: its drain time is past (`drain_at` with `warned`). The warning is kept in the capacity
+memory under `warned_block_key` (beside the offerings' keys, which it never matches), until
+the block has ended by the config's word and EC2's, so that every Launch plans without it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -23,6 +29,8 @@ from gpufleet.domain.config import Reservation, ReservationKind
 
 # EC2 begins terminating a Capacity Block's instances this long before the block's end.
 BLOCK_TERMINATION_LEAD_SECONDS = 30 * 60
+# The capacity memory's keys of warned blocks start so (an offering's is `type:instance:zone`).
+WARNED_BLOCK_PREFIX = "warned-block:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +52,37 @@ def drain_lead_seconds(check_period_seconds: int, grace_seconds: int) -> int:
     return check_period_seconds + grace_seconds
 
 
-def drain_at(reservation: Reservation, drain_lead: float) -> float | None:
-    """When the runs on the reservation must be asked to checkpoint (None: never)."""
+def warned_block_key(reservation_id: str) -> str:
+    """The capacity memory's key that says EC2 warned of the block's end."""
+    return WARNED_BLOCK_PREFIX + reservation_id
+
+
+def warned_blocks(remembered: Iterable[str]) -> frozenset[str]:
+    """The blocks (reservation ids) EC2 warned of, among the capacity memory's keys."""
+    return frozenset(
+        key.removeprefix(WARNED_BLOCK_PREFIX)
+        for key in remembered
+        if key.startswith(WARNED_BLOCK_PREFIX)
+    )
+
+
+def warning_kept_until(
+    reservation_id: str, reservations: Iterable[Reservation], warned_end: float
+) -> float:
+    """Until when a block's warning is kept: its end by EC2's word (`warned_end`, the
+    warning's end date), or by the config's if that is later (else planning would take the
+    block again, ended, until the config's end)."""
+    ends = [r.end.timestamp() for r in reservations if r.id == reservation_id and r.end is not None]
+    return max([warned_end, *ends])
+
+
+def drain_at(
+    reservation: Reservation, drain_lead: float, warned: Collection[str] = ()
+) -> float | None:
+    """When the runs on the reservation must be asked to checkpoint (None: never); already
+    past (-inf) for a block EC2 `warned` of, which takes no new run either."""
+    if reservation.id in warned:
+        return -math.inf
     if reservation.end is None:
         return None
     terminates = block_terminates_at(reservation)
@@ -73,10 +110,12 @@ def ended_with_block(
     return False
 
 
-def seconds_left(reservation: Reservation, now: float, drain_lead: float) -> float | None:
+def seconds_left(
+    reservation: Reservation, now: float, drain_lead: float, warned: Collection[str] = ()
+) -> float | None:
     """How long a run launched into the reservation now may last before it is drained (None:
-    no end; never below 0)."""
-    at = drain_at(reservation, drain_lead)
+    no end; never below 0: none on a block EC2 `warned` of)."""
+    at = drain_at(reservation, drain_lead, warned)
     return None if at is None else max(0.0, at - now)
 
 
@@ -85,13 +124,14 @@ def free_reservations(
     held: Mapping[str, int],
     now: float,
     drain_lead: float,
+    warned: Collection[str] = (),
 ) -> list[FreeReservation]:
     """The reservations active now, with the instances `held` (per reservation id) leaves free
-    and the time left to a run launched into each; then the Capacity Blocks that start later,
-    with the time a run launched at their start has."""
+    and the time left to a run launched into each (none on a block EC2 `warned` of); then the
+    Capacity Blocks that start later, with the time a run launched at their start has."""
     listed = list(reservations)
     active = [
-        FreeReservation(r, r.count - held.get(r.id, 0), seconds_left(r, now, drain_lead))
+        FreeReservation(r, r.count - held.get(r.id, 0), seconds_left(r, now, drain_lead, warned))
         for r in listed
         if r.active_at(now)
     ]
@@ -122,8 +162,12 @@ def runs_to_drain(
     enough that they must checkpoint and go back to the queue now: by the config's end date,
     or because EC2 warned of the block's end (`warned`: its "Capacity Block Reservation
     Expiration Warning", whatever the config says of the block, or if it names none)."""
-    due = {r.id for r in reservations if (at := drain_at(r, drain_lead)) is not None and now >= at}
-    due |= set(warned)
+    due = {
+        r.id
+        for r in reservations
+        if (at := drain_at(r, drain_lead, warned)) is not None and now >= at
+    }
+    due |= set(warned)  # a block the config does not list: EC2's word is enough
     return sorted(job_id for job_id, reservation_id in placements if reservation_id in due)
 
 

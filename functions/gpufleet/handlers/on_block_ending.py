@@ -19,6 +19,6 @@ def handler(raw: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     event = BlockExpirationWarning.model_validate(raw)
     reservation_id = event.detail.capacity_reservation_id
     logger.append_keys(reservation_id=reservation_id)
-    drained = lifecycle().block_warned(reservation_id)
+    drained = lifecycle().block_warned(reservation_id, event.detail.end_date.timestamp())
     logger.info("runs on an ending Capacity Block asked to checkpoint", extra={"jobs": drained})
     return {"reservation_id": reservation_id, "drained": drained}

@@ -241,6 +241,7 @@ class DispatcherService:
         leaves, or a crash cut short, the next one moves: a hold stays in the state until it
         holds no job. How many moved."""
         budget, moved = MOVED_PER_PASS, 0
+        dependencies.read_elements(holds)
         for dependency in sorted(holds, key=lambda d: (d.job, d.on)):
             if budget == 0:
                 break

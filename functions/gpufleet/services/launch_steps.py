@@ -27,6 +27,7 @@ from gpufleet.domain.node_reports import (
     node_key_object,
 )
 from gpufleet.domain.planning import LaunchPlan, LaunchStep, job_observed_hazard
+from gpufleet.domain.reserved import warned_blocks
 from gpufleet.domain.selection import NoFeasibleOffering
 from gpufleet.ports import ObjectMissing, StatusChange
 from gpufleet.services.lifecycle_base import (
@@ -263,13 +264,16 @@ class LaunchSteps(LifecycleBase):
         """This capacity type's offerings for the job as it now is, minus those without
         capacity now."""
         now = self._now()
-        unavailable = self._ports.capacity.unavailable(now) if memory_may_hold else frozenset()
+        # A launch into a reservation always reads the memory: a Capacity Block EC2 warned of
+        # since the job's admission is in it, and takes no run (`reserved.warned_blocks`).
+        reads = memory_may_hold or capacity_type is CapacityType.RESERVED
+        unavailable = self._ports.capacity.unavailable(now) if reads else frozenset()
         try:
             plan = self._planner(
                 job.effective_spec,
                 unavailable=unavailable,
                 expected=expected,
-                free_reservations=self._free_reservations(),
+                free_reservations=self._free_reservations(warned_blocks(unavailable)),
                 observed_hazard=job_observed_hazard(job),
             )
         except NoFeasibleOffering:

@@ -27,6 +27,8 @@ from gpufleet.domain.reserved import (
     drain_lead_seconds,
     free_reservations,
     runs_to_drain,
+    warned_block_key,
+    warning_kept_until,
 )
 from gpufleet.domain.settlement import DEFAULT_MAX_INTERRUPTIONS, RESERVATION_ENDING
 from gpufleet.domain.spec import JobSpec
@@ -151,15 +153,16 @@ class LifecycleBase:
             observed_hazard=job_observed_hazard(job),
         )
 
-    def _free_reservations(self) -> list[FreeReservation]:
+    def _free_reservations(self, warned: Collection[str] = ()) -> list[FreeReservation]:
         """Active reservations with the instances live jobs do not hold and the time a run
-        launched into each now has; then the Capacity Blocks that start later."""
+        launched into each now has (none on the blocks EC2 `warned` of); then the Capacity
+        Blocks that start later."""
         now, reservations = self._now(), self._policy.reservations
         if not reservations:
             return []
         active = any(r.active_at(now) for r in reservations)
         held = self._held_reservations() if active else {}
-        return free_reservations(reservations, held, now, self._block_drain_lead())
+        return free_reservations(reservations, held, now, self._block_drain_lead(), warned)
 
     def _held_reservations(self) -> dict[str, int]:
         """The instances live jobs hold in each reservation (by id)."""
@@ -201,9 +204,13 @@ class LifecycleBase:
                 drained.append(job_id)
         return drained
 
-    def block_warned(self, reservation_id: str) -> list[str]:
-        """EC2 warned that a Capacity Block ends (its instances terminate in 10 minutes): its
-        runs are drained now, not at the reconciler's next look. The jobs asked."""
+    def block_warned(self, reservation_id: str, ends_at: float) -> list[str]:
+        """EC2 warned that a Capacity Block ends at `ends_at` (its instances terminate in 10
+        minutes): the capacity memory keeps the warning, so that no launch takes the block
+        again (`reserved.drain_at`), and its runs are drained now, not at the reconciler's
+        next look. The jobs asked."""
+        until = warning_kept_until(reservation_id, self._policy.reservations, ends_at)
+        self._ports.capacity.remember([warned_block_key(reservation_id)], until=until)
         live = [
             j
             for s in (JobStatus.LAUNCHING, JobStatus.RUNNING)

@@ -15,8 +15,8 @@
     state         shortage                               until when the latest capacity
                                                          shortage is remembered (the capacity
                                                          memory holds which offerings)
-    state         hold#<on>#<dependency>                 how many jobs are held on it (`held`)
-    held#<on>#<dependency>  <order as q#>                a job held on that dependency, out of
+    state         hold#<on>#<dependency>[#element]       how many jobs are held on it (`held`)
+    held#<on>#<dep>[#element] <order as q#>              a job held on that dependency, out of
                                                          the streams until it settles
 
 Each team's waiting jobs have their own partition, sorted by class (critical first) and then
@@ -72,7 +72,7 @@ from gpufleet.domain.queueing import (
     RunningJob,
     Shape,
 )
-from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Dependency, Priority
+from gpufleet.domain.spec import DEFAULT_EXPECTED_SECONDS, Dependency, DependencyMode, Priority
 from gpufleet.errors import ConditionFailed, TransientError
 from gpufleet.ports import (
     AdmissionLimits,
@@ -156,12 +156,13 @@ def _counters(entry: QueueEntry) -> tuple[tuple[str, str], ...]:
 
 
 def _hold_name(dependency: Dependency) -> str:
-    return f"{dependency.on}#{dependency.job}"
+    name = f"{dependency.on}#{dependency.job}"
+    return name if dependency.mode is DependencyMode.ALL else f"{name}#{dependency.mode.value}"
 
 
 def _hold_of(name: str) -> Dependency:
-    on, job = name.split("#", 1)
-    return Dependency.model_validate({"job": job, "on": on})
+    on, job, *mode = name.split("#")
+    return Dependency.model_validate({"job": job, "on": on, "mode": mode[0] if mode else "all"})
 
 
 def _held_partition(dependency: Dependency) -> str:
