@@ -10,6 +10,7 @@ import pytest
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.aws.transactions import Backoff
 from gpufleet.adapters.local.memory import InMemoryJobStore
+from gpufleet.domain.arrays import child_spec
 from gpufleet.domain.job import (
     IllegalTransition,
     InvalidJobChanges,
@@ -56,6 +57,18 @@ def test_put_new_is_create_only(store: JobStore) -> None:
     assert store.put_new(job)
     assert not store.put_new(job.model_copy(update={"source": "other"}))
     assert store.get(job.job_id).source == "test"
+
+
+def test_a_child_that_waits_element_by_element_reads_back(store: JobStore) -> None:
+    """A child's spec has no array but keeps its array's element-by-element dependency: the
+    stored record must read back (it once failed JobSpec's validation on DynamoDB)."""
+    array = parse_spec(
+        "name: train\nteam: ml\nimage: img\ncommand: [x]\narray: {size: 2}\n"
+        "depends_on: [{job: j-00000000000000000001, mode: element}]\n"
+    )
+    job = new_job().model_copy(update={"spec": child_spec(array, 1)})
+    store.put_new(job)
+    assert store.get(job.job_id).spec == job.spec
 
 
 def test_get_of_a_missing_job_raises(store: JobStore) -> None:

@@ -14,7 +14,13 @@ from gpufleet.domain.arrays import child_job_id, element_of
 from gpufleet.domain.config import FleetConfig
 from gpufleet.domain.job import TERMINAL_STATUSES, JobChanges, JobStatus, job_id_for_delivery
 from gpufleet.domain.queueing import QueuedJob, QueuePolicy, TeamQuota
-from gpufleet.domain.spec import Dependency, DependencyMode
+from gpufleet.domain.spec import (
+    ELEMENT_WITHOUT_ARRAY,
+    Dependency,
+    DependencyMode,
+    SpecError,
+    spec_from_mapping,
+)
 from gpufleet.ports import Ports
 from gpufleet.services.backstop import BackstopService
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
@@ -152,6 +158,14 @@ def test_an_arrays_children_start_their_workflow_when_admitted_past_enqueue() ->
     assert world.workflow.started == kids[:2]
     world.end(kids[0], JobStatus.SUCCEEDED)
     assert world.dispatcher.run_pass().admitted == [kids[2]]
+
+
+def test_a_plain_job_that_waits_element_by_element_is_refused_at_submission() -> None:
+    with pytest.raises(SpecError) as refused:
+        spec_from_mapping(job("eval", gpus=1, depends_on=[{"job": "prep", "mode": "element"}]))
+    assert [(f.field, f.message) for f in refused.value.fields] == [
+        ("depends_on", ELEMENT_WITHOUT_ARRAY)
+    ]
 
 
 def test_a_child_with_an_element_dependency_waits_for_the_child_of_its_index() -> None:

@@ -798,8 +798,6 @@ class JobSpec(_Strict):
                     f"a child runs with {widest + extra} environment variables (its index "
                     f"and sweep values with the env); the limit is {MAX_ENV}"
                 )
-        if any(d.mode is DependencyMode.ELEMENT for d in self.depends_on) and self.size == 1:
-            raise ValueError("an element-by-element dependency is for an array")
         return self
 
     @property
@@ -914,6 +912,9 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path or "(document)"
 
 
+ELEMENT_WITHOUT_ARRAY = "an element-by-element dependency is for an array"
+
+
 def spec_from_mapping(document: object) -> JobSpec:
     """Validate an already-parsed document; raise SpecError naming every bad field.
 
@@ -931,6 +932,13 @@ def spec_from_mapping(document: object) -> JobSpec:
             ]
         )
         raise SpecError(f"{len(problems)} invalid field(s) in the job spec", problems) from None
+    # Checked where a spec is submitted, not in JobSpec: a child's stored spec has no array
+    # but keeps its array's element-by-element dependency (`arrays.child_spec`).
+    if spec.size == 1 and any(d.mode is DependencyMode.ELEMENT for d in spec.depends_on):
+        raise SpecError(
+            "1 invalid field(s) in the job spec",
+            [FieldError(field="depends_on", message=ELEMENT_WITHOUT_ARRAY)],
+        )
     stored = len(spec.stored_form().encode("utf-8"))
     if stored > MAX_SPEC_BYTES:
         raise SpecError(
