@@ -283,6 +283,20 @@ def test_a_requeue_past_its_budget_continues_the_job_in_a_new_execution_the_back
     assert ports.jobs.get(job_id).failure_reason == "RequeueFailed: boom"
 
 
+def _block(now: float, ends_in: float) -> Reservation:
+    """A Capacity Block of two g5.xlarge, begun an hour ago, that ends `ends_in` from `now`."""
+    return Reservation(
+        id="cr-0fedcba9876543210",
+        kind=ReservationKind.CAPACITY_BLOCK,
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        count=2,
+        start=datetime.fromtimestamp(now - 3600, UTC),
+        end=datetime.fromtimestamp(now + ends_in, UTC),
+        hourly_usd=0.8,
+    )
+
+
 def test_runs_on_a_capacity_block_checkpoint_and_requeue_before_the_block_ends() -> None:
     ports = local_ports()
     clock = cast(ManualClock, ports.clock)
@@ -291,16 +305,7 @@ def test_runs_on_a_capacity_block_checkpoint_and_requeue_before_the_block_ends()
         RECONCILE_PERIOD_SECONDS, SETTINGS.config.queue.preemption_grace_seconds
     )
     # Two hours before its runs must stop: a run expected to last an hour (the default) fits.
-    block = Reservation(
-        id="cr-0fedcba9876543210",
-        kind=ReservationKind.CAPACITY_BLOCK,
-        instance_type="g5.xlarge",
-        zone="us-east-1a",
-        count=2,
-        start=datetime.fromtimestamp(now - 3600, UTC),
-        end=datetime.fromtimestamp(now + 2 * 3600 + BLOCK_TERMINATION_LEAD_SECONDS + lead, UTC),
-        hourly_usd=0.8,
-    )
+    block = _block(now, ends_in=2 * 3600 + BLOCK_TERMINATION_LEAD_SECONDS + lead)
     settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
     lifecycle = build_lifecycle(ports, settings)
     intake = build_intake(ports, settings, lifecycle)
@@ -352,16 +357,7 @@ def test_ec2s_warning_of_a_blocks_end_drains_its_runs_once_with_the_reconciler()
     ports = local_ports()
     now = ports.clock.now()
     # By the config, hours before its runs must stop: only EC2's warning says it ends now.
-    block = Reservation(
-        id="cr-0fedcba9876543210",
-        kind=ReservationKind.CAPACITY_BLOCK,
-        instance_type="g5.xlarge",
-        zone="us-east-1a",
-        count=2,
-        start=datetime.fromtimestamp(now - 3600, UTC),
-        end=datetime.fromtimestamp(now + 6 * 3600, UTC),
-        hourly_usd=0.8,
-    )
+    block = _block(now, ends_in=6 * 3600)
     settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
     lifecycle = build_lifecycle(ports, settings)
     key = "jobs/vision/on-block.yaml"
@@ -393,16 +389,7 @@ def test_a_block_ec2_warned_of_takes_no_run_again_whatever_the_config_says() -> 
     clock = cast(ManualClock, ports.clock)
     now = clock.now()
     # By the config, a block for six hours more, with room for two runs.
-    block = Reservation(
-        id="cr-0fedcba9876543210",
-        kind=ReservationKind.CAPACITY_BLOCK,
-        instance_type="g5.xlarge",
-        zone="us-east-1a",
-        count=2,
-        start=datetime.fromtimestamp(now - 3600, UTC),
-        end=datetime.fromtimestamp(now + 6 * 3600, UTC),
-        hourly_usd=0.8,
-    )
+    block = _block(now, ends_in=6 * 3600)
     settings = SETTINGS.model_copy(update={"config": FleetConfig(reservations=[block])})
     lifecycle = build_lifecycle(ports, settings)
     intake = build_intake(ports, settings, lifecycle)
