@@ -178,7 +178,7 @@ def plan_launch(
     expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
     free_reservations: Sequence[FreeReservation] = (),
-    max_types: int = 3,
+    max_types: int = 8,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
     observed_hazard: float = 0.0,
 ) -> LaunchPlan:
@@ -207,32 +207,49 @@ def plan_launch(
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
-    ranked: list[tuple[float, LaunchStep]] = []
+    selections: list[tuple[CapacityType, Selection]] = []
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
         try:
-            selection = rank_offerings(
-                spec.resources,
-                only_this_type,
-                catalog,
-                region,
-                expected=expected,
-                checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
-                observed_hazard=observed_hazard,
-                unavailable=unavailable,
-                bootable=bootable,
-                needs_instance_store=spec.needs_instance_store,
+            selections.append(
+                (
+                    capacity_type,
+                    rank_offerings(
+                        spec.resources,
+                        only_this_type,
+                        catalog,
+                        region,
+                        expected=expected,
+                        checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
+                        observed_hazard=observed_hazard,
+                        unavailable=unavailable,
+                        bootable=bootable,
+                        needs_instance_store=spec.needs_instance_store,
+                    ),
+                )
             )
         except NoFeasibleOffering as exc:
             last_refusal = exc
-            continue
+    # A spot offering dearer in expectation than the best on-demand one is never worth trying
+    # before it: the fallback caps how far down the spot ranking a launch goes.
+    ceiling = min(
+        (s.best.expected_cost_usd for t, s in selections if t is CapacityType.ON_DEMAND),
+        default=float("inf"),
+    )
+    ranked: list[tuple[float, LaunchStep]] = []
+    for capacity_type, selection in selections:
+        candidates = [
+            r
+            for i, r in enumerate(selection)
+            if i == 0 or capacity_type is not CapacityType.SPOT or r.expected_cost_usd <= ceiling
+        ]
         overrides = [
             LaunchOverride(
-                instance_type=ranked.offering.instance_type.name,
-                zone=ranked.offering.zone,
-                hourly_usd=ranked.offering.hourly_usd,
+                instance_type=r.offering.instance_type.name,
+                zone=r.offering.zone,
+                hourly_usd=r.offering.hourly_usd,
             )
-            for ranked in diversify(
-                selection,
+            for r in diversify(
+                candidates,
                 max_types,
                 capacity_type="spot" if capacity_type is CapacityType.SPOT else "on-demand",
             )
