@@ -5,7 +5,8 @@ A plan is an ordered list of steps, each one capacity type over a diversified li
 expected cost to finish first (spot, unless its expected rework makes it dearer), then the
 other; `required` only spot; `never` only on-demand. An `auto` spot step holds no offering
 dearer in expected cost than the best on-demand one (the fallback it would otherwise skip).
-What to do after a failed step is decided here, not in the state machine: the ASL only follows `step`, `retry_later` and `give_up`.
+What to do after a failed step is decided here, not in the state machine: the ASL only follows
+`step`, `retry_later` and `give_up`.
 
 Offerings are ranked by `rank_offerings`, with the same inputs wherever a ranking is made:
 `gpufleet plan`, intake's first plan, every launch and the simulator; the spot hazard they are
