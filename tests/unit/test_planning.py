@@ -218,3 +218,40 @@ def test_a_jobs_observed_hazard_reads_its_interruptions_and_spot_time() -> None:
     )
     assert job_observed_hazard(job) == observed_hazard(3, 6 * 3600.0, 2) == 0.0794
     assert job_observed_hazard(job.model_copy(update={"interruptions": 0})) == 0.0
+
+
+def _spot_costs_and_ceiling(job: JobSpec, observed: float) -> tuple[dict, float]:
+    """Each spot offering's expected cost, and the best on-demand one's (10 h runs)."""
+    ranked = {
+        policy: rank_offerings(
+            job.resources,
+            policy,
+            load_bundled(),
+            "us-east-1",
+            expected=DurationEstimate(36000, "spec"),
+            checkpoint_interval_seconds=None,
+            observed_hazard=observed,
+        )
+        for policy in (SpotPolicy.REQUIRED, SpotPolicy.NEVER)
+    }
+    costs = {
+        (r.offering.instance_type.name, r.offering.zone): r.expected_cost_usd
+        for r in ranked[SpotPolicy.REQUIRED]
+    }
+    return costs, ranked[SpotPolicy.NEVER].best.expected_cost_usd
+
+
+def test_the_spot_step_goes_wide_but_never_past_the_on_demand_fallback() -> None:
+    """A full cheapest spot pool should send the launch to the next spot types while they are
+    cheaper in expectation than on-demand, and never to a spot type dearer than it."""
+    one_gpu = plan_with(spec(), 0.0).steps[0]  # type: ignore[arg-type]
+    assert one_gpu.capacity_type is CapacityType.SPOT
+    assert len({o.instance_type for o in one_gpu.overrides}) > 3
+    gang = spec(resources="{gpus: 8, gpu_memory_gib: 40, nodes: 2}")
+    costs, ceiling = _spot_costs_and_ceiling(gang, 0.05)  # type: ignore[arg-type]
+    spot_step = plan_with(gang, 0.05).steps[0]  # type: ignore[arg-type]
+    assert spot_step.capacity_type is CapacityType.SPOT
+    assert all(costs[(o.instance_type, o.zone)] <= ceiling for o in spot_step.overrides)
+    # Without an on-demand fallback (`required`) nothing caps the spot step but its size.
+    required = plan_with(spec("required", "{gpus: 8, gpu_memory_gib: 40, nodes: 2}"), 0.05)  # type: ignore[arg-type]
+    assert any(costs[(o.instance_type, o.zone)] > ceiling for o in required.steps[0].overrides)

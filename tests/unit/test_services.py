@@ -419,7 +419,9 @@ def test_offerings_without_capacity_are_skipped_by_later_launches_until_they_exp
     assert failed is not None and not failed.launched
     tried = {o.instance_type for o in fleet.requests[0].overrides}
     remembered = ports.capacity.unavailable(ports.clock.now())
-    assert remembered == {f"spot:{t}:us-east-1" for t in tried}
+    assert remembered == {
+        f"spot:{o.instance_type}:{o.zone or 'us-east-1'}" for o in fleet.requests[0].overrides
+    }
 
     # A second job, a minute later: its spot launch avoids every remembered offering.
     second = submit(ports, "jobs/vision/b.yaml").job_id

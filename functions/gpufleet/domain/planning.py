@@ -3,8 +3,10 @@
 A plan is an ordered list of steps, each one capacity type over a diversified list of offerings
 (CreateFleet overrides). `auto` jobs try the capacity type whose best offering is cheaper in
 expected cost to finish first (spot, unless its expected rework makes it dearer), then the
-other; `required` only spot; `never` only on-demand. What to do after a failed step is decided
-here, not in the state machine: the ASL only follows `step`, `retry_later` and `give_up`.
+other; `required` only spot; `never` only on-demand. An `auto` spot step holds no offering
+dearer in expected cost than the best on-demand one (the fallback it would otherwise skip).
+What to do after a failed step is decided here, not in the state machine: the ASL only follows
+`step`, `retry_later` and `give_up`.
 
 Offerings are ranked by `rank_offerings`, with the same inputs wherever a ranking is made:
 `gpufleet plan`, intake's first plan, every launch and the simulator; the spot hazard they are
@@ -178,7 +180,7 @@ def plan_launch(
     expected: DurationEstimate,
     unavailable: frozenset[str] = frozenset(),
     free_reservations: Sequence[FreeReservation] = (),
-    max_types: int = 3,
+    max_types: int = 8,
     bootable: frozenset[BootTarget] = STOCK_TARGETS,
     observed_hazard: float = 0.0,
 ) -> LaunchPlan:
@@ -207,32 +209,49 @@ def plan_launch(
     if reserved is not None:
         steps.append(reserved)
     last_refusal: NoFeasibleOffering | None = None
-    ranked: list[tuple[float, LaunchStep]] = []
+    selections: list[tuple[CapacityType, Selection]] = []
     for capacity_type, only_this_type in _STEP_ORDER[spec.spot]:
         try:
-            selection = rank_offerings(
-                spec.resources,
-                only_this_type,
-                catalog,
-                region,
-                expected=expected,
-                checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
-                observed_hazard=observed_hazard,
-                unavailable=unavailable,
-                bootable=bootable,
-                needs_instance_store=spec.needs_instance_store,
+            selections.append(
+                (
+                    capacity_type,
+                    rank_offerings(
+                        spec.resources,
+                        only_this_type,
+                        catalog,
+                        region,
+                        expected=expected,
+                        checkpoint_interval_seconds=spec.checkpoint_interval_seconds,
+                        observed_hazard=observed_hazard,
+                        unavailable=unavailable,
+                        bootable=bootable,
+                        needs_instance_store=spec.needs_instance_store,
+                    ),
+                )
             )
         except NoFeasibleOffering as exc:
             last_refusal = exc
-            continue
+    # A spot offering dearer in expectation than the best on-demand one is never worth trying
+    # before it: the fallback caps how far down the spot ranking a launch goes.
+    ceiling = min(
+        (s.best.expected_cost_usd for t, s in selections if t is CapacityType.ON_DEMAND),
+        default=float("inf"),
+    )
+    ranked: list[tuple[float, LaunchStep]] = []
+    for capacity_type, selection in selections:
+        candidates = [
+            r
+            for i, r in enumerate(selection)
+            if i == 0 or capacity_type is not CapacityType.SPOT or r.expected_cost_usd <= ceiling
+        ]
         overrides = [
             LaunchOverride(
-                instance_type=ranked.offering.instance_type.name,
-                zone=ranked.offering.zone,
-                hourly_usd=ranked.offering.hourly_usd,
+                instance_type=r.offering.instance_type.name,
+                zone=r.offering.zone,
+                hourly_usd=r.offering.hourly_usd,
             )
-            for ranked in diversify(
-                selection,
+            for r in diversify(
+                candidates,
                 max_types,
                 capacity_type="spot" if capacity_type is CapacityType.SPOT else "on-demand",
             )
