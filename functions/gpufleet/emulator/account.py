@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,10 +168,12 @@ def embedded_account(
     config: FleetConfig | None = None,
     clock: EmulatorClock | None = None,
     start_execution: BucketQuota | None = None,
+    lost_block_warnings: Collection[str] = (),
 ) -> Iterator[Account]:
     """Start moto, create the stack's resources, and patch in the real handlers. The account's
     timers run on `clock` (the wall clock when not given); StartExecution is throttled at
-    `start_execution` (Step Functions' bucket of the region when not given)."""
+    `start_execution` (Step Functions' bucket of the region when not given); the expiration
+    warnings of the Capacity Blocks in `lost_block_warnings` are lost on their way."""
     from moto import mock_aws
 
     from gpufleet.emulator.capacity_blocks import CapacityBlockEnds
@@ -217,7 +219,7 @@ def embedded_account(
             # Handlers read their settings from the environment at cold start, as in Lambda.
             os.environ.update(account.environment())
         # EC2 ends the Capacity Blocks' instances on its own, as it does in AWS.
-        block_ends = CapacityBlockEnds(account)
+        block_ends = CapacityBlockEnds(account, lost_warnings=lost_block_warnings)
         block_ends.start()
         yield account
         # The workflows stopped below are the account's end, no job's: moto's own stop, and

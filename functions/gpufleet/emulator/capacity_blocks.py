@@ -9,11 +9,14 @@ terminate in 10 minutes"; thirty minutes before the end it terminates them, each
 
 `CapacityBlockEnds` does that for every block the account holds, on EC2's clock (the wall
 clock's, as the blocks' dates are), looking every `every_seconds` of the account's clock.
+EventBridge delivers EC2's events on a best-effort basis: the warnings of the blocks named in
+`lost_warnings` never arrive, as one can be lost in AWS (the control plane's reconciler drains
+such a block's runs on its own clock).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 
 from gpufleet.emulator.account import ACCOUNT_ID, Account
@@ -34,10 +37,12 @@ class CapacityBlockEnds(Ticker):
         account: Account,
         now: Callable[[], datetime] = ec2_now,
         every_seconds: float = 1.0,
+        lost_warnings: Collection[str] = (),
     ) -> None:
         super().__init__("capacity-block-ends", every_seconds, account.clock)
         self._account = account
         self._now = now
+        self._lost_warnings = frozenset(lost_warnings)
         self.warned: list[str] = []  # reservation ids
         self.terminated: list[str] = []  # instance ids
 
@@ -46,11 +51,12 @@ class CapacityBlockEnds(Ticker):
         for reservation_id, end, instance_ids in self._account.ec2_rules.capacity_blocks():
             if now >= end - WARNING_BEFORE_END and reservation_id not in self.warned:
                 self.warned.append(reservation_id)
-                self._event(
-                    DETAIL_BLOCK_EXPIRATION_WARNING,
-                    {"capacity-reservation-id": reservation_id, "end-date": end.isoformat()},
-                    f"capacity-reservation/{reservation_id}",
-                )
+                if reservation_id not in self._lost_warnings:
+                    self._event(
+                        DETAIL_BLOCK_EXPIRATION_WARNING,
+                        {"capacity-reservation-id": reservation_id, "end-date": end.isoformat()},
+                        f"capacity-reservation/{reservation_id}",
+                    )
             if now >= end - TERMINATION_BEFORE_END:
                 self._terminate(sorted(instance_ids - set(self.terminated)))
 
