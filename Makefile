@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Twice the cores: the embedded account's tests spend about half their time waiting on its paced
 # clock (tests/integration/test_demo.py: 79 s of wall time for 44 s of CPU), so two workers a core
-# keep both busy (the suite: 3m52s with 4 workers on 2 cores, 7m40s with 2).
+# keep both busy (the suite's pytest: 5m48s with 4 workers on 2 cores on 2026-12-04).
 PYTEST_WORKERS ?= 4
 # Node 22 LTS is the prerequisite; this only quiets jsii on a machine still running Node 20.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20

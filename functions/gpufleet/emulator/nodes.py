@@ -185,7 +185,9 @@ class NodeVanished(GpufleetError):
 
 
 class SimulatedRuntime:
-    """Runs for the scenario's duration, unless the instance is terminated under it."""
+    """Runs for the scenario's duration, unless the instance is terminated under it or the
+    emulator stops (`stopping`: the machine ends with the account, before the account's AWS
+    goes; a run that outlived it would call the real AWS)."""
 
     def __init__(
         self,
@@ -196,9 +198,11 @@ class SimulatedRuntime:
         log: ContainerLog,
         flagged: Callable[[str], bool],
         clock: EmulatorClock,
+        stopping: threading.Event,
         output: Callable[[str], None] = lambda _line: None,
     ) -> None:
         self._ec2 = ec2
+        self._stopping = stopping
         self._clock = clock
         self._flagged = flagged
         self._instance_id = instance_id
@@ -227,6 +231,8 @@ class SimulatedRuntime:
             if self._clock.wait(stop, 0.1):
                 self._log.write("SIGTERM: checkpoint written, exiting")
                 return RunOutcome(exit_code=0, reason="checkpointed on request")
+            if self._stopping.is_set():
+                raise NodeVanished(self._instance_id)
             # A DescribeInstances is much of a busy emulator's CPU: asked twice a second.
             if self._clock.now() - looked >= _ALIVE_CHECK_SECONDS:
                 looked = self._clock.now()
@@ -441,7 +447,8 @@ class NodeSimulator:
                 self._clock.wait(self._stop, 0.1)
 
     def _boot(self, instance_id: str) -> None:
-        self._clock.sleep(self._scenario.boot_seconds)
+        if self._clock.wait(self._stop, self._scenario.boot_seconds):
+            return  # the emulator stopped while the machine booted
         with acting_as(NODE):
             identity = EmulatedIdentity(self._ec2, instance_id, self.notices)
             if not self._claimed(identity):
@@ -471,6 +478,7 @@ class NodeSimulator:
                     log,
                     flagged=self._flagged,
                     clock=self._clock,
+                    stopping=self._stop,
                     output=job_metrics.feed,
                 )
             gpus = SimulatedGpus(behaviour, self._clock)
