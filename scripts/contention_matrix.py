@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Run the contention matrix of issue 18 on Philly and print its table.
+"""Run the contention matrix of issue 18 on a trace (Philly by default) and print its table.
 
-Each run is `gpufleet simulate --format philly --start-days S --days D --cap-gpus N --seed K
+Each run is `gpufleet simulate --format F --start-days S --days D --cap-gpus N --seed K
 --compare batch-like,fifo-spot` on the default market (measured interruptions, finite spot
 capacity, history durations). The default matrix is days 30, 60 and 90 (one day each) at half
 and a third of each day's peak (720, 176 and 136 GPUs), seeds 0-2: 18 runs. `--week` adds days
@@ -11,10 +11,15 @@ Columns: cost / lower bound; high / normal p95 wait (boot included), s; preempti
 the peak concurrent GPUs of the high jobs alone (does high demand alone fit the cap?);
 batch-like's high / normal p95 (its failed jobs) and the normal p95 of batch-like vs gpufleet
 on the jobs both complete; fifo-spot's cost and normal p95. The last lines count the runs
-that meet each target of issue 18's point 2. Philly only: the evaluation traces (ITP, openb)
-are held out.
+that meet each target of issue 18's point 2.
 
-Usage: python scripts/contention_matrix.py [--runs 60:1:59:0,30:1:360:1] [--week]
+A run's CAP is a GPU count, `peak` (the window's peak concurrent GPU demand, the default cap)
+or `peak/N` (that peak divided by N, rounded down). The default matrix and `--week` are
+Philly's; the evaluation traces (`--format itp|openb`) are held out from tuning and take
+`--runs` only, to report on them (sim/README.md, "Held-out evaluation").
+
+Usage: python scripts/contention_matrix.py [--format philly|itp|openb]
+                                           [--runs 60:1:59:0,30:1:peak/2:1] [--week]
                                            [--gpufleet-only] [--data DIR]
 """
 
@@ -25,6 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.cli.simulate import DEFAULT_TRACE_DIRS
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.sim.engine import SimResult, Workload, simulate
 from gpufleet.sim.mapping import TraceMapping
@@ -36,7 +42,6 @@ from gpufleet.sim.traces import TraceError, load_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data"
-PHILLY = Path("traces") / "philly-2017-pollux-derived"
 DAY_PEAKS = {30: 720, 60: 176, 90: 136}  # each day's peak concurrent GPU demand
 HIGH_P95_TARGET_S = 600.0
 PREEMPTIONS_PER_JOB_TARGET = 0.1
@@ -47,17 +52,33 @@ COST_TARGET = 1.3
 class Run:
     start_days: float
     days: float
-    cap_gpus: int | None  # None: the window's peak
+    cap_gpus: int | None  # None: the window's peak divided by peak_divisor
     seed: int
+    peak_divisor: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Run:
         start, days, cap, seed = text.split(":")
-        return cls(float(start), float(days), None if cap == "peak" else int(cap), int(seed))
+        if cap.startswith("peak"):
+            divisor = cap.removeprefix("peak").removeprefix("/") or "1"
+            return cls(float(start), float(days), None, int(seed), int(divisor))
+        return cls(float(start), float(days), int(cap), int(seed))
+
+    @property
+    def capped(self) -> bool:
+        """Below the window's peak, where the contention targets apply."""
+        return self.cap_gpus is not None or self.peak_divisor > 1
+
+    def cap_for(self, workload: Workload) -> int | None:
+        if self.cap_gpus is None and self.peak_divisor > 1:
+            return workload.peak_gpus() // self.peak_divisor
+        return self.cap_gpus
 
     @property
     def label(self) -> str:
-        cap = "peak" if self.cap_gpus is None else str(self.cap_gpus)
+        cap = str(self.cap_gpus) if self.cap_gpus is not None else "peak"
+        if self.cap_gpus is None and self.peak_divisor > 1:
+            cap += f"/{self.peak_divisor}"
         return f"{self.start_days:g}+{self.days:g}, {cap}, {self.seed}"
 
 
@@ -84,19 +105,14 @@ def _completed(result: SimResult) -> set[int]:
 
 
 def _high_peak(workload: Workload) -> int:
-    deltas: list[tuple[float, int]] = []
-    for job, spec in zip(workload.jobs, workload.specs, strict=True):
-        if spec.priority.value == "high":
-            gpus = spec.resources.total_gpus
-            deltas += [
-                (job.submit_seconds, gpus),
-                (job.submit_seconds + job.duration_seconds, -gpus),
-            ]
-    held = peak = 0
-    for _, delta in sorted(deltas):
-        held += delta
-        peak = max(peak, held)
-    return peak
+    high = [
+        (job, spec)
+        for job, spec in zip(workload.jobs, workload.specs, strict=True)
+        if spec.priority.value == "high"
+    ]
+    jobs = tuple(job for job, _ in high)
+    specs = tuple(spec for _, spec in high)
+    return Workload(jobs, specs, workload.mapping).peak_gpus()
 
 
 @dataclass
@@ -134,15 +150,16 @@ class Row:
         return "| " + " | ".join(cells) + " |"
 
 
-def run_one(run: Run, names: list[str], data: Path) -> Row:
+def run_one(run: Run, names: list[str], data: Path, fmt: str = "philly") -> Row:
     settings = SimSettings()
-    trace = load_trace(data / PHILLY, "philly", run.start_days, run.days)
+    trace_dir = data / "traces" / DEFAULT_TRACE_DIRS[fmt]
+    trace = load_trace(trace_dir, fmt, run.start_days, run.days)
     measured = settings.load(data)
     workload = Workload.from_trace(trace, TraceMapping())
     catalog = load_bundled()
     region = workload.mapping.region
     policies = build_policies(
-        names, workload, catalog=catalog, region=region, cap_gpus=run.cap_gpus
+        names, workload, catalog=catalog, region=region, cap_gpus=run.cap_for(workload)
     )
     results = {}
     for policy in policies:
@@ -199,12 +216,17 @@ def print_cost(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="%(default)s")
+    parser.add_argument("--format", choices=list(DEFAULT_TRACE_DIRS), default="philly")
     parser.add_argument(
-        "--runs", help="START:DAYS:CAP:SEED,... (CAP 'peak': the window's peak); default: the 18"
+        "--runs",
+        help="START:DAYS:CAP:SEED,... (CAP N, 'peak' or 'peak/N'); default (Philly): the 18",
     )
-    parser.add_argument("--week", action="store_true", help="add days 30-37, every peer")
+    parser.add_argument("--week", action="store_true", help="add Philly days 30-37, every peer")
     parser.add_argument("--gpufleet-only", action="store_true", help="no peers (faster)")
     args = parser.parse_args(argv)
+    if args.format != "philly" and (args.week or not args.runs):
+        # The defaults are Philly's days and peaks; a held-out trace's windows are named.
+        parser.error(f"--format {args.format} takes --runs and no --week")
     runs = [Run.parse(t) for t in args.runs.split(",")] if args.runs else default_matrix()
     peers = [] if args.gpufleet_only else [BATCH_LIKE, FIFO_SPOT]
     print("| day, cap, seed | gpufleet | high peak | batch-like; both complete | fifo-spot |")
@@ -212,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for run in runs:
-            rows.append(run_one(run, [GPUFLEET, *peers], args.data))
+            rows.append(run_one(run, [GPUFLEET, *peers], args.data, args.format))
             print(rows[-1].text(), flush=True)
         if args.week:
             week = Run(30, 7, None, 0)
@@ -223,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TraceError, MeasuredDataMissing) as exc:
         print(f"contention_matrix: {exc}", file=sys.stderr)
         return 2
-    print_totals([r for r in rows if r.run.cap_gpus is not None])
-    print_cost([r for r in rows if r.run.cap_gpus is None])
+    print_totals([r for r in rows if r.run.capped])
+    print_cost([r for r in rows if not r.run.capped])
     return 0
 
 
