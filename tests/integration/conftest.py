@@ -11,7 +11,14 @@ import pytest
 from gpufleet.emulator.account import Account, embedded_account
 from gpufleet.emulator.demo import DemoResult
 from tests.helpers import shared
-from tests.integration.demo_runs import SpotRun, preemption_run, spot_run, stages_run
+from tests.integration.demo_runs import (
+    SpotRun,
+    SweepRun,
+    preemption_run,
+    spot_run,
+    stages_run,
+    sweep_run,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +57,8 @@ def preemption_demo(session_folder: Path) -> DemoResult:
 @pytest.fixture(scope="session")
 def stages_demo(session_folder: Path) -> DemoResult:
     return shared(session_folder, "stages", stages_run)
+
+
+@pytest.fixture(scope="session")
+def sweep_demo(session_folder: Path) -> SweepRun:
+    return shared(session_folder, "sweep", sweep_run)

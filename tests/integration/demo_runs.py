@@ -10,6 +10,9 @@ from typing import Any
 
 import botocore.handlers
 
+from gpufleet.adapters.aws.job_store import DynamoJobStore
+from gpufleet.domain.job import Job
+from gpufleet.emulator.account import Account
 from gpufleet.emulator.demo import (
     EVENTS_DIR,
     DemoResult,
@@ -19,8 +22,10 @@ from gpufleet.emulator.demo import (
     run_demo,
     spot_scenario,
     stages_scenario,
+    sweep_scenario,
 )
 from gpufleet.emulator.nodes import Behaviour
+from gpufleet.topology import JOBS_TABLE
 from tests.helpers import every_requeue_continues_as_new
 
 
@@ -106,3 +111,23 @@ def stages_run() -> DemoResult:
     result = run_demo(stages_with_intake_paths())
     assert result.completed, f"the stages demo did not finish: {result.to_json()}"
     return result
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """The sweep demo, and every job record its account held at the end."""
+
+    result: DemoResult
+    records: list[Job]
+
+
+def sweep_run() -> SweepRun:
+    records: list[Job] = []
+
+    def keep_records(account: Account) -> None:
+        store = DynamoJobStore(
+            account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
+        )
+        records.extend(store.list_jobs())
+
+    return SweepRun(run_demo(sweep_scenario(), before_teardown=keep_records), records)

@@ -1,9 +1,10 @@
 """Least privilege, checked both ways against what the functions really do.
 
-The spot, preemption and stages demos (the last with the basic demo's event submission and broken
-upload added) run the real handlers on the embedded account, which logs each function's API calls
-with the parameters that name what they touch. The stack is synthesized and each function's role
-read from the template. Then:
+The spot, preemption, stages and sweep demos (the stages demo with the basic demo's event
+submission and broken upload added; the sweep's evaluation waits for an array) run the real
+handlers on the embedded account, which logs each function's API calls with the parameters that
+name what they touch. The stack is synthesized and each function's role read from the template.
+Then:
 
 - every call a function made is one its role allows, judged as IAM would: each action the call
   needs (a transaction's items one by one, a launch's tagging), on the template's resource
@@ -34,7 +35,7 @@ from gpufleet.emulator.demo import DemoResult
 from gpufleet.emulator.patches import ApiCall
 from gpufleet.topology import execution_arn
 from tests.infrastructure.conftest import Synth
-from tests.integration.demo_runs import SpotRun
+from tests.integration.demo_runs import SpotRun, SweepRun
 
 pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
 
@@ -66,8 +67,8 @@ _IDEMPOTENCY = {
 }
 _BUDGET_ALERTS = "budgets reached (none in the demos' config)"
 _HELD = (
-    "a job that waits for a dependency is held on it as it is queued, the dependency read (no "
-    "demo here has dependencies; the sweep demo does)"
+    "a job that waits for a job submitted before it (by id) is held on it as intake queues it, "
+    "the dependency read (the sweep demo's evaluation waits for an array of its own submission)"
 )
 _NO_RESERVATIONS = "planning reads live jobs only with capacity reservations (none configured)"
 _BOOKINGS = {
@@ -90,15 +91,11 @@ NOT_REACHED: dict[str, dict[str, str]] = {
     topology.ENQUEUE.construct_id: {
         "Jobs dynamodb:Query": "admitting a job as it arrives totals the spend of teams with "
         "a monthly budget (none in the demos' config)",
-        "Jobs dynamodb:GetItem": _HELD,
-        "Jobs dynamodb:BatchGetItem": _HELD,
     },
     topology.DISPATCH.construct_id: {
         "AdmissionQueue dynamodb:GetItem": "frees the share of a job that ended while its "
         "admission was being told",
         "Jobs dynamodb:Query": "only for teams with a monthly budget (none in the demos' config)",
-        "Jobs dynamodb:BatchGetItem": "a dependency on an array reads its children's statuses "
-        "(no demo here depends on an array; the sweep demo does)",
         "PublishAlerts sns:Publish": _BUDGET_ALERTS,
         "EncryptAlerts kms:Decrypt": _BUDGET_ALERTS,
         "EncryptAlerts kms:GenerateDataKey": _BUDGET_ALERTS,
@@ -285,10 +282,15 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def calls(
-    spot_demo: SpotRun, preemption_demo: DemoResult, stages_demo: DemoResult
+    spot_demo: SpotRun, preemption_demo: DemoResult, stages_demo: DemoResult, sweep_demo: SweepRun
 ) -> list[ApiCall]:
-    """The calls of the three demos (conftest's, shared with the modules that test them)."""
-    return [*spot_demo.result.calls, *preemption_demo.calls, *stages_demo.calls]
+    """The calls of the four demos (conftest's, shared with the modules that test them)."""
+    return [
+        *spot_demo.result.calls,
+        *preemption_demo.calls,
+        *stages_demo.calls,
+        *sweep_demo.result.calls,
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -7,26 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.cli import main
-from gpufleet.domain.job import Job
-from gpufleet.emulator.account import Account
-from gpufleet.emulator.demo import run_demo, sweep_scenario
-from gpufleet.topology import JOBS_TABLE
+from tests.integration.demo_runs import SweepRun
 
 pytestmark = pytest.mark.long  # whole demos: scheduled first (tests/conftest.py)
 
 
-def test_the_sweep_demo_runs_every_point_then_the_evaluation_last() -> None:
-    records: list[Job] = []
-
-    def keep_records(account: Account) -> None:
-        store = DynamoJobStore(
-            account.client("dynamodb"), account.table_names[JOBS_TABLE.construct_id]
-        )
-        records.extend(store.list_jobs())
-
-    result = run_demo(sweep_scenario(), before_teardown=keep_records)
+def test_the_sweep_demo_runs_every_point_then_the_evaluation_last(sweep_demo: SweepRun) -> None:
+    result, records = sweep_demo.result, sweep_demo.records
     assert result.completed and result.instances_running == 0 and result.rejected == 0
     runs = [j for j in records if j.spec.name == "lr-sweep" and j.array_id is not None]
     shards = [j for j in records if j.spec.name == "tokenize-shards" and j.array_id is not None]
