@@ -197,9 +197,12 @@ def test_a_resize_to_a_shape_nothing_can_hold_is_refused_as_plan_refuses_it(
     assert launched(account, "shapely") == job  # not a field changed: no checkpoint, no requeue
 
 
+# Each test below that runs a command asks for the account: the command's target is the
+# environment the account sets, and a test that leans on another test's account fails when it
+# runs without it (picked alone, rerun with --lf, or handed on by xdist after a worker crash).
 @pytest.mark.parametrize("job_id", ["j-" + "0" * 20, ""])
 def test_cancel_of_a_job_that_does_not_exist_is_a_clear_refusal(
-    config_file: str, capsys: pytest.CaptureFixture[str], job_id: str
+    account: Account, config_file: str, capsys: pytest.CaptureFixture[str], job_id: str
 ) -> None:
     code, out, err = refusal(capsys, "cancel", job_id, "--config", config_file)
     assert (code, out) == (2, "")
@@ -207,12 +210,17 @@ def test_cancel_of_a_job_that_does_not_exist_is_a_clear_refusal(
 
 
 def test_without_a_target_the_cli_says_what_it_needs(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    account: Account,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
+    # The account's deployment, but for one variable: that one alone is refused.
     monkeypatch.delenv("QUEUE_TABLE")
     code = main(["queue", "--config", str(tmp_path / "none.yaml")])
     assert code == 2
-    assert "--stack" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--stack" in err and "QUEUE_TABLE" in err
 
 
 def test_forged_node_reports_cost_one_invocation_each_and_are_counted(account: Account) -> None:
