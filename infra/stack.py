@@ -9,6 +9,7 @@ from aws_cdk import Annotations, CfnOutput, Stack
 from constructs import Construct
 from gpufleet import topology
 from gpufleet.domain.config import FleetConfig
+from gpufleet.domain.notify import notified_teams
 from infra.config import DEFAULT_STACK_NAME, GpuFleetConfig
 from infra.constructs.code import CodeSource, code_asset
 from infra.constructs.fleet import Fleet
@@ -83,7 +84,7 @@ class GpuFleetStack(Stack):
         functions.connect_workflow(
             state_machine_arn(self, lifecycle), executions_arn(self, lifecycle)
         )
-        intake.connect(functions.by_id())
+        intake.connect(functions.by_id(), topology.rules(notified_teams(fleet_config.teams)))
         submitters = Submitters(
             self, "Submitters", fleet_config=fleet_config, bucket=intake.bucket, bus=intake.bus
         )

@@ -8,6 +8,7 @@ cannot drift.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,13 +432,27 @@ RULES: tuple[Rule, ...] = (
         target_function=WORKFLOW_ENDED.construct_id,
         on_default_bus=True,
     ),
-    Rule(
-        construct_id="NotifyRule",
-        description="Job status changes, for the teams' notifications",
-        pattern={"source": [CONTROL_PLANE_SOURCE], "detail-type": [DETAIL_JOB_STATUS_CHANGED]},
-        target_function=NOTIFY.construct_id,
-    ),
 )
+
+
+def rules(notified_teams: Sequence[str]) -> tuple[Rule, ...]:
+    """The stack's rules for a config whose `notified_teams` have somewhere to send their jobs'
+    status changes (`domain.notify.notified_teams`): the Notify function hears only theirs, so
+    a job of any other team costs no invocation a status change (none when no team is)."""
+    if not notified_teams:
+        return RULES
+    notify = Rule(
+        construct_id="NotifyRule",
+        description="Job status changes of the teams told of them, for their notifications",
+        pattern={
+            "source": [CONTROL_PLANE_SOURCE],
+            "detail-type": [DETAIL_JOB_STATUS_CHANGED],
+            "detail": {"team": sorted(notified_teams)},
+        },
+        target_function=NOTIFY.construct_id,
+    )
+    return (*RULES, notify)
+
 
 # A pass every minute: catches lost events, time windows opening and closing, and checkpoint
 # grace periods running out.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_events as events
@@ -78,15 +78,17 @@ class Intake(Construct):
         self.rules: dict[str, events.Rule] = {}
         self.rule_dead_letter_queues: dict[str, sqs.Queue] = {}
 
-    def connect(self, functions: Mapping[str, lambda_.IFunction]) -> None:
-        """S3 uploads under `jobs/` and the topology's rules -> their functions."""
+    def connect(
+        self, functions: Mapping[str, lambda_.IFunction], rules: Sequence[topology.Rule]
+    ) -> None:
+        """S3 uploads under `jobs/` and the topology's `rules` -> their functions."""
         self.bucket.add_event_notification(
             s3.EventType.OBJECT_CREATED,
             s3n.LambdaDestination(functions[topology.INTAKE_FROM_S3.construct_id]),
             s3.NotificationKeyFilter(prefix=topology.INTAKE_PREFIX),
         )
         self._acknowledge_notifications_handler()
-        for spec in topology.RULES:
+        for spec in rules:
             dlq = dead_letter_queue(self, f"{spec.construct_id}DeadLetters")
             # cdk-nag recognizes a Lambda's DLQ but not an EventBridge target's.
             nag.acknowledge(

@@ -82,9 +82,29 @@ def test_notify_publishes_only_to_the_teams_topics_and_is_told_which_is_whose(
     assert {"sns:Publish", "kms:Decrypt", "kms:GenerateDataKey"} <= actions
 
 
-def test_without_teams_notify_may_publish_nowhere(synth: Synth) -> None:
+def _notify_rules(synth: Synth) -> list[dict[str, Any]]:
+    notify = synth.function_id(topology.NOTIFY.construct_id)
+    return [
+        rule["Properties"]
+        for rule in synth.of_type("AWS::Events::Rule").values()
+        if rule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [notify, "Arn"]}
+    ]
+
+
+def test_notify_hears_the_status_changes_of_the_teams_told_of_them_alone(teams: Synth) -> None:
+    [rule] = _notify_rules(teams)
+    assert rule["EventPattern"] == {
+        "source": [topology.CONTROL_PLANE_SOURCE],
+        "detail-type": [topology.DETAIL_JOB_STATUS_CHANGED],
+        "detail": {"team": ["nlp", "vision"]},
+    }
+
+
+def test_without_teams_notify_may_publish_nowhere_and_is_never_invoked(synth: Synth) -> None:
     assert _publish_statements(synth) == []
     assert synth.function_env(topology.NOTIFY.construct_id)[topology.ENV_TEAM_TOPICS] == ""
+    # No rule targets it: a job's status changes cost no invocation of it.
+    assert _notify_rules(synth) == []
 
 
 def test_intake_is_told_the_deployments_account(synth: Synth) -> None:

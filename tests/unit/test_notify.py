@@ -17,6 +17,7 @@ from gpufleet.domain.notify import (
     destinations,
     message,
     named_topics,
+    notified_teams,
     teams_with_emails,
     topics_outside,
 )
@@ -62,6 +63,16 @@ def test_a_spec_topic_the_team_no_longer_names_goes_to_the_teams_destinations() 
 
 def test_a_team_the_config_does_not_name_is_told_nothing() -> None:
     assert destinations("audio", "FAILED", None, TEAMS, TEAM_TOPICS) == ()
+
+
+def test_the_rule_hears_every_team_that_may_be_told_anything() -> None:
+    # The Notify rule's filter (topology.rules) is safe only if no other team is ever told.
+    teams = {**TEAMS, "audio": TeamNotify()}
+    assert notified_teams(teams) == ("nlp", "vision")
+    for team in ("audio", "speech"):
+        for status in STATUSES:
+            assert destinations(team, status, TOPIC, teams, TEAM_TOPICS) == ()
+    assert notified_teams({}) == ()
 
 
 def test_the_deployment_makes_topics_for_addresses_and_may_publish_to_named_ones() -> None:

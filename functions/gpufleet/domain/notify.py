@@ -87,6 +87,11 @@ class TeamNotify(BaseModel):
         return tuple(d for d in self.notify if parse_topic(d) is None)
 
 
+def notified_teams(teams: Mapping[str, TeamNotify]) -> tuple[str, ...]:
+    """The teams with a destination: `destinations` sends nothing of any other team's jobs."""
+    return tuple(sorted(team for team, notify in teams.items() if notify.notify))
+
+
 def teams_with_emails(teams: Mapping[str, TeamNotify]) -> tuple[str, ...]:
     """The teams the deployment makes a topic for (their e-mail addresses subscribe to it)."""
     return tuple(sorted(team for team, notify in teams.items() if notify.emails))

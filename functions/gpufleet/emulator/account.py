@@ -27,7 +27,7 @@ from gpufleet.adapters.aws.runtime import new_session
 from gpufleet.domain.boot import BootTarget, network_interfaces, template_keys
 from gpufleet.domain.catalog import load_bundled
 from gpufleet.domain.config import ConfigFileError, FleetConfig, config_from_yaml, config_to_env
-from gpufleet.domain.notify import teams_with_emails, topics_outside
+from gpufleet.domain.notify import notified_teams, teams_with_emails, topics_outside
 from gpufleet.domain.tenancy import job_session_statements
 from gpufleet.emulator import account_baseline
 from gpufleet.emulator.clock import EmulatorClock, WallClock
@@ -365,7 +365,7 @@ def _create_resources(patches: Installed, config: FleetConfig, clock: EmulatorCl
             Environment={"Variables": account.function_environment(function)},
         )
 
-    for rule in topology.RULES:
+    for rule in topology.rules(notified_teams(config.teams)):
         bus = "default" if rule.on_default_bus else account.bus
         events.put_rule(
             Name=rule.construct_id,

@@ -12,7 +12,7 @@ settings, the Price List API, IAM for job sessions, Step Functions' StartExecuti
 faults of a chaos run, and the `Recorder` of who called);
 the control plane's port for sessions (`runtime.use_sessions`: sessions that share one loader
 of the service models, see `sessions`); the AWS APIs themselves (the stack's resources, routed as
-`topology.RULES` says, and the account's baseline); and the emulator's own loops (nodes,
+`topology.rules` says, and the account's baseline); and the emulator's own loops (nodes,
 schedules). Handlers' output reaches each invocation's log through `sys.stdout` and the
 Powertools Logger's stream (`setStream`), both set for the account's lifetime.
 
@@ -25,7 +25,7 @@ avoided:
 - `Rule.send_to_targets`: moto delivers a rule's matches to SQS, Logs and buses, and raises
   NotImplementedError for a Lambda target. It is the one path that both in-process clients and
   the HTTP server (`gpufleet emulator`) take, so a rule's Lambda targets (put from
-  `topology.RULES`) are invoked here, asynchronously and with Lambda's two retries.
+  `topology.rules`) are invoked here, asynchronously and with Lambda's two retries.
 - `s3.notifications._invoke_awslambda`: moto invokes a notified function once, synchronously, and
   drops its error; S3 invokes it asynchronously and Lambda retries a failed event twice.
 - `s3.notifications._get_s3_event`: S3's records of a versioned bucket carry the object's
