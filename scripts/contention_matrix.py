@@ -59,9 +59,9 @@ class Run:
     @classmethod
     def parse(cls, text: str) -> Run:
         start, days, cap, seed = text.split(":")
-        if cap.startswith("peak"):
-            divisor = cap.removeprefix("peak").removeprefix("/") or "1"
-            return cls(float(start), float(days), None, int(seed), int(divisor))
+        if cap == "peak" or cap.startswith("peak/"):
+            divisor = int(cap.removeprefix("peak/")) if cap != "peak" else 1
+            return cls(float(start), float(days), None, int(seed), divisor)
         return cls(float(start), float(days), int(cap), int(seed))
 
     @property

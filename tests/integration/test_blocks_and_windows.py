@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -110,13 +110,13 @@ def account(config: FleetConfig) -> Iterator[Account]:
 
 @contextmanager
 def account_with_nodes(
-    config: FleetConfig, scenario: NodeScenario, lost_block_warnings: list[str] | None = None
+    config: FleetConfig, scenario: NodeScenario, lost_block_warnings: Collection[str] = ()
 ) -> Iterator[Account]:
     """An embedded account on the paced clock whose nodes act out `scenario`."""
     with (
         paced_clock() as clock,
         embedded_account(
-            config=config, clock=clock, lost_block_warnings=lost_block_warnings or ()
+            config=config, clock=clock, lost_block_warnings=lost_block_warnings
         ) as created,
         acting_as(EMULATOR),
     ):
