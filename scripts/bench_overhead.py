@@ -95,9 +95,11 @@ def _count(jobs: int, max_gpus: int | None = None) -> Counts:
 def _dollars_per_1000(counts: Counts, jobs: int) -> dict[str, float]:
     dynamo = {k.split(".")[1]: v for k, v in counts.calls.items() if k.startswith("dynamodb.")}
     writes = sum(v for k, v in dynamo.items() if k in _WRITES)
-    # A transaction writes two to five items at two units each; count the common four.
+    # A transaction's items cost two units each, its condition checks included: the happy
+    # path's three (the admission on arrival, the launch, the release and its hold checks)
+    # hold about five items each.
     transactions = dynamo.get("TransactWriteItems", 0)
-    write_units = writes - transactions + transactions * 2 * 3
+    write_units = writes - transactions + transactions * 2 * 5
     read_units = sum(v for k, v in dynamo.items() if k not in _WRITES)
     per_job = {
         "lambda": sum(counts.invocations.values()) * LAMBDA_PER_REQUEST

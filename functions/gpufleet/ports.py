@@ -54,7 +54,8 @@ class RunningShare:
 
 
 class Freed(Enum):
-    """A released share, and whether jobs wait for it (then a pass is to be woken)."""
+    """A released share, and whether jobs wait for it or are held on the job's end (then a
+    pass is to be woken)."""
 
     NOBODY_WAITS = "nobody waits"
     OTHERS_WAIT = "others wait"
@@ -260,11 +261,18 @@ class JobQueue(Protocol):
         ...
 
     def record_release(
-        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+        self,
+        change: StatusChange,
+        share: RunningShare,
+        charge: UsageCharge | None = None,
+        *,
+        settles: Collection[Dependency],
     ) -> Freed | None:
         """The job's write at the end of a run and the return of its share (`release`, with
-        its `charge`), in one write; None (and nothing written) when the job's condition
-        fails, or the job does not hold exactly `share`."""
+        its `charge`), in one write, which also tells whether any of the holds the end
+        `settles` (`arrays.holds_settled_by`) holds a job: OTHERS_WAIT then, as when jobs wait
+        for the share. None (and nothing written) when the job's condition fails, or the job
+        does not hold exactly `share`."""
         ...
 
     def note_shortage(self, until: float) -> None:

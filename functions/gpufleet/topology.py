@@ -25,6 +25,9 @@ DETAIL_JOB_REJECTED = "Job Rejected"
 DETAIL_JOB_STATUS_CHANGED = "Job Status Changed"
 # The statuses a job ends in, as its `Job Status Changed` event names them.
 JOB_ENDED_STATUSES = ("SUCCEEDED", "FAILED", "CANCELLED")
+# In a job's end's `Job Status Changed`: the end's write asked whether jobs are held on it, and
+# a pass is woken if so (`Capacity Freed`), so the end need not wake one (`DependencyRule`).
+HOLDS_ASKED = "holds_asked"
 DETAIL_JOB_QUEUED = "Job Queued"
 DETAIL_CAPACITY_FREED = "Capacity Freed"
 DETAIL_JOB_FLAGGED = "Job Flagged"
@@ -386,8 +389,10 @@ RULES: tuple[Rule, ...] = (
         pattern={
             "source": [CONTROL_PLANE_SOURCE],
             "detail-type": [DETAIL_JOB_STATUS_CHANGED],
-            # The terminal statuses (domain/job.py TERMINAL_STATUSES).
-            "detail": {"status": list(JOB_ENDED_STATUSES)},
+            # The terminal statuses (domain/job.py TERMINAL_STATUSES), of ends whose write did
+            # not ask whether jobs are held on them (a cancel, a failed launch, an end settled
+            # from the job's record).
+            "detail": {"status": list(JOB_ENDED_STATUSES), HOLDS_ASKED: [{"exists": False}]},
         },
         target_function=DISPATCH.construct_id,
     ),

@@ -218,8 +218,11 @@ QUEUE_ACCESS: dict[str, frozenset[str]] = {
     topology.METRIC_WATCH.construct_id: frozenset(
         {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
     ),
-    # Frees the job's share: its running entry, then a transaction of Delete and Updates.
-    topology.RELEASE.construct_id: frozenset({"GetItem", "UpdateItem", "DeleteItem"}),
+    # Frees the job's share: its running entry, then a transaction of Delete and Updates,
+    # which checks the holds the job's end may settle (ConditionCheck: is a job held on it).
+    topology.RELEASE.construct_id: frozenset(
+        {"GetItem", "UpdateItem", "DeleteItem", "ConditionCheckItem"}
+    ),
     # As Release, and ends a waiting job's wait: its entry found (Query), then deleted with its
     # class's count in one transaction.
     topology.WORKFLOW_ENDED.construct_id: _ENDS_JOBS,

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from gpufleet.adapters.aws.job_store import DynamoJobStore
 from gpufleet.adapters.local.memory import InMemoryJobQueue, InMemoryJobStore
-from gpufleet.domain.fair_share import charge, usage_by_team
+from gpufleet.domain.arrays import holds_settled_by
+from gpufleet.domain.fair_share import UsageCharge, charge, usage_by_team
 from gpufleet.domain.job import Job, JobChanges, JobStatus, Placement
 from gpufleet.domain.queueing import QueuedJob, RunningJob
-from gpufleet.domain.spec import Priority, parse_spec
+from gpufleet.domain.spec import Dependency, DependencyMode, Priority, parse_spec
 from gpufleet.emulator.account import Account
 from gpufleet.ports import (
     AdmissionLimits,
@@ -167,21 +168,33 @@ def ended(job: Job, at: float = NOW + 100) -> StatusChange:
     )
 
 
+def release(
+    stores: Stores,
+    job: Job,
+    share: RunningShare = SHARE,
+    *,
+    charged: UsageCharge | None = None,
+    array_id: str | None = None,
+) -> Freed | None:
+    settles = holds_settled_by(job.job_id, array_id)
+    return stores.queue.record_release(ended(job), share, charged, settles=settles)
+
+
 def test_a_release_ends_the_job_and_frees_its_share_in_one_write(stores: Stores) -> None:
     job = running_job(stores)
-    assert stores.queue.record_release(ended(job), SHARE) is Freed.NOBODY_WAITS
+    assert release(stores, job) is Freed.NOBODY_WAITS
     stored = stores.jobs.get(job.job_id)
     assert stored.status is JobStatus.SUCCEEDED and stored.cost_usd == 0.05
     state = stores.queue.state()
     assert state.running == [] and state.gpus_held == 0
-    assert stores.queue.record_release(ended(job), SHARE) is None  # released already
+    assert release(stores, job) is None  # released already
 
 
 def test_a_release_charges_the_run_to_its_team_in_the_same_write(stores: Stores) -> None:
     job = running_job(stores)
     run = charge(2.0, NOW + 100, 3600.0)
-    assert stores.queue.record_release(ended(job), SHARE, run) is Freed.NOBODY_WAITS
-    assert stores.queue.record_release(ended(job), SHARE, run) is None  # nothing charged twice
+    assert release(stores, job, charged=run) is Freed.NOBODY_WAITS
+    assert release(stores, job, charged=run) is None  # nothing charged twice
     usage = usage_by_team(stores.queue.state().team_usage, NOW + 3700, 3600.0)
     assert usage == {SHARE.team: pytest.approx(1.0)}
 
@@ -190,9 +203,40 @@ def test_a_release_says_when_jobs_wait_for_the_share(stores: Stores) -> None:
     job = running_job(stores)
     waiting = queued(stores)
     assert stores.queue.enqueue(entry_of(waiting))
-    assert stores.queue.record_release(ended(job), SHARE) is Freed.OTHERS_WAIT
+    assert release(stores, job) is Freed.OTHERS_WAIT
     assert stores.jobs.get(job.job_id).status is JobStatus.SUCCEEDED
     assert stores.queue.state().gpus_held == 0
+
+
+ARRAY_ID = "j-" + "a" * 20
+
+
+@pytest.mark.parametrize("held_on", ["the job", "the job as an element", "its array"])
+def test_a_release_says_when_jobs_are_held_on_its_end(stores: Stores, held_on: str) -> None:
+    job = running_job(stores)
+    dependency = {
+        "the job": Dependency(job=job.job_id),
+        "the job as an element": Dependency(job=job.job_id, mode=DependencyMode.ELEMENT),
+        "its array": Dependency(job=ARRAY_ID, on="any"),
+    }[held_on]
+    dependant = queued(stores)
+    assert stores.queue.enqueue(replace(entry_of(dependant), held_on=dependency))
+    assert release(stores, job, array_id=ARRAY_ID) is Freed.OTHERS_WAIT
+    assert stores.jobs.get(job.job_id).status is JobStatus.SUCCEEDED
+    state = stores.queue.state()
+    assert state.gpus_held == 0 and state.holds == {dependency}  # the pass moves it
+
+
+@pytest.mark.parametrize("why", ["held on another job", "held no more"])
+def test_a_release_nobody_is_held_on_wakes_no_pass(stores: Stores, why: str) -> None:
+    job = running_job(stores)
+    other = Dependency(job=job.job_id if why == "held no more" else "j-" + "b" * 20)
+    dependant = queued(stores)
+    assert stores.queue.enqueue(replace(entry_of(dependant), held_on=other))
+    if why == "held no more":  # cancelled while held: its hold counts none
+        assert stores.queue.remove(dependant.job_id) is not None
+    assert release(stores, job) is Freed.NOBODY_WAITS
+    assert stores.jobs.get(job.job_id).status is JobStatus.SUCCEEDED
 
 
 @pytest.mark.parametrize("why", ["the job changed since", "the share is not what it holds"])
@@ -203,7 +247,7 @@ def test_a_release_from_a_stale_view_writes_nothing(stores: Stores, why: str) ->
         stores.jobs.update(job.job_id, NOW + 50, JobChanges(drain_reason="preempted"))
     else:
         share = RunningShare("ml", 4, 1)  # resized since its admission
-    assert stores.queue.record_release(ended(job), share) is None
+    assert release(stores, job, share) is None
     assert stores.jobs.get(job.job_id).status is JobStatus.RUNNING
     assert [r.job.job_id for r in stores.queue.state().running] == [job.job_id]
 

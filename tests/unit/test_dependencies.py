@@ -4,9 +4,11 @@ cancelling it, never admitted, when one ended as it may not."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 import pytest
+from moto.events.models import EventPattern
 from pydantic import TypeAdapter
 
 from gpufleet.adapters.local.memory import RecordingPublisher, RecordingWorkflow
@@ -26,7 +28,13 @@ from gpufleet.services.backstop import BackstopService
 from gpufleet.services.factory import build_dispatcher, build_intake, build_lifecycle
 from gpufleet.services.intake import IntakeOutcome, describe
 from gpufleet.services.queue_listing import queue_listing
-from gpufleet.topology import DETAIL_JOB_STATUS_CHANGED, JOB_ENDED_STATUSES, RULES
+from gpufleet.topology import (
+    CONTROL_PLANE_SOURCE,
+    DETAIL_JOB_STATUS_CHANGED,
+    HOLDS_ASKED,
+    JOB_ENDED_STATUSES,
+    RULES,
+)
 from tests.helpers import local_ports, make_settings, plan_of, sent_as
 
 POLICY = QueuePolicy(
@@ -321,12 +329,19 @@ def test_a_job_whose_dependency_failed_at_intake_is_cancelled_by_the_pass_its_ar
     }
 
 
-def test_a_jobs_end_wakes_a_dispatcher() -> None:
+@pytest.mark.parametrize("status", sorted(TERMINAL_STATUSES))
+def test_a_jobs_end_wakes_a_dispatcher_unless_its_write_asked_for_holds(status: JobStatus) -> None:
     """A dependency may end holding no share (cancelled while it waited): no `Capacity
-    Freed` then, but its dependants are judged again all the same."""
+    Freed` then, but its dependants are judged again all the same. The usual end of a run
+    asked in its write whether jobs are held on it, and woke a pass if so (`Capacity Freed`):
+    its end wakes none. Matched as the emulator's EventBridge (moto) matches."""
     (rule,) = [r for r in RULES if r.construct_id == "DependencyRule"]
-    assert rule.pattern["detail-type"] == [DETAIL_JOB_STATUS_CHANGED]
-    assert set(rule.pattern["detail"]["status"]) == {s.value for s in TERMINAL_STATUSES}
+    pattern = EventPattern.load(json.dumps(rule.pattern))
+    detail = {"job_id": "j-1", "status": status.value}
+    end = {"source": CONTROL_PLANE_SOURCE, "detail-type": DETAIL_JOB_STATUS_CHANGED}
+    assert pattern.matches_event({**end, "detail": detail})
+    assert not pattern.matches_event({**end, "detail": {**detail, HOLDS_ASKED: True}})
+    assert not pattern.matches_event({**end, "detail": {**detail, "status": "RUNNING"}})
     assert set(JOB_ENDED_STATUSES) == {s.value for s in TERMINAL_STATUSES}
 
 

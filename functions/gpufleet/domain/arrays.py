@@ -31,6 +31,7 @@ from gpufleet.domain.job import (
 from gpufleet.domain.spec import (
     ARRAY_INDEX_ENV,
     BATCH_ARRAY_INDEX_ENV,
+    DEPENDENCY_ENDS,
     Dependency,
     DependencyMode,
     FieldError,
@@ -254,6 +255,20 @@ def held_on(
             if not settles(element, [statuses[index]]):
                 return element
     return None
+
+
+def holds_settled_by(job_id: str, array_id: str | None = None) -> frozenset[Dependency]:
+    """The holds (`held_on`) a job's end may settle: on the job itself, and for a child of
+    array `array_id`, on the child as an element (`element_of`) and on its array (which
+    settles with its last child, or with a child that did not succeed). Only a job's end
+    that finds none of them holding a job may go without waking a pass."""
+    holds = {Dependency(job=job_id, on=on) for on in DEPENDENCY_ENDS}
+    if array_id is not None:
+        holds |= {
+            Dependency(job=job_id, on=on, mode=DependencyMode.ELEMENT) for on in DEPENDENCY_ENDS
+        }
+        holds |= {Dependency(job=array_id, on=on) for on in DEPENDENCY_ENDS}
+    return frozenset(holds)
 
 
 def element_of(dep: Dependency, index: int) -> Dependency:

@@ -601,11 +601,15 @@ class DependencyMode(StrEnum):
     ELEMENT = "element"  # child i after the dependency's child i (Slurm's aftercorr)
 
 
+DependencyEnd = Literal["success", "any"]
+DEPENDENCY_ENDS: tuple[DependencyEnd, ...] = ("success", "any")
+
+
 class Dependency(_Strict):
     """A job this one waits for: a job id, or the name of a job of the same submission."""
 
     job: Annotated[str, Strict(), StringConstraints(pattern=f"^{NAME_PATTERN}$")]
-    on: Literal["success", "any"] = Field(
+    on: DependencyEnd = Field(
         default="success",
         description="success: run only if the dependency succeeded, else end CANCELLED; "
         "any: run once the dependency ended, however it ended",

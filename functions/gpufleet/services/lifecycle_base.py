@@ -39,6 +39,7 @@ from gpufleet.topology import (
     CONTROL_PLANE_SOURCE,
     DETAIL_CAPACITY_FREED,
     DETAIL_JOB_STATUS_CHANGED,
+    HOLDS_ASKED,
     RECONCILE_PERIOD_SECONDS,
     RUNS_PREFIX,
 )
@@ -134,8 +135,10 @@ class LifecycleBase:
                 return self._ports.jobs.get(job.job_id), False
             raise
 
-    def _status_changed(self, job: Job, previous: JobStatus) -> None:
+    def _status_changed(self, job: Job, previous: JobStatus, *, holds_asked: bool = False) -> None:
         detail = job.status_event(previous)
+        if holds_asked:
+            detail[HOLDS_ASKED] = True
         self._ports.events.publish(CONTROL_PLANE_SOURCE, DETAIL_JOB_STATUS_CHANGED, detail)
 
     def _capacity_freed(self, job_id: str) -> None:

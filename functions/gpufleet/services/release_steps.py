@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.domain.arrays import holds_settled_by
 from gpufleet.domain.fair_share import UsageCharge, charge
 from gpufleet.domain.job import Job, JobStatus
 from gpufleet.domain.settlement import (
@@ -145,14 +146,21 @@ class ReleaseSteps(LifecycleBase):
             record.changes,
             version=job.version,
         )
-        freed = self._ports.queue.record_release(change, _share_of(job), self._charge(share))
+        freed = self._ports.queue.record_release(
+            change,
+            _share_of(job),
+            self._charge(share),
+            settles=holds_settled_by(job.job_id, job.array_id),
+        )
         if freed is None:
             return None
         ended = job.with_changes(record.changes).model_copy(
             update={"status": record.status, "updated_at": now, "version": job.version + 1}
         )
         if any(isinstance(c, PublishStatusChange) for c in settlement.commands):
-            self._status_changed(ended, job.status)
+            # The write asked whether jobs are held on this end: the pass they need, if any, is
+            # woken below (`Capacity Freed`), not by the end (`DependencyRule`).
+            self._status_changed(ended, job.status, holds_asked=True)
         if freed is Freed.OTHERS_WAIT:
             self._capacity_freed(job.job_id)
         return _settled(terminated, settlement, ended)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -108,6 +108,7 @@ _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
 _HOLD = "hold#"  # in the state partition: a dependency's count of jobs held on it
 _HELD = "held#"  # the partition of the jobs held on one dependency
 _HELD_COUNTER = "held"
+_HOLDS_NONE = "attribute_not_exists(#held) OR #held <= :zero"  # a hold absent or emptied
 
 
 def _waiting_counter(priority: Priority) -> str:
@@ -426,7 +427,7 @@ class DynamoJobQueue:
                 self._client.delete_item,
                 TableName=self._table,
                 Key={"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
-                ConditionExpression="attribute_not_exists(#held) OR #held <= :zero",
+                ConditionExpression=_HOLDS_NONE,
                 ExpressionAttributeNames={"#held": _HELD_COUNTER},
                 ExpressionAttributeValues={":zero": _n(0)},
             )
@@ -852,7 +853,12 @@ class DynamoJobQueue:
         )
 
     def record_release(
-        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+        self,
+        change: StatusChange,
+        share: RunningShare,
+        charge: UsageCharge | None = None,
+        *,
+        settles: Collection[Dependency],
     ) -> Freed | None:
         if self._jobs_table is None:
             raise ValueError("record_release needs the job store's table")
@@ -895,19 +901,36 @@ class DynamoJobQueue:
             self._team_usage(share.team, -share.gpus, charge),
             *self._leaving(job_id),
         ]
+        # Whether jobs wait for the share (the usage's condition) or are held on this end (a
+        # check of each hold it may settle, absent or holding none): asked in the same write,
+        # so that an end nobody waits on wakes no pass.
+        asks = {2, *range(len(items), len(items) + len(settles))}
+        holds = [self._holds_none(dependency) for dependency in sorted(settles, key=_hold_name)]
         try:
-            self._transact(items)
+            self._transact([*items, *holds])
         except ConditionsFailed as cancelled:
-            if cancelled.failed_positions != {2}:
+            if not cancelled.failed_positions <= asks:
                 return None  # the job or its share is not as the caller saw it
         else:
             return Freed.NOBODY_WAITS
-        # Jobs wait (only that condition failed): the same write without asking, and a pass is
-        # to be woken.
+        # Jobs wait or are held (only those conditions failed): the same write without asking,
+        # and a pass is to be woken.
         usage.pop("ConditionExpression")
         usage.pop("ExpressionAttributeNames")
         usage["ExpressionAttributeValues"].pop(":zero")
         return Freed.OTHERS_WAIT if self._written(items) else None
+
+    def _holds_none(self, dependency: Dependency) -> dict[str, Any]:
+        """A check that the hold on `dependency` holds no job (`forget_hold`'s condition)."""
+        return {
+            "ConditionCheck": {
+                "TableName": self._table,
+                "Key": {"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
+                "ConditionExpression": _HOLDS_NONE,
+                "ExpressionAttributeNames": {"#held": _HELD_COUNTER},
+                "ExpressionAttributeValues": {":zero": _n(0)},
+            }
+        }
 
     def _team_usage(
         self, team: str, gpus: int, charge: UsageCharge | None = None

@@ -623,7 +623,12 @@ class InMemoryJobQueue:
             self._shortages_until = max(self._shortages_until, until)
 
     def record_release(
-        self, change: StatusChange, share: RunningShare, charge: UsageCharge | None = None
+        self,
+        change: StatusChange,
+        share: RunningShare,
+        charge: UsageCharge | None = None,
+        *,
+        settles: Collection[Dependency],
     ) -> Freed | None:
         if self._jobs is None:
             raise ValueError("record_release needs the job store")
@@ -639,7 +644,9 @@ class InMemoryJobQueue:
             del self._running[change.job_id]
             if charge is not None:
                 add_charge(self._ledgers, share.team, charge)
-            return Freed.OTHERS_WAIT if self._in_streams() else Freed.NOBODY_WAITS
+            holds = frozenset(settles)
+            dependants = any(e.held_on in holds for e in self._waiting.values() if e.held_on)
+            return Freed.OTHERS_WAIT if dependants or self._in_streams() else Freed.NOBODY_WAITS
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
         with self._lock:
