@@ -108,7 +108,6 @@ _PRIORITIES = sorted(Priority, key=lambda p: CLASS_RANK[p])
 _HOLD = "hold#"  # in the state partition: a dependency's count of jobs held on it
 _HELD = "held#"  # the partition of the jobs held on one dependency
 _HELD_COUNTER = "held"
-_HOLDS_NONE = "attribute_not_exists(#held) OR #held <= :zero"  # a hold absent or emptied
 
 
 def _waiting_counter(priority: Priority) -> str:
@@ -423,14 +422,7 @@ class DynamoJobQueue:
 
     def forget_hold(self, dependency: Dependency) -> bool:
         try:
-            self._write(
-                self._client.delete_item,
-                TableName=self._table,
-                Key={"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
-                ConditionExpression=_HOLDS_NONE,
-                ExpressionAttributeNames={"#held": _HELD_COUNTER},
-                ExpressionAttributeValues={":zero": _n(0)},
-            )
+            self._write(self._client.delete_item, **self._holds_none(dependency))
         except ConditionFailed:
             return False
         return True
@@ -905,7 +897,7 @@ class DynamoJobQueue:
         # check of each hold it may settle, absent or holding none): asked in the same write,
         # so that an end nobody waits on wakes no pass.
         asks = {2, *range(len(items), len(items) + len(settles))}
-        holds = [self._holds_none(dependency) for dependency in sorted(settles, key=_hold_name)]
+        holds = [{"ConditionCheck": self._holds_none(d)} for d in sorted(settles, key=_hold_name)]
         try:
             self._transact([*items, *holds])
         except ConditionsFailed as cancelled:
@@ -921,15 +913,13 @@ class DynamoJobQueue:
         return Freed.OTHERS_WAIT if self._written(items) else None
 
     def _holds_none(self, dependency: Dependency) -> dict[str, Any]:
-        """A check that the hold on `dependency` holds no job (`forget_hold`'s condition)."""
+        """The hold on `dependency`, on condition that it holds no job (absent, or emptied)."""
         return {
-            "ConditionCheck": {
-                "TableName": self._table,
-                "Key": {"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
-                "ConditionExpression": _HOLDS_NONE,
-                "ExpressionAttributeNames": {"#held": _HELD_COUNTER},
-                "ExpressionAttributeValues": {":zero": _n(0)},
-            }
+            "TableName": self._table,
+            "Key": {"pk": _s(_STATE), "sk": _s(_HOLD + _hold_name(dependency))},
+            "ConditionExpression": "attribute_not_exists(#held) OR #held <= :zero",
+            "ExpressionAttributeNames": {"#held": _HELD_COUNTER},
+            "ExpressionAttributeValues": {":zero": _n(0)},
         }
 
     def _team_usage(

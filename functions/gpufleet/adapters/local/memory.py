@@ -645,7 +645,7 @@ class InMemoryJobQueue:
             if charge is not None:
                 add_charge(self._ledgers, share.team, charge)
             holds = frozenset(settles)
-            dependants = any(e.held_on in holds for e in self._waiting.values() if e.held_on)
+            dependants = any(e.held_on in holds for e in self._waiting.values())
             return Freed.OTHERS_WAIT if dependants or self._in_streams() else Freed.NOBODY_WAITS
 
     def mark_draining(self, job_id: str, for_job_id: str) -> bool:
