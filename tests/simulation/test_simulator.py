@@ -52,6 +52,7 @@ METRIC_KEYS = {
     "interruptions_per_job",
     "preemptions_per_job",
     "expected_duration_sources",
+    "cost_above_bound_usd",
 }
 # Runs that need no shared data: the Spot Advisor hazard, unlimited spot, true durations.
 DATA_FREE = ["--interruptions", "advisor", "--spot-capacity", "unlimited", "--durations", "oracle"]
@@ -124,6 +125,15 @@ def check_invariants(workload: Workload, results: list[SimResult]) -> None:
         # The plotted spend integrates to the per-interval cost.
         assert r.series.cost_usd[-1] == pytest.approx(r.cost_usd, rel=1e-6)
         assert r.requeues == r.interruptions + r.preemptions, r.policy
+        above = r.price_above_cheapest_usd
+        if r.policy == STATIC_ONDEMAND:
+            assert above is None  # no job's placement holds a static pool's instances
+            continue
+        assert above is not None
+        # No run pays less than its job's cheapest price, and every job, done, held its
+        # instances at least as long as its work: what is left above the bound is >= 0 too.
+        assert all(usd >= -1e-9 for usd in above.values()), (r.policy, above)
+        assert r.cost_usd - bound - sum(above.values()) >= -1e-6, (r.policy, above)
     by_name = {r.policy: r for r in results}
     assert by_name[STATIC_ONDEMAND].interruptions == 0
     assert by_name[STATIC_ONDEMAND].launches == 0
@@ -313,6 +323,10 @@ def test_cli_json_shape(trace_csv: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert set(metrics["jct_seconds"]) == {"p50", "p95"}
         assert metrics["completed"] == metrics["jobs"] == 20
         assert metrics["cost_lower_bound_usd"] <= metrics["cost_usd"]
+        above = metrics["cost_above_bound_usd"]
+        if above is not None:  # its parts add up to the cost above the bound
+            above_bound = metrics["cost_usd"] - metrics["cost_lower_bound_usd"]
+            assert sum(above.values()) == pytest.approx(above_bound, abs=0.05)
         for by in metrics["wait_seconds"]["by_priority"].values():
             assert set(by) >= {"p50", "p95", "max"}
 

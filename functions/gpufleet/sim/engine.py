@@ -107,6 +107,7 @@ from gpufleet.domain.settlement import (
     settle,
 )
 from gpufleet.domain.spec import JobSpec, Priority, Resources, SpotPolicy
+from gpufleet.sim.bound import cheapest_hourly_usd
 from gpufleet.sim.mapping import TraceMapping, to_spec
 from gpufleet.sim.market import Lease, MarketConfig, MarketModel, checkpointed_progress
 from gpufleet.sim.traces import RunExit, Trace, TraceJob
@@ -275,6 +276,10 @@ class SimResult:
     expected_seconds: list[int | None] = field(default_factory=list)
     expected_sources: dict[str, int] = field(default_factory=dict)
     series: Series = field(default_factory=Series)
+    # Per capacity type, what released placements paid above their job's cheapest price
+    # (`bound.cheapest_hourly_usd`, the bound's): nodes x (price - cheapest) x hours held.
+    # None for a static pool (no placement of a job holds its instances).
+    price_above_cheapest_usd: dict[str, float] | None = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -564,6 +569,10 @@ class Engine:
         self.last_pass = -math.inf
         self.instance_seq = 0
         self.result = SimResult(policy=policy.name, jobs=len(self.jobs))
+        if policy.static_pool is not None:
+            self.result.price_above_cheapest_usd = None
+        self._catalog = market.catalog
+        self._cheapest: dict[tuple[object, ...], float] = {}
         self.result.priorities = [spec.priority.value for spec in workload.specs]
         self.result.waits = [None] * len(self.jobs)
         self.result.jcts = [None] * len(self.jobs)
@@ -920,6 +929,7 @@ class Engine:
         self.market.release(lease)
         held = held_seconds(placement, self.now)
         self.result.cost_usd += run_cost_usd(placement, self.now)
+        self._price_above_cheapest(job, placement, held)
         self.result.gpu_seconds_paid += job.instance_gpus * held
         self.gpus_held -= job.instance_gpus
         self.spend_per_second -= lease.offering.hourly_usd * job.nodes / 3600.0
@@ -927,6 +937,19 @@ class Engine:
             self.history.succeeded(job, held)
         job.placement = None
         job.lease = None
+
+    def _price_above_cheapest(self, job: _Job, placement: Placement, held: float) -> None:
+        """Add what the placement paid above the job's cheapest price, as the bound charges it
+        (the spec's resources), to its capacity type's share."""
+        above = self.result.price_above_cheapest_usd
+        if above is None:
+            return
+        cheapest = self._cheapest.get(job.shape)
+        if cheapest is None:
+            cheapest = cheapest_hourly_usd(job.spec.resources, self._catalog, self.region)
+            self._cheapest[job.shape] = cheapest
+        usd = len(placement.instance_ids) * (placement.hourly_usd - cheapest) * held / 3600
+        above[placement.capacity_type] = above.get(placement.capacity_type, 0.0) + usd
 
     def _avoid_interrupted_pool(self, job: _Job) -> None:
         """Market hook on an interruption: a policy that fails over remembers the pool."""

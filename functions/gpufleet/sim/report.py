@@ -11,7 +11,10 @@ Metrics per policy (`policy_metrics`):
   over jobs of the job's nodes x the cheapest hourly price seen in the region for an instance
   type that holds one of its nodes (`selection.is_feasible`: GPUs per node, GPU memory, NVIDIA,
   EFA for multi-node; spot, or on-demand where that is cheaper) x its true (trace) duration.
-  `cost_vs_lower_bound` = `cost_usd` / that.
+  `cost_vs_lower_bound` = `cost_usd` / that. `cost_above_bound_usd` splits `cost_usd` minus
+  the bound: per capacity type the price paid above each job's cheapest (the bound's price,
+  `bound.cheapest_hourly_usd`), and `rest` (held hours beyond the work, at that price, and
+  failed jobs); null for a static pool.
 - `gpu_hours_paid`: instance GPUs x held hours (boot, restore, lost work, drains, idle pool
   included); `gpu_hours_useful`: trace GPUs x trace duration of the completed jobs;
   `utilization` = useful / paid.
@@ -42,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.domain.catalog import Catalog, load_bundled
-from gpufleet.domain.selection import is_feasible
-from gpufleet.domain.spec import Priority, Resources
+from gpufleet.domain.spec import Priority
+from gpufleet.sim.bound import cheapest_hourly_usd
 from gpufleet.sim.engine import SimResult, Workload, resource_shape
 
 PLOTS: tuple[tuple[str, str], ...] = (
@@ -76,16 +79,6 @@ def _stats(values: Iterable[float], keys: Sequence[str] = ("p50", "p95", "max"))
             value = 0.0
         out[key] = round(value, 1)
     return out
-
-
-def cheapest_hourly_usd(resources: Resources, catalog: Catalog, region: str) -> float:
-    """The lowest hourly price in the region of an instance type that holds one node."""
-    prices = [
-        o.hourly_usd for o in catalog.offerings(region) if is_feasible(o.instance_type, resources)
-    ]
-    if not prices:
-        raise ValueError(f"no offering in {region} holds a node of {resources}")
-    return min(prices)
 
 
 def cost_lower_bound_usd(
@@ -125,6 +118,7 @@ def policy_metrics(result: SimResult, lower_bound_usd: float) -> dict[str, Any]:
         "cost_vs_lower_bound": (
             round(result.cost_usd / lower_bound_usd, 4) if lower_bound_usd > 0 else None
         ),
+        "cost_above_bound_usd": _cost_above_bound(result, lower_bound_usd),
         "gpu_hours_paid": round(paid, 2),
         "gpu_hours_useful": round(useful, 2),
         "utilization": round(useful / paid, 4) if paid > 0 else 0.0,
@@ -146,6 +140,18 @@ def policy_metrics(result: SimResult, lower_bound_usd: float) -> dict[str, Any]:
         "launch_failures": result.launch_failures,
         "dispatch_passes": result.dispatch_passes,
     }
+
+
+def _cost_above_bound(result: SimResult, lower_bound_usd: float) -> dict[str, float] | None:
+    """Where the cost above the bound went: per capacity type, the price paid above each job's
+    cheapest (`price_above_cheapest_usd`), and `rest`, what is left: held hours beyond the
+    work (boot, restore, work lost to interruptions, drains) at the job's cheapest price, and
+    the jobs that failed. None for a static pool, whose instances no job's placement holds."""
+    above = result.price_above_cheapest_usd
+    if above is None:
+        return None
+    rest = result.cost_usd - lower_bound_usd - sum(above.values())
+    return {**{kind: round(usd, 2) for kind, usd in sorted(above.items())}, "rest": round(rest, 2)}
 
 
 def summary(
