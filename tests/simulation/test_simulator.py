@@ -431,6 +431,7 @@ def test_cli_report_writes_pngs_and_html(
     assert "Settings that produced these figures" in page
     for name in (GPUFLEET, FIFO_SPOT, SKYPILOT_LIKE):
         assert f"<th>{name}</th>" in page
+    assert "<th>above the bound: spot price over cheapest (USD)</th>" in page
 
 
 def test_a_teams_backlog_over_its_quota_does_not_hold_back_another_teams_critical_job() -> None:
